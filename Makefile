@@ -1,0 +1,40 @@
+# Set-up and everyday commands. `make quickstart` and `make test` create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.gyre-installed
+# A CPU build of PyTorch by default; on a GPU machine: make ... TORCH=torch CONSTRAINTS=
+TORCH ?= torch==2.13.0
+CONSTRAINTS ?= requirements/cpu-constraints.txt
+PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
+
+.PHONY: setup quickstart test test-all bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q $(PIP_C) -e ".[dev]"
+	touch $(STAMP)
+
+quickstart: $(STAMP)
+	$(BIN)/gyre quickstart
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+# Includes tests marked slow.
+test-all: $(STAMP)
+	$(BIN)/pytest -q -m "slow or not slow"
+
+$(VENV)/.gyre-bench: $(STAMP)
+	$(BIN)/pip install -q $(PIP_C) -e ".[dev,bench]"
+	touch $@
+
+bench: $(VENV)/.gyre-bench
+	$(BIN)/python bench/step_breakdown.py
+	$(BIN)/python bench/vs_trl.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

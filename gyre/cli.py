@@ -1,0 +1,121 @@
+"""Command line: ``gyre train | check | init-model | init-data | quickstart``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="run config (YAML)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. policy.optimizer.lr=1e-5")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to join (e.g. auto, ray://host:10001); default $RAY_ADDRESS, else a local Ray")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gyre", description="RL post-training of LLMs on Ray")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="run training from a config")
+    _add_config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
+
+    p = sub.add_parser("check", help="print the resolved config and placement plan; start nothing")
+    _add_config_args(p)
+
+    p = sub.add_parser("init-model", help="create a small HF model + tokenizer from a preset")
+    p.add_argument("--preset", default="tiny", help="tiny | small | base")
+    p.add_argument("--out", required=True, help="directory to write")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("init-data", help="write a bundled synthetic task as JSONL files")
+    p.add_argument("--task", default="arithmetic", choices=["arithmetic"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--digits", type=int, default=2)
+
+    p = sub.add_parser("quickstart", help="create a tiny model and task, then SFT warm-up + GRPO on CPU")
+    p.add_argument("--out", default="runs/quickstart", help="where the model, data and run go")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides of the quickstart recipe")
+    p.add_argument("--resume", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from gyre.config.load import ConfigError
+    from gyre.data.prompts import DataError
+    from gyre.models.loading import ModelPathError
+    from gyre.rewards.base import RewardSpecError
+
+    try:
+        return _dispatch(args)
+    except (ConfigError, DataError, ModelPathError, RewardSpecError) as exc:
+        print(f"gyre: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:
+    from gyre.config.load import load_config
+
+    if args.command == "init-model":
+        from gyre.models.presets import init_model
+
+        print(f"wrote {init_model(args.preset, args.out, args.seed)}")
+        return 0
+    if args.command == "init-data":
+        from gyre.tasks.arithmetic import ArithmeticSpec, write_arithmetic_task
+
+        paths = write_arithmetic_task(args.out, ArithmeticSpec(digits=args.digits))
+        print("\n".join(f"wrote {p}" for p in paths.values()))
+        return 0
+    if args.command == "quickstart":
+        return _quickstart(args)
+    cfg = load_config(args.config, args.overrides)
+    from gyre.pipelines import launch
+
+    if args.command == "check":
+        launch.check(cfg, args.address)
+        return 0
+    summary = launch.train(cfg, args.address, resume=args.resume)
+    _print_summary(summary)
+    return 0
+
+
+def _quickstart(args) -> int:
+    from gyre.config.load import load_config
+    from gyre.models.presets import init_model
+    from gyre.pipelines import launch
+    from gyre.recipes import recipe_path
+    from gyre.tasks.arithmetic import write_arithmetic_task
+
+    out = Path(args.out)
+    model, data = out / "model", out / "data"
+    if not (model / "config.json").exists():
+        init_model("tiny", model)
+        print(f"created a tiny model in {model}")
+    if not (data / "train.jsonl").exists():
+        write_arithmetic_task(data)
+        print(f"wrote the arithmetic task to {data}")
+    overrides = [f"run.output_dir={out}", f"model.path={model}", f"data.train_files=[{data / 'train.jsonl'}]",
+                 f"data.val_files=[{data / 'val.jsonl'}]", f"sft_warmup.train_files=[{data / 'sft.jsonl'}]",
+                 *args.overrides]
+    cfg = load_config(recipe_path("quickstart"), overrides)
+    summary = launch.train(cfg, None, resume=args.resume)
+    _print_summary(summary)
+    print(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'reward_accuracy.png'}  tensorboard: {out / 'tensorboard'}")
+    return 0
+
+
+def _print_summary(summary) -> None:
+    first, last = summary.first_val_accuracy, summary.last_val_accuracy
+    if first is not None and last is not None:
+        print(f"held-out accuracy: {first:.1%} -> {last:.1%} over {summary.steps} RL steps "
+              f"({summary.seconds / 60:.1f} min)")
+    if summary.final_model:
+        print(f"final model (Hugging Face format): {summary.final_model}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""A role group: the Ray actors of one role, called together.
+
+``call`` sends the same arguments to every worker, ``call_each`` one argument tuple per worker; both
+block and return results in rank order. ``submit``/``submit_each`` return the object refs instead, so
+the driver can overlap groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class RoleGroup:
+    def __init__(self, name: str, actors: list, devices: Sequence[int]):
+        self.name = name
+        self.actors = actors
+        self.devices = tuple(devices)
+
+    @classmethod
+    def create(cls, name: str, worker_cls: type, placement, args_for_rank) -> RoleGroup:
+        """One actor per device of ``name`` in the plan; ``args_for_rank(rank) -> (args, kwargs)``."""
+        import ray
+
+        remote_cls = ray.remote(worker_cls)
+        devices = placement.plan.roles.get(name)
+        actors = []
+        for rank, device in enumerate(devices):
+            args, kwargs = args_for_rank(rank)
+            options = placement.actor_options(name, device)
+            actors.append(remote_cls.options(name=None, **options).remote(*args, **kwargs))
+        return cls(name, actors, devices)
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> list:
+        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+
+    def submit_each(self, method: str, per_worker: Sequence[tuple]) -> list:
+        if len(per_worker) != len(self.actors):
+            raise ValueError(f"{self.name}: {len(per_worker)} argument sets for {len(self.actors)} workers")
+        return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_worker)]
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list:
+        import ray
+
+        return ray.get(self.submit(method, *args, **kwargs))
+
+    def call_each(self, method: str, per_worker: Sequence[tuple]) -> list:
+        import ray
+
+        return ray.get(self.submit_each(method, per_worker))
+
+    def kill(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

@@ -1,0 +1,61 @@
+"""Start an embedded local Ray, or join an existing cluster, and count its devices."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gyre.config.load import ConfigError
+from gyre.config.schema import RLVRConfig
+
+
+@dataclass
+class RayRuntime:
+    address: str | None
+    """None for the embedded local instance; else the address joined."""
+    device_kind: str
+    num_devices: int
+    started_here: bool
+
+    def shutdown(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def resolve_address(cfg: RLVRConfig, cli_address: str | None = None) -> str | None:
+    return cli_address or cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def start_ray(cfg: RLVRConfig, device_kind: str, num_devices: int, address: str | None) -> RayRuntime:
+    """Join ``address`` (devices counted from the cluster), or start a local Ray sized for the plan."""
+    import ray
+
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}}
+    if ray.is_initialized():  # e.g. a test session or notebook that started Ray already
+        return _describe_existing(cfg, device_kind, num_devices)
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        return _describe_existing(cfg, device_kind, num_devices, address)
+    if device_kind == "cuda":
+        ray.init(num_gpus=num_devices, num_cpus=max(os.cpu_count() or 1, num_devices + 2),
+                 include_dashboard=False, runtime_env=env)
+    else:
+        # One logical CPU per device slot, plus one for the reward worker (outside the slots).
+        ray.init(num_cpus=num_devices + 1, include_dashboard=False, runtime_env=env)
+    return RayRuntime(None, device_kind, num_devices, started_here=True)
+
+
+def _describe_existing(cfg: RLVRConfig, device_kind: str, num_devices: int, address: str | None = None) -> RayRuntime:
+    import ray
+
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    if cfg.cluster.device == "cuda" and gpus == 0:
+        raise ConfigError(f"cluster.device is cuda but the Ray cluster at {address} has no GPUs")
+    if gpus and cfg.cluster.device != "cpu":
+        return RayRuntime(address, "cuda", gpus, started_here=False)
+    cpus = int(resources.get("CPU", 0))
+    slots = cfg.cluster.cpu_slots or max(1, cpus - 1)
+    return RayRuntime(address, "cpu", slots, started_here=False)

@@ -1,0 +1,177 @@
+"""Ray actor classes, one per role. Each holds a backend object and exposes plain methods.
+
+They are ordinary classes here; ``RoleGroup`` wraps them with ``ray.remote`` when it creates actors,
+so importing this module does not import Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from gyre.algos import LossDenominator
+from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
+from gyre.engines.losses import GRPOLoss, GRPOLossSpec, SFTLoss
+from gyre.engines.trainer import MetricSums, TrainerBackend, TrainerSpec
+from gyre.types import GenerationRequest, GenerationResult, TrainBatch
+
+
+def _device(kind: str) -> torch.device:
+    # Ray makes the actor's assigned GPU the only visible one, so it is always cuda:0 inside the actor.
+    return torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(max(1, threads))
+
+
+class PolicyWorker:
+    """One data-parallel rank of the policy trainer."""
+
+    def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int):
+        _set_threads(threads)
+        torch.manual_seed(seed + rank)
+        self.rank, self.world_size = rank, world_size
+        self.backend = TrainerBackend(spec, _device(device_kind))
+        self.device_kind = device_kind
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0 picks the address and a free port for the process group."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        backend = "nccl" if self.device_kind == "cuda" else "gloo"
+        if self.device_kind == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        self.backend.setup()
+
+    def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
+        return self.backend.compute_logprobs(shard, temperature)
+
+    def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], loss: GRPOLossSpec) -> dict:
+        """One optimizer step per (shard, denominator); returns summed metrics and grad norms."""
+        metrics = MetricSums()
+        grad_norms = []
+        for shard, denom in zip(shards, denoms):
+            fn = GRPOLoss(denom=denom, spec=loss)
+            grad_norms.append(self.backend.optimizer_step(self.backend.split_micro(shard), fn, metrics))
+        return {"metrics": metrics, "grad_norms": grad_norms, "lr": self.backend.lr}
+
+    def train_sft(self, shard: TrainBatch, denom: LossDenominator, micro_batch_size: int) -> dict:
+        metrics = MetricSums()
+        micro = self.backend.split_micro(shard, micro_batch_size)
+        norm = self.backend.optimizer_step(micro, SFTLoss(denom=denom), metrics)
+        return {"metrics": metrics, "grad_norms": [norm], "lr": self.backend.lr}
+
+    def export_weights(self, version: int) -> list | None:
+        """Rank 0 returns [ObjectRef of a WeightBundle]; other ranks take part (FSDP2) and return None."""
+        import ray
+
+        state = self.backend.full_state_dict()
+        if self.rank != 0:
+            return None
+        return [ray.put(pack_weights(state, version))]
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.backend.save(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.backend.load(directory)
+
+    def save_hf(self, directory: str, tokenizer_path: str) -> None:
+        """Write the current weights as a Hugging Face model directory (rank 0 writes)."""
+        from gyre.models.loading import load_tokenizer
+
+        state = self.backend.full_state_dict()
+        if self.rank == 0:
+            self.backend.hf_model.save_pretrained(directory, state_dict=state)
+            load_tokenizer(tokenizer_path).save_pretrained(directory)
+
+    def configure_optimizer(self, opt, schedule, total_steps: int, grad_clip: float | None) -> None:
+        self.backend.configure_optimizer(opt, schedule, total_steps, grad_clip)
+
+    def offload(self) -> None:
+        self.backend.offload()
+
+    def reload(self) -> None:
+        self.backend.reload()
+
+
+class RolloutWorker:
+    """One rollout engine replica."""
+
+    def __init__(self, rank: int, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
+                 device_kind: str, threads: int, max_batch_size: int | None):
+        from gyre.engines.hf_rollout import HFRolloutEngine
+        from gyre.models.loading import load_causal_lm, load_tokenizer
+
+        _set_threads(threads)
+        self.rank = rank
+        device = _device(device_kind)
+        model = load_causal_lm(model_path, dtype, trust_remote_code, str(device))
+        self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path, trust_remote_code), device, max_batch_size)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return self.engine.generate(requests)
+
+    def load_weights(self, bundle_refs: list) -> int:
+        import ray
+
+        bundle: WeightBundle = ray.get(bundle_refs[0])
+        self.engine.load_weights(unpack_weights(bundle), bundle.version)
+        return self.engine.weight_version
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def offload(self) -> None:
+        self.engine.offload()
+
+    def reload(self) -> None:
+        self.engine.reload()
+
+
+class ReferenceWorker:
+    """A frozen reference model for the KL term."""
+
+    def __init__(self, rank: int, model_path: str, dtype: str, trust_remote_code: bool, device_kind: str,
+                 threads: int, micro_batch_size: int):
+        from gyre.engines.forward import ReferenceModel
+
+        _set_threads(threads)
+        self.model = ReferenceModel(model_path, dtype, _device(device_kind), trust_remote_code, micro_batch_size)
+
+    def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
+        return self.model.compute_logprobs(shard, temperature)
+
+    def offload(self) -> None:
+        self.model.offload()
+
+    def reload(self) -> None:
+        self.model.reload()
+
+
+class RewardWorker:
+    """Scores responses in isolated child processes (see ``gyre.rewards.runner``)."""
+
+    def __init__(self, spec: str, kwargs: dict, timeout_s: float, processes: int):
+        from gyre.rewards.runner import RewardRunner
+
+        self.runner = RewardRunner(spec, kwargs, timeout_s, processes)
+
+    def score(self, requests: list) -> list:
+        return self.runner.score(requests)
+
+    def stats(self) -> dict:
+        return dict(vars(self.runner.stats))

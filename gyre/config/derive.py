@@ -1,0 +1,161 @@
+"""Derived values and the placement plan, computed once from a validated config and then printed.
+
+Everything here is pure arithmetic over the config and a device count, so ``gyre check`` can run it
+without starting Ray, and a bad batch size or an impossible placement fails before any heavy work.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from gyre.config.load import ConfigError
+from gyre.config.schema import RLVRConfig
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the driver will build. Device indices refer to GPUs (cuda) or CPU slots (cpu)."""
+
+    device_kind: str
+    num_devices: int
+    roles: dict[str, tuple[int, ...]]
+    """Device list of each device-holding role: policy, rollout and (when used) reference."""
+    shared_devices: dict[tuple[str, str], tuple[int, ...]]
+    """Pairs of roles that time-share devices, with the devices they share."""
+    offload: bool
+    dp_size: int
+    rollout_workers: int
+    rollout_batch: int
+    mini_batch_size: int
+    optimizer_steps_per_step: int
+    samples_per_rank: int
+    micro_batches_per_rank: int
+    total_optimizer_steps: int
+    recompute_old_logprobs: bool
+    use_reference: bool
+    threads_per_worker: int
+    sft_steps: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def layout(self) -> str:
+        if not self.shared_devices:
+            return "disaggregated"
+        every = set().union(*self.roles.values())
+        if all(set(d) == every for d in self.roles.values()):
+            return "colocated"
+        return "partly colocated"
+
+    def role_share(self, role: str, device: int) -> int:
+        """How many roles share ``device`` with ``role`` (itself included): the time-share divisor."""
+        return sum(1 for devices in self.roles.values() if device in devices)
+
+
+def detect_local_devices(cfg: RLVRConfig) -> tuple[str, int]:
+    """(device kind, how many devices exist) on this machine, for an embedded local Ray."""
+    kind = cfg.cluster.device
+    if kind in ("auto", "cuda"):
+        import torch  # local import: `gyre check` on CPU must not pay for it when device == "cpu"
+
+        gpus = torch.cuda.device_count()
+        if kind == "cuda" and gpus == 0:
+            raise ConfigError('cluster.device is "cuda" but no GPU is visible here; set cluster.device=cpu')
+        if gpus > 0:
+            return "cuda", gpus
+    return "cpu", cfg.cluster.cpu_slots or (os.cpu_count() or 1)
+
+
+def make_plan(cfg: RLVRConfig, device_kind: str, num_devices: int) -> RunPlan:
+    """Validate batch arithmetic and placement; raise ConfigError naming the key to change."""
+    notes: list[str] = []
+    use_reference = cfg.algorithm.kl_coef > 0
+    if use_reference:
+        notes.append(f"algorithm.kl_coef={cfg.algorithm.kl_coef} > 0: a reference role is created on devices "
+                     f"{list(cfg.reference.devices)}")
+    roles = {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
+    if use_reference:
+        roles["reference"] = cfg.reference.devices
+    _check_devices_exist(roles, device_kind, num_devices)
+    shared = _shared_devices(roles)
+    mode = cfg.policy.offload
+    offload = mode == "always" or (mode == "auto" and device_kind == "cuda" and bool(shared))
+
+    dp = len(cfg.policy.devices)
+    n = cfg.rollout.samples_per_prompt
+    if n < 2:
+        raise ConfigError("rollout.samples_per_prompt must be >= 2: GRPO normalises rewards within each prompt's group")
+    rollout_batch = cfg.rollout.prompts_per_step * n
+    mini = cfg.policy.mini_batch_size or rollout_batch
+    if rollout_batch % mini:
+        raise ConfigError(
+            f"policy.mini_batch_size={mini} must divide the rollout batch {rollout_batch} "
+            f"(rollout.prompts_per_step={cfg.rollout.prompts_per_step} x rollout.samples_per_prompt={n}); "
+            f"try one of {_divisors(rollout_batch, dp)}")
+    if mini % dp:
+        raise ConfigError(
+            f"policy.mini_batch_size={mini} must be divisible by the {dp} policy devices (data-parallel ranks); "
+            f"try one of {_divisors(rollout_batch, dp)}")
+    steps_per_batch = cfg.policy.epochs * rollout_batch // mini
+    per_rank = mini // dp
+    recompute = _recompute_old_logprobs(cfg, steps_per_batch, notes)
+    sft_steps = _check_sft(cfg, dp)
+    if cfg.validation.every and not cfg.data.val_files:
+        raise ConfigError("validation.every > 0 needs data.val_files (held-out prompts); or set validation.every=0")
+    if len(cfg.rollout.devices) > cfg.rollout.prompts_per_step:
+        notes.append(f"{len(cfg.rollout.devices)} rollout workers for {cfg.rollout.prompts_per_step} prompts: "
+                     "some workers will idle")
+    return RunPlan(
+        device_kind=device_kind, num_devices=num_devices, roles=roles, shared_devices=shared, offload=offload,
+        dp_size=dp, rollout_workers=len(cfg.rollout.devices), rollout_batch=rollout_batch, mini_batch_size=mini,
+        optimizer_steps_per_step=steps_per_batch, samples_per_rank=per_rank,
+        micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
+        total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
+        use_reference=use_reference, threads_per_worker=cfg.cluster.threads_per_slot, sft_steps=sft_steps,
+        notes=notes)
+
+
+def _check_devices_exist(roles: dict[str, tuple[int, ...]], kind: str, num_devices: int) -> None:
+    what = "GPU" if kind == "cuda" else "CPU slot"
+    for role, devices in roles.items():
+        missing = [d for d in devices if d >= num_devices]
+        if missing:
+            fix = ("set cluster.cpu_slots to create more CPU slots, or " if kind == "cpu" else "")
+            raise ConfigError(
+                f"impossible placement: {role}.devices={list(devices)} names {what} {missing} but only "
+                f"{num_devices} exist (indices 0-{num_devices - 1}); {fix}use devices below {num_devices}")
+
+
+def _shared_devices(roles: dict[str, tuple[int, ...]]) -> dict[tuple[str, str], tuple[int, ...]]:
+    names = list(roles)
+    shared = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            common = tuple(sorted(set(roles[a]) & set(roles[b])))
+            if common:
+                shared[(a, b)] = common
+    return shared
+
+
+def _recompute_old_logprobs(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> bool:
+    mode = cfg.algorithm.old_logprobs
+    if mode == "auto":
+        recompute = steps_per_batch > 1
+        notes.append(
+            f"{steps_per_batch} optimizer step(s) per rollout batch: old log-probs "
+            + ("recomputed by the trainer" if recompute else "taken from the first forward pass (detached)"))
+        return recompute
+    return mode == "recompute"
+
+
+def _check_sft(cfg: RLVRConfig, dp: int) -> int:
+    sft = cfg.sft_warmup
+    if sft is None:
+        return 0
+    if sft.batch_size % dp:
+        raise ConfigError(f"sft_warmup.batch_size={sft.batch_size} must be divisible by the {dp} policy devices")
+    return sft.steps
+
+
+def _divisors(total: int, multiple_of: int) -> list[int]:
+    return [d for d in range(multiple_of, total + 1, multiple_of) if total % d == 0][:8]

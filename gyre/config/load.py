@@ -1,0 +1,141 @@
+"""Load a run config from YAML plus ``key.path=value`` overrides, with errors that say what to change."""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gyre.config.schema import RLVRConfig
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user must fix; the message names the key and the remedy."""
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+                base: dict | None = None) -> RLVRConfig:
+    """Read ``path`` (YAML), apply ``overrides`` ("a.b=value", values parsed as YAML) and validate."""
+    raw: dict[str, Any] = dict(base or {})
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for item in overrides:
+        apply_override(raw, item)
+    return validate_config(raw, source=str(path) if path else "config")
+
+
+def validate_config(raw: dict[str, Any], source: str = "config") -> RLVRConfig:
+    try:
+        return RLVRConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, RLVRConfig, source)) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (run:, model:, ...), not {type(data).__name__}")
+    return data
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set ``raw[a][b] = value`` for ``item == "a.b=value"``; the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.path=value")
+    key, _, text = item.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot parse the value of override {item!r}: {exc}") from None
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def format_validation_error(exc: ValidationError, root: type[BaseModel], source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        dotted = ".".join(loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(root, loc[:-1])
+            hint = _suggest(root, loc)
+            lines.append(f"  - unknown key {dotted!r}{hint} (valid keys here: {', '.join(sorted(valid))})")
+        elif err["type"] == "missing":
+            lines.append(f"  - missing required key {dotted!r}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  - {dotted}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _suggest(root: type[BaseModel], loc: tuple[str, ...]) -> str:
+    """A "did you mean" hint: a close spelling here, else the same key in a nested section."""
+    parent, key = loc[:-1], loc[-1]
+    valid = _valid_keys(root, parent)
+    guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6) or [k for k in valid if k.startswith(key)][:1]
+    if guess:
+        return f"; did you mean {'.'.join(parent + (guess[0],))!r}?"
+    model = _model_at(root, parent)
+    nested = [p for p in _all_paths(model) if p[-1] == key] if model else []
+    if nested:
+        return f"; did you mean {'.'.join(parent + nested[0])!r}?"
+    return ""
+
+
+def _all_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = []
+    for name, field in model.model_fields.items():
+        paths.append(prefix + (name,))
+        sub = _model_in(field.annotation)
+        if sub is not None:
+            paths.extend(_all_paths(sub, prefix + (name,)))
+    return paths
+
+
+def _valid_keys(root: type[BaseModel], loc: tuple[str, ...]) -> list[str]:
+    model = _model_at(root, loc)
+    return list(model.model_fields) if model else []
+
+
+def _model_at(root: type[BaseModel], loc: tuple[str, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = root
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel class inside ``X``, ``X | None`` or ``Optional[X]``, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,41 @@
+"""Human-readable report of a resolved config and its placement plan (`gyre check`, run start)."""
+
+from __future__ import annotations
+
+import yaml
+
+from gyre.config.derive import RunPlan
+from gyre.config.schema import RLVRConfig
+
+
+def resolved_yaml(cfg: RLVRConfig) -> str:
+    """The full config with every default filled in, as YAML a user can copy back."""
+    data = cfg.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+
+
+def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
+    kind = "GPU" if plan.device_kind == "cuda" else "CPU slot"
+    lines = [f"placement: {plan.num_devices} {kind}(s) available, layout {plan.layout}"]
+    for role, devices in plan.roles.items():
+        lines.append(f"  {role:<10} devices {list(devices)}  ({len(devices)} worker(s))")
+    lines.append("  reward     1 CPU worker (no device)")
+    for (a, b), devices in plan.shared_devices.items():
+        how = "time-shared with offload" if plan.offload else "time-shared"
+        lines.append(f"  {a} and {b} share {kind}s {list(devices)}: {how}")
+    lines += [
+        "derived:",
+        f"  rollout batch        {plan.rollout_batch} samples = {cfg.rollout.prompts_per_step} prompts x "
+        f"{cfg.rollout.samples_per_prompt} samples",
+        f"  data parallel        {plan.dp_size} rank(s), {cfg.policy.strategy}",
+        f"  mini-batch           {plan.mini_batch_size} samples -> {plan.optimizer_steps_per_step} optimizer "
+        f"step(s) per RL step ({cfg.policy.epochs} epoch(s))",
+        f"  per rank             {plan.samples_per_rank} samples in {plan.micro_batches_per_rank} micro-batch(es) "
+        f"of <= {cfg.policy.micro_batch_size}",
+        f"  total                {cfg.run.steps} RL steps, {plan.total_optimizer_steps} optimizer steps"
+        + (f", after {plan.sft_steps} SFT warm-up steps" if plan.sft_steps else ""),
+        f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
+        f"  reference model      {'yes' if plan.use_reference else 'no (algorithm.kl_coef = 0)'}",
+    ]
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)

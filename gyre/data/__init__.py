@@ -1,0 +1,1 @@
+"""Prompt datasets, resumable sampling and collation into trainer tensors."""

@@ -1,0 +1,71 @@
+"""Forward passes that turn a TrainBatch into per-token log-probs, shared by trainer and reference."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from gyre.engines import memory
+from gyre.models.logprobs import entropy_from_logits, token_logprobs
+from gyre.types import TrainBatch, select_rows, trim_to_length
+
+
+def micro_batches(batch: TrainBatch, size: int) -> Iterator[TrainBatch]:
+    """Consecutive slices of at most ``size`` rows, each trimmed of all-padding columns."""
+    for start in range(0, len(batch), size):
+        yield trim_to_length(select_rows(batch, slice(start, start + size)))
+
+
+def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, device: torch.device, temperature: float,
+                      autocast_dtype: torch.dtype | None = None, entropy: bool = False,
+                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs [B, L] (and entropies) aligned with ``batch.input_ids``; position 0 is 0."""
+    ids = batch.input_ids.to(device)
+    mask = batch.attention_mask.to(device)
+    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    with ctx:
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    logits = logits[:, :-1]
+    lp = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+    lp[:, 1:] = token_logprobs(logits, ids[:, 1:], temperature)
+    ent = None
+    if entropy:
+        ent = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+        ent[:, 1:] = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature)
+    return lp, ent
+
+
+@torch.no_grad()
+def batch_logprobs(model: torch.nn.Module, batch: TrainBatch, device: torch.device, temperature: float,
+                   micro_batch_size: int, autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Log-probs of a whole batch in micro-batches, [B, L] float32 on CPU."""
+    width = batch.input_ids.shape[1]
+    outs = []
+    for micro in micro_batches(batch, micro_batch_size):
+        lp, _ = sequence_logprobs(model, micro, device, temperature, autocast_dtype)
+        outs.append(torch.nn.functional.pad(lp.cpu(), (0, width - lp.shape[1])))
+    return torch.cat(outs) if outs else torch.zeros(batch.input_ids.shape)
+
+
+class ReferenceModel:
+    """A frozen copy of the initial policy that scores tokens for the KL term."""
+
+    def __init__(self, model_path: str, dtype: str, device: torch.device, trust_remote_code: bool = False,
+                 micro_batch_size: int = 16):
+        from gyre.models.loading import load_causal_lm
+
+        self.device = device
+        self.model = load_causal_lm(model_path, dtype, trust_remote_code, str(device))
+        self.model.requires_grad_(False)
+        self.micro_batch_size = micro_batch_size
+
+    def compute_logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
+        return batch_logprobs(self.model, batch, self.device, temperature, self.micro_batch_size)
+
+    def offload(self) -> None:
+        memory.offload(self.model, self.device)
+
+    def reload(self) -> None:
+        memory.reload(self.model, self.device)

@@ -1,0 +1,34 @@
+"""Offload and reload of a role's device state, for roles that time-share a GPU.
+
+On CPU there is nothing to free, so both are no-ops there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def offload(module: torch.nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Move parameters, buffers and optimizer state to host memory and release the cached blocks."""
+    if device.type != "cuda":
+        return
+    module.to("cpu")
+    _move_optimizer_state(optimizer, torch.device("cpu"))
+    torch.cuda.empty_cache()
+
+
+def reload(module: torch.nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Undo ``offload``."""
+    if device.type != "cuda":
+        return
+    module.to(device)
+    _move_optimizer_state(optimizer, device)
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
+    if optimizer is None:
+        return
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)

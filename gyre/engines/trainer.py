@@ -1,0 +1,232 @@
+"""Trainer backend: one data-parallel rank of the policy (or an SFT model), DDP or FSDP2.
+
+It owns the model, the optimizer and the LR schedule, runs forward passes for log-probs, and applies
+the policy loss over micro-batches with global denominators (``gyre.algos.aggregation``). The Ray
+actor (``gyre.cluster.workers.PolicyWorker``) holds one of these; nothing here knows about Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from gyre.config.schema import OptimizerConfig, SchedulerConfig
+from gyre.engines import memory
+from gyre.engines.forward import batch_logprobs, micro_batches, sequence_logprobs
+from gyre.models.loading import load_causal_lm
+from gyre.types import TrainBatch
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    model_path: str
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    strategy: str = "ddp"
+    micro_batch_size: int = 8
+
+
+class MetricSums:
+    """Sums and counts of metrics, merged across micro-batches, steps and ranks, divided at the end."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, float] = {}
+
+    def add(self, name: str, total: float, count: float = 1.0) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + float(total)
+        self.counts[name] = self.counts.get(name, 0.0) + float(count)
+
+    def merge(self, other: MetricSums) -> MetricSums:
+        for name, total in other.sums.items():
+            self.add(name, total, other.counts[name])
+        return self
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
+
+
+def lr_lambda(spec: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the peak LR at optimizer step ``s``: linear warm-up, then constant/linear/cosine."""
+
+    def factor(step: int) -> float:
+        if spec.warmup_steps and step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        if spec.type == "constant":
+            return 1.0
+        span = max(1, total_steps - spec.warmup_steps)
+        progress = min(1.0, (step - spec.warmup_steps) / span)
+        shape = 1.0 - progress if spec.type == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * shape
+
+    return factor
+
+
+class TrainerBackend:
+    """One rank of a data-parallel trainer. ``torch.distributed`` must be initialised before ``setup``."""
+
+    def __init__(self, spec: TrainerSpec, device: torch.device):
+        self.spec = spec
+        self.device = device
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.optimizer_steps = 0
+        self.grad_clip: float | None = None
+        self._autocast_dtype = None if spec.dtype == "float32" or device.type != "cuda" else getattr(torch, spec.dtype)
+
+    # ---- construction -------------------------------------------------------------------
+    def setup(self) -> None:
+        # Master weights stay in float32; bf16/fp16 are used for the compute via autocast / FSDP2 policy.
+        model = load_causal_lm(self.spec.model_path, "float32", self.spec.trust_remote_code, str(self.device))
+        if self.spec.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.train()
+        self.hf_model = model
+        self.model = self._wrap(model)
+
+    def configure_optimizer(self, opt: OptimizerConfig, schedule: SchedulerConfig, total_steps: int,
+                            grad_clip: float | None) -> None:
+        """A fresh AdamW and LR schedule (e.g. RL after an SFT warm-up starts its own)."""
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                                           weight_decay=opt.weight_decay, fused=fused)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(schedule, total_steps))
+        self.grad_clip = grad_clip
+        self.optimizer_steps = 0
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.spec.strategy == "fsdp2":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = MixedPrecisionPolicy(param_dtype=self._autocast_dtype or torch.float32, reduce_dtype=torch.float32)
+            for layer in _decoder_layers(model):
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    # ---- forward passes -----------------------------------------------------------------
+    def compute_logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
+        """Log-probs of ``batch`` under the current weights, [B, L] on CPU."""
+        self.model.eval()
+        try:
+            return batch_logprobs(self.model, batch, self.device, temperature, self.spec.micro_batch_size,
+                                  self._autocast_dtype)
+        finally:
+            self.model.train()
+
+    # ---- optimisation -------------------------------------------------------------------
+    def optimizer_step(self, micro_batches: list[TrainBatch], loss_fn: Callable, metrics: MetricSums) -> float:
+        """Accumulate gradients of ``loss_fn`` over ``micro_batches``, then clip and step once.
+
+        ``loss_fn(micro, logprobs, entropy, metrics) -> loss`` returns this micro-batch's share of the
+        step loss (already scaled by the global denominator); it also names the ``temperature`` of the
+        log-probs and whether the entropy needs a gradient. Returns the pre-clip gradient norm.
+        """
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, micro in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            with self._no_sync(not last):
+                lp, ent = sequence_logprobs(self.model, micro, self.device, loss_fn.temperature,
+                                            self._autocast_dtype, entropy=True, entropy_grad=loss_fn.entropy_grad)
+                loss = loss_fn(micro, lp, ent, metrics)
+                loss.backward()
+        grad_norm = self._clip_grad()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return grad_norm
+
+    def _no_sync(self, skip_sync: bool):
+        if not skip_sync:
+            return contextlib.nullcontext()
+        if self.spec.strategy == "fsdp2":
+            return _fsdp_no_sync(self.model)
+        return self.model.no_sync()
+
+    def _clip_grad(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    @property
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def split_micro(self, batch: TrainBatch, size: int | None = None) -> list[TrainBatch]:
+        return list(micro_batches(batch, size or self.spec.micro_batch_size))
+
+    # ---- weights, checkpoints, memory -----------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded HF-named weights on CPU. Collective under FSDP2: every rank must call it."""
+        if self.spec.strategy == "fsdp2":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
+
+    def save(self, directory: str) -> None:
+        """Model + optimizer (DCP, sharded per rank) and this rank's LR schedule. Collective."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+        extra = {"scheduler": self.scheduler.state_dict(), "optimizer_steps": self.optimizer_steps,
+                 "torch_rng": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            extra["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        torch.save(extra, f"{directory}/trainer_rank{dist.get_rank()}.pt")
+
+    def load(self, directory: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=directory)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(f"{directory}/trainer_rank{dist.get_rank()}.pt", weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.optimizer_steps = extra["optimizer_steps"]
+        torch.set_rng_state(extra["torch_rng"])
+        if "cuda_rng" in extra:
+            torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
+
+    def offload(self) -> None:
+        """Move parameters, gradients and optimizer state to host memory (GPU colocation)."""
+        memory.offload(self.model, self.device, self.optimizer)
+
+    def reload(self) -> None:
+        memory.reload(self.model, self.device, self.optimizer)
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Transformer blocks to shard one by one (the ``layers`` ModuleList of HF decoder models)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            return list(module)
+    return []

@@ -1,0 +1,1 @@
+"""Model loading, tiny presets and log-prob helpers."""

@@ -1,0 +1,70 @@
+"""Load local Hugging Face causal LMs and tokenizers, with errors that say what to change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+class ModelPathError(ValueError):
+    """The configured model directory is missing or is not a Hugging Face model directory."""
+
+
+def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
+    """Fail early, before Ray starts, when ``path`` cannot be a local HF causal-LM directory."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelPathError(
+            f"{key}={str(path)!r} does not exist. Point it at a local Hugging Face model directory, or create a "
+            f"small one with: gyre init-model --preset tiny --out {path}")
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise ModelPathError(
+            f"{key}={str(path)!r} is not a Hugging Face model directory (no config.json inside). "
+            "Weights cannot be downloaded by gyre: save the model with save_pretrained() and point here.")
+    return p
+
+
+def quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """Tokenizer from a local directory; gets a pad token (EOS) if it has none, left padding."""
+    from transformers import AutoTokenizer
+
+    quiet_transformers()
+    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ModelPathError(f"the tokenizer in {path} has neither a pad nor an EOS token; add one")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device: str = "cpu"):
+    """A causal LM from a local directory in ``dtype`` on ``device``, in train mode off (eval)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    quiet_transformers()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code)
+    return model.to(device).eval()
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the generation config's."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, (list, tuple)):
+        ids.update(int(i) for i in gen_eos)
+    return sorted(ids)

@@ -1,0 +1,1 @@
+"""Pipelines: thin controllers that drive the role groups step by step."""

@@ -1,0 +1,222 @@
+"""RLVR with GRPO: the single-controller training loop.
+
+Each step: take prompts -> generate n samples each (rollout) -> score them (reward) -> group-normalised
+advantages -> old / reference log-probs -> optimizer steps over mini-batches (policy) -> push the new
+weights to the rollout engines. ``train_step`` reads top to bottom; each phase is a named method.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gyre.algos import LossDenominator, group_normalized_advantages
+from gyre.config.derive import RunPlan
+from gyre.config.schema import RLVRConfig
+from gyre.data.batching import gather_rows, samples_to_batch, split_for_ranks
+from gyre.engines.losses import GRPOLossSpec
+from gyre.engines.trainer import MetricSums
+from gyre.pipelines.checkpoint import CheckpointManager, DriverState
+from gyre.pipelines.rlvr_data import RunData, config_fingerprint
+from gyre.pipelines.roles import Roles
+from gyre.rewards.base import RewardRequest
+from gyre.rollout.coordinator import RolloutCoordinator
+from gyre.seeding import derive_seed
+from gyre.types import GenerationRequest, PromptRecord, Sample, SamplingParams, TrainBatch, select_rows
+
+
+@dataclass
+class RunSummary:
+    steps: int
+    first_val_accuracy: float | None
+    last_val_accuracy: float | None
+    final_model: Path | None
+    seconds: float
+
+
+class RLVRPipeline:
+    def __init__(self, cfg: RLVRConfig, plan: RunPlan, roles: Roles, data: RunData, logger, progress):
+        self.cfg, self.plan, self.roles, self.data = cfg, plan, roles, data
+        self.logger, self.progress = logger, progress
+        self.rollout = RolloutCoordinator(roles.rollout)
+        self.checkpoints = CheckpointManager(cfg.run.output_dir, cfg.checkpoint.keep_last)
+        self.version = 0
+        s = cfg.rollout.sampling
+        self.sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop))
+        # Trainer log-probs use the sampling temperature (greedy sampling has no temperature: use 1).
+        self.temperature = s.temperature if s.temperature > 0 else 1.0
+        self.reward_totals = {"errors": 0, "timeouts": 0}
+        self.val_history: list[float] = []
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self, start_step: int) -> RunSummary:
+        t0 = time.perf_counter()
+        if start_step == 0 and self.cfg.validation.every:
+            self.logger.log(0, self.validate(), phase="train")
+        for step in range(start_step + 1, self.cfg.run.steps + 1):
+            metrics = self.train_step(step)
+            if self._due(self.cfg.validation.every, step):
+                metrics.update(self.validate())
+            self.logger.log(step, metrics)
+            self.progress.update(step, {**metrics, "val/accuracy": self.val_history[-1] if self.val_history else None})
+            if self._due(self.cfg.checkpoint.every, step) and step < self.cfg.run.steps:
+                self.save_checkpoint(step)
+        final = self.save_final_model()
+        return RunSummary(self.cfg.run.steps, self.val_history[0] if self.val_history else None,
+                          self.val_history[-1] if self.val_history else None, final, time.perf_counter() - t0)
+
+    def _due(self, every: int, step: int) -> bool:
+        return bool(every) and (step % every == 0 or step == self.cfg.run.steps)
+
+    def train_step(self, step: int) -> dict:
+        timer: dict[str, float] = {}
+        t_start = time.perf_counter()
+        prompts = self.data.next_train_prompts(self.cfg.rollout.prompts_per_step)
+        with _phase(timer, "generate"):
+            samples = self.generate(prompts, self.sampling, self.cfg.rollout.samples_per_prompt, ("train", step))
+        with _phase(timer, "reward"):
+            reward_stats = self.score(samples)
+        self.compute_advantages(samples)
+        batch = samples_to_batch(samples, self.data.pad_id)
+        with _phase(timer, "logprobs"):
+            self.compute_logprobs(batch)
+        with _phase(timer, "train"):
+            train_metrics = self.train_policy(batch, step)
+        with _phase(timer, "weight_sync"):
+            self.sync_weights(step)
+        timer["step"] = time.perf_counter() - t_start
+        return {**sample_metrics(samples), **reward_stats, **train_metrics, "weight_version": self.version,
+                **{f"time/{k}": v for k, v in timer.items()}}
+
+    # ---- phases -----------------------------------------------------------------------------
+    def generate(self, prompts: list[PromptRecord], params: SamplingParams, n: int, stream: tuple) -> list[Sample]:
+        self.roles.timeshare.activate("rollout")
+        requests = [GenerationRequest(f"{stream[0]}-{stream[1]}-{i}", p.prompt_ids, params, n=n,
+                                      seed=derive_seed(self.cfg.run.seed, *stream, i)) for i, p in enumerate(prompts)]
+        results = self.rollout.generate(requests)
+        by_request = {r.request_id: p for r, p in zip(requests, prompts)}
+        return [Sample(prompt=by_request[res.request_id], result=res, reward=None) for res in results]  # type: ignore[arg-type]
+
+    def score(self, samples: list[Sample]) -> dict:
+        import ray
+
+        requests = [RewardRequest(s.result.response_text, s.prompt.ground_truth, s.prompt.prompt_text, s.prompt.tag)
+                    for s in samples]
+        for sample, result in zip(samples, ray.get(self.roles.reward.score.remote(requests))):
+            sample.reward = result
+        errors = sum(1 for s in samples if s.reward.error and not s.reward.error.startswith("timeout"))
+        timeouts = sum(1 for s in samples if s.reward.error and s.reward.error.startswith("timeout"))
+        self.reward_totals["errors"] += errors
+        self.reward_totals["timeouts"] += timeouts
+        return {"reward/errors": errors, "reward/timeouts": timeouts,
+                "reward/errors_total": self.reward_totals["errors"],
+                "reward/timeouts_total": self.reward_totals["timeouts"]}
+
+    def compute_advantages(self, samples: list[Sample]) -> None:
+        n = self.cfg.rollout.samples_per_prompt
+        rewards = torch.tensor([s.reward.score for s in samples], dtype=torch.float32).view(-1, n)
+        adv = group_normalized_advantages(rewards, self.cfg.algorithm.std_eps, self.cfg.algorithm.std_ddof)
+        for sample, value in zip(samples, adv.flatten().tolist()):
+            sample.advantage = value
+
+    def compute_logprobs(self, batch: TrainBatch) -> None:
+        if self.plan.recompute_old_logprobs:
+            self.roles.timeshare.activate("policy")
+            batch.old_logprobs = self._dp_logprobs(self.roles.policy, batch)
+        if self.roles.reference is not None:
+            self.roles.timeshare.activate("reference")
+            batch.ref_logprobs = self._dp_logprobs(self.roles.reference, batch)
+
+    def _dp_logprobs(self, group, batch: TrainBatch) -> torch.Tensor:
+        shards, index = split_for_ranks(batch, len(group))
+        parts = group.call_each("compute_logprobs", [(shard, self.temperature) for shard in shards])
+        return gather_rows(parts, index, len(batch))
+
+    def train_policy(self, batch: TrainBatch, step: int) -> dict:
+        self.roles.timeshare.activate("policy")
+        dp, mini = self.plan.dp_size, self.plan.mini_batch_size
+        per_rank: list[list[TrainBatch]] = [[] for _ in range(dp)]
+        denoms = []
+        for epoch in range(self.cfg.policy.epochs):
+            g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, "minibatch", step, epoch))
+            order = torch.randperm(len(batch), generator=g)
+            for start in range(0, len(batch), mini):
+                minibatch = select_rows(batch, order[start:start + mini])
+                denoms.append(LossDenominator(tokens=float(minibatch.response_mask.sum()), dp_size=dp))
+                for rank, shard in enumerate(split_for_ranks(minibatch, dp)[0]):
+                    per_rank[rank].append(shard)
+        a = self.cfg.algorithm
+        old_source = "recomputed" if self.plan.recompute_old_logprobs else (
+            "rollout" if a.old_logprobs == "rollout" else "current")
+        spec = GRPOLossSpec(self.temperature, a.clip_low, a.clip_high, a.kl_coef, a.entropy_coef, old_source)
+        outs = self.roles.policy.call_each("train", [(shards, denoms, spec) for shards in per_rank])
+        merged = MetricSums()
+        for out in outs:
+            merged.merge(out["metrics"])
+        norms = outs[0]["grad_norms"]
+        return {**merged.means(), "grad_norm": sum(norms) / len(norms), "lr": outs[0]["lr"]}
+
+    def sync_weights(self, version: int) -> None:
+        """Push the trainer's weights to every rollout engine as ``version``; verify they took it."""
+        exported = self.roles.policy.call("export_weights", version)
+        self.roles.timeshare.activate("rollout")
+        versions = self.roles.rollout.call("load_weights", exported[0])
+        if any(v != version for v in versions):
+            raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
+        self.version = version
+
+    def validate(self) -> dict:
+        v = self.cfg.validation
+        params = SamplingParams(v.temperature, 1.0, 0, self.sampling.max_new_tokens, self.sampling.stop)
+        samples = self.generate(self.data.val_prompts, params, v.samples_per_prompt, ("val", 0))
+        self.score(samples)
+        metrics = {f"val/{k}": val for k, val in sample_metrics(samples).items()}
+        self.val_history.append(metrics["val/accuracy"])
+        return metrics
+
+    # ---- persistence --------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> None:
+        tmp = self.checkpoints.begin(step)
+        self.roles.policy.call("save_checkpoint", str(tmp / "policy"))
+        state = DriverState(step=step, data=self.data.train_sampler.state_dict(), weight_version=self.version,
+                            config_hash=config_fingerprint(self.cfg))
+        self.checkpoints.commit(tmp, state)
+
+    def restore(self, path: Path) -> int:
+        state = self.checkpoints.load_state(path)
+        self.roles.policy.call("load_checkpoint", str(path / "policy"))
+        self.data.train_sampler.load_state_dict(state.data)
+        self.sync_weights(state.weight_version)
+        return state.step
+
+    def save_final_model(self) -> Path:
+        out = Path(self.cfg.run.output_dir) / "final_model"
+        tok = self.cfg.model.tokenizer_path or self.cfg.model.path
+        self.roles.policy.call("save_hf", str(out), tok)
+        return out
+
+
+def sample_metrics(samples: list[Sample]) -> dict:
+    """Reward, accuracy and length statistics of scored samples."""
+    rewards = torch.tensor([s.reward.score for s in samples], dtype=torch.float64)
+    correct = [s.reward.correct if s.reward.correct is not None else s.reward.score > 0 for s in samples]
+    lengths = torch.tensor([len(s.result.response_ids) for s in samples], dtype=torch.float64)
+    truncated = sum(1 for s in samples if s.result.finish_reason == "length")
+    return {
+        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(samples) > 1 else 0.0,
+        "accuracy": sum(correct) / len(samples), "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()), "response_length/truncated_frac": truncated / len(samples),
+    }
+
+
+@contextmanager
+def _phase(timer: dict[str, float], name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timer[name] = timer.get(name, 0.0) + time.perf_counter() - start

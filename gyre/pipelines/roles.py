@@ -1,0 +1,66 @@
+"""Create the Ray role groups of a run on their devices and connect the trainer ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gyre.cluster.colocation import TimeShare
+from gyre.cluster.group import RoleGroup
+from gyre.cluster.placement import Placement, create_placement
+from gyre.cluster.workers import PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
+from gyre.config.derive import RunPlan
+from gyre.config.schema import RLVRConfig
+from gyre.engines.trainer import TrainerSpec
+from gyre.rewards.base import BUILTIN
+
+
+@dataclass
+class Roles:
+    policy: RoleGroup
+    rollout: RoleGroup
+    reward: object
+    """The RewardWorker actor handle."""
+    reference: RoleGroup | None
+    timeshare: TimeShare
+    placement: Placement
+
+    def kill(self) -> None:
+        """Stop every actor and release the devices (the cluster may outlive this run)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for group in (self.policy, self.rollout, self.reference):
+            if group is not None:
+                group.kill()
+        ray.kill(self.reward)
+        remove_placement_group(self.placement.group)
+
+
+def build_roles(cfg: RLVRConfig, plan: RunPlan) -> Roles:
+    import ray
+
+    placement = create_placement(plan)
+    m = cfg.model
+    tok_path = m.tokenizer_path or m.path
+    threads = plan.threads_per_worker
+    spec = TrainerSpec(model_path=m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
+                       gradient_checkpointing=m.gradient_checkpointing, strategy=cfg.policy.strategy,
+                       micro_batch_size=cfg.policy.micro_batch_size)
+    policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
+        (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed), {}))
+    rollout = RoleGroup.create("rollout", RolloutWorker, placement, lambda r: (
+        (r, m.path, tok_path, m.dtype, m.trust_remote_code, plan.device_kind, threads,
+         cfg.rollout.max_batch_size), {}))
+    reference = None
+    if plan.use_reference:
+        reference = RoleGroup.create("reference", ReferenceWorker, placement, lambda r: (
+            (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size), {}))
+    rw = cfg.reward
+    fn = rw.function if rw.type == "function" else BUILTIN[rw.type]
+    reward = ray.remote(RewardWorker).options(num_cpus=1).remote(fn, rw.kwargs, rw.timeout_s, rw.processes)
+    addr, port = ray.get(policy.actors[0].rendezvous.remote())
+    policy.call("setup", addr, port)
+    groups = {"policy": policy, "rollout": rollout}
+    if reference is not None:
+        groups["reference"] = reference
+    return Roles(policy, rollout, reward, reference, TimeShare(plan, groups), placement)

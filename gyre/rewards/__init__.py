@@ -1,0 +1,1 @@
+"""Reward functions and the isolated runner that evaluates them."""

@@ -1,0 +1,89 @@
+"""The reward-function contract and how a config names one.
+
+A reward function is any callable ``fn(response: str, ground_truth: str, **kwargs) -> float | bool |
+RewardResult``; it may also accept ``prompt`` and ``tag`` keyword arguments. A config names it as
+"package.module:function" or "path/to/file.py:function".
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.types import RewardResult
+
+RewardFn = Callable[..., object]
+
+BUILTIN = {"math": "gyre.rewards.math:math_reward"}
+
+
+@dataclass
+class RewardRequest:
+    """What a reward function sees for one sample."""
+
+    response: str
+    ground_truth: str
+    prompt: str = ""
+    tag: str | None = None
+
+
+class RewardSpecError(ValueError):
+    """reward.function cannot be imported or is not callable."""
+
+
+def load_function(spec: str) -> RewardFn:
+    """Import ``module:function`` or ``file.py:function``."""
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise RewardSpecError(
+            f'reward function {spec!r} must look like "package.module:function" or "file.py:function"')
+    if target.endswith(".py"):
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise RewardSpecError(f"reward function file {target} does not exist")
+        mod_name = f"gyre_user_reward_{abs(hash(str(path)))}"
+        module = sys.modules.get(mod_name)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[mod_name] = module
+            loader_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise RewardSpecError(f"cannot import module {target!r} of reward function {spec!r}: {exc}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise RewardSpecError(f"{target!r} has no callable named {name!r} (reward function {spec!r})")
+    return fn
+
+
+def call_reward(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardResult:
+    """Call ``fn`` with the arguments it accepts and normalise its return value."""
+    extra = dict(kwargs)
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for key in ("prompt", "tag"):
+        if takes_any or key in params:
+            extra[key] = getattr(request, key)
+    value = fn(request.response, request.ground_truth, **extra)
+    return to_result(value)
+
+
+def to_result(value: object) -> RewardResult:
+    if isinstance(value, RewardResult):
+        return value
+    if isinstance(value, bool):
+        return RewardResult(score=float(value), correct=value)
+    if isinstance(value, (int, float)):
+        score = float(value)
+        if score != score:  # NaN would poison the advantages
+            raise ValueError("reward function returned NaN")
+        return RewardResult(score=score)
+    raise TypeError(f"reward function returned {type(value).__name__}; return a float, a bool or a RewardResult")

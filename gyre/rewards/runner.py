@@ -1,0 +1,147 @@
+"""Evaluate reward functions in child processes with a wall-clock limit per sample.
+
+A reward that raises gets score 0 and counts as an error; one that runs past ``timeout_s`` gets score
+0, counts as a timeout, and its process is killed and replaced. Either way the other samples and the
+run go on. Child processes (not threads) are used because a hung or crashing Python function cannot
+be stopped from inside its own process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+from gyre.rewards.base import RewardRequest, call_reward, load_function
+from gyre.types import RewardResult
+
+
+def _serve(conn: Connection, spec: str, kwargs: dict) -> None:
+    """Child-process loop: announce readiness, then receive (index, request), send (index, result)."""
+    try:
+        fn = load_function(spec)
+    except BaseException:  # noqa: BLE001 - reported per sample below, the loop must start
+        fn = None  # reported per sample below, with the import error
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        index, request = msg
+        try:
+            fn = fn or load_function(spec)
+            result = call_reward(fn, request, kwargs)
+        except BaseException as exc:  # noqa: BLE001 - the sample fails, never the loop
+            result = RewardResult(score=0.0, correct=False, error=f"{type(exc).__name__}: {exc}"[:500])
+        conn.send((index, result))
+
+
+@dataclass
+class _Child:
+    process: mp.Process
+    conn: Connection
+    task: int | None = None
+    deadline: float = 0.0
+    ready: bool = False
+    """False until the child has imported the reward function; start-up never counts against a sample."""
+
+
+@dataclass
+class RewardStats:
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    seconds: float = 0.0
+    last_error: str | None = field(default=None)
+
+
+class RewardRunner:
+    """A small pool of reward processes. ``score`` returns one RewardResult per request, in order."""
+
+    def __init__(self, spec: str, kwargs: dict | None = None, timeout_s: float = 10.0, processes: int = 1):
+        self.spec, self.kwargs = spec, dict(kwargs or {})
+        self.timeout_s = timeout_s
+        self.stats = RewardStats()
+        load_function(spec)  # fail now, in the caller, if the function cannot be imported
+        self._ctx = mp.get_context("spawn")
+        self._children = [self._start() for _ in range(processes)]
+
+    def _start(self) -> _Child:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_serve, args=(child, self.spec, self.kwargs), daemon=True)
+        proc.start()
+        child.close()
+        return _Child(proc, parent)
+
+    def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
+        start = time.perf_counter()
+        results: list[RewardResult | None] = [None] * len(requests)
+        pending = deque(range(len(requests)))
+        while pending or any(c.task is not None for c in self._children):
+            for child in self._children:
+                if child.ready and child.task is None and pending:
+                    child.task = pending.popleft()
+                    child.deadline = time.monotonic() + self.timeout_s
+                    child.conn.send((child.task, requests[child.task]))
+            waiting = [c for c in self._children if c.task is not None or not c.ready]
+            deadlines = [c.deadline for c in waiting if c.task is not None]
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else self.timeout_s
+            ready = wait([c.conn for c in waiting], timeout=timeout)
+            for i, child in enumerate(self._children):
+                if child.conn in ready and self._collect(child, results):
+                    continue
+                dead = not child.process.is_alive()
+                if child.task is not None and (dead or time.monotonic() >= child.deadline):
+                    results[child.task] = self._fail(child)
+                    self._children[i] = self._start()
+                elif dead:
+                    self._children[i] = self._start()
+        self.stats.calls += len(requests)
+        self.stats.seconds += time.perf_counter() - start
+        return results  # type: ignore[return-value]
+
+    def _collect(self, child: _Child, results: list) -> bool:
+        """Read one message; False when the child's pipe is closed (it died)."""
+        try:
+            msg = child.conn.recv()
+        except (EOFError, OSError):
+            child.process.join(timeout=5)
+            return False
+        if msg == "ready":
+            child.ready = True
+            return True
+        index, result = msg
+        if result.error:
+            self.stats.errors += 1
+            self.stats.last_error = result.error
+        results[index] = result
+        child.task = None
+        return True
+
+    def _fail(self, child: _Child) -> RewardResult:
+        alive = child.process.is_alive()
+        child.process.kill()
+        child.process.join(timeout=5)
+        child.conn.close()
+        if alive:
+            self.stats.timeouts += 1
+            return RewardResult(score=0.0, correct=False, error=f"timeout after {self.timeout_s}s")
+        self.stats.errors += 1
+        self.stats.last_error = f"reward process exited with code {child.process.exitcode}"
+        return RewardResult(score=0.0, correct=False, error=self.stats.last_error)
+
+    def close(self) -> None:
+        for child in self._children:
+            try:
+                child.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            child.process.join(timeout=2)
+            if child.process.is_alive():
+                child.process.kill()
+        self._children = []

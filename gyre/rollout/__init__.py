@@ -1,0 +1,1 @@
+"""Rollout: spreading generation over rollout workers (the scheduler core grows here)."""

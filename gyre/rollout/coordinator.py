@@ -1,0 +1,41 @@
+"""Spread generation requests over rollout workers and gather the results in request order.
+
+Prompt affinity: all ``n`` samples of a request go to one worker (its prompt is prefilled once there).
+Requests are assigned greedily to the least-loaded worker by estimated token work, largest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gyre.cluster.group import RoleGroup
+from gyre.types import GenerationRequest, GenerationResult
+
+
+def assign_requests(requests: Sequence[GenerationRequest], workers: int) -> list[list[int]]:
+    """Request indices per worker, balancing n x (prompt + max new tokens); order kept within a worker."""
+    loads = [0] * workers
+    buckets: list[list[int]] = [[] for _ in range(workers)]
+    work = [r.n * (len(r.prompt_ids) + r.params.max_new_tokens) for r in requests]
+    for i in sorted(range(len(requests)), key=lambda i: -work[i]):
+        w = min(range(workers), key=lambda k: (loads[k], k))
+        buckets[w].append(i)
+        loads[w] += work[i]
+    return [sorted(b) for b in buckets]
+
+
+class RolloutCoordinator:
+    def __init__(self, group: RoleGroup):
+        self.group = group
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """All results, ordered by request then sample index."""
+        import ray
+
+        plan = assign_requests(requests, len(self.group))
+        refs = [actor.generate.remote([requests[i] for i in idx])
+                for actor, idx in zip(self.group.actors, plan) if idx]
+        results = [res for part in ray.get(refs) for res in part]
+        order = {r.request_id: i for i, r in enumerate(requests)}
+        results.sort(key=lambda res: (order[res.request_id], res.sample_index))
+        return results

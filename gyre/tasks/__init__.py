@@ -1,0 +1,1 @@
+"""Bundled synthetic tasks that need no download (the quickstart uses ``arithmetic``)."""

@@ -1,0 +1,1 @@
+"""Metrics on disk (JSONL, TensorBoard), the plot, and the live progress display."""

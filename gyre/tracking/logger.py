@@ -1,0 +1,76 @@
+"""Write per-step metrics to ``metrics.jsonl`` and TensorBoard.
+
+On resume, records after the checkpointed step are dropped from the JSONL file (they belong to steps
+that will run again) and TensorBoard purges them too, so every step appears exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+class MetricsLogger:
+    def __init__(self, output_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None):
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        if resume_step is not None:
+            self._truncate_after(resume_step)
+        elif self.path.exists():
+            self.path.unlink()
+        self._fh = self.path.open("a")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = resume_step + 1 if resume_step is not None else None
+            self._tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=purge)
+
+    def _truncate_after(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and _record_step(line) <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)
+
+    def log(self, step: int, metrics: dict[str, float], phase: str = "train") -> None:
+        record = {"step": step, "phase": phase, **{k: _clean(v) for k, v in metrics.items()}}
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+        if self._tb is not None:
+            tb_step = step if phase != "sft" else step - 1_000_000
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(f"{phase}/{key}" if phase == "sft" else key, value, tb_step)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _record_step(line: str) -> int:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:  # a line cut short by a kill: drop it
+        return 1 << 62
+    return int(record.get("step", 0)) if record.get("phase") != "sft" else -1
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            out.append(json.loads(line))
+    return out

@@ -1,0 +1,43 @@
+"""Live progress line: step, reward, accuracy and seconds per step (rich), or plain log lines."""
+
+from __future__ import annotations
+
+import sys
+
+
+class Progress:
+    def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "GRPO"):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.total = total
+        self._plain = enabled and not self.enabled
+        self._bar = None
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                     transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task(description, total=total, completed=start, info="")
+
+    def update(self, step: int, metrics: dict) -> None:
+        info = _summary(metrics)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, info=info)
+        elif self._plain:
+            print(f"step {step}/{self.total} {info}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _summary(m: dict) -> str:
+    parts = []
+    for key, label, fmt in (("reward/mean", "reward", "{:.3f}"), ("accuracy", "acc", "{:.2f}"),
+                            ("val/accuracy", "val_acc", "{:.2f}"), ("sft_loss", "loss", "{:.3f}"),
+                            ("time/step", "s/step", "{:.2f}")):
+        if m.get(key) is not None:
+            parts.append(f"{label}={fmt.format(m[key])}")
+    return " ".join(parts)

@@ -1,0 +1,156 @@
+"""Typed records that flow between the stages of a run, one per stage.
+
+prompt file row -> PromptRecord -> GenerationRequest -> GenerationResult (+ RewardResult) -> Sample
+-> TrainBatch (tensors) -> trainer. Shapes: B samples, L padded sequence length (prompt + response).
+
+Weight versions: a ``WeightVersion`` is the number of RL training steps whose updates the weights
+contain (0 = the initial model). Every generated sample records the version that produced it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+import torch
+
+WeightVersion = int
+FinishReason = Literal["eos", "stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is sampled.
+
+    The log-probs an engine reports are those of the distribution it sampled from: softmax(logits /
+    temperature), truncated by top_k / top_p and renormalised. temperature == 0 is greedy decoding
+    (log-probs then come from temperature 1).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class PromptRecord:
+    """One training or validation prompt, tokenised."""
+
+    uid: str
+    """Where it came from, "file:line" (JSONL) or "file:row" (Parquet); unique within a run."""
+    prompt_text: str
+    """The text the model sees (after the chat template, if any)."""
+    prompt_ids: list[int]
+    ground_truth: str
+    tag: str | None = None
+
+
+@dataclass
+class GenerationRequest:
+    """Ask an engine for ``n`` samples of one prompt."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    seed: int = 0
+    """Seeds the sampler; the same request, seed and weights give the same samples."""
+
+
+@dataclass
+class GenerationResult:
+    """One sampled response (token-in, token-out: ``response_ids`` are exactly what was sampled)."""
+
+    request_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_text: str
+    """Decoded response without special tokens."""
+    logprobs: list[float]
+    """Sampler log-prob of each response token, len == len(response_ids)."""
+    finish_reason: FinishReason
+    weight_version: WeightVersion
+
+
+@dataclass
+class RewardResult:
+    score: float
+    correct: bool | None = None
+    """Whether the answer was right, for accuracy metrics (None: the reward cannot tell)."""
+    error: str | None = None
+    """Why the reward failed ("timeout", or the exception); the score is then 0."""
+
+
+@dataclass
+class Sample:
+    """A scored response and the prompt it answers."""
+
+    prompt: PromptRecord
+    result: GenerationResult
+    reward: RewardResult
+    advantage: float = 0.0
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for the trainer; every per-token field is [B, L] and aligned with ``input_ids``.
+
+    Index p of a per-token field refers to token ``input_ids[:, p]`` (its log-prob given the tokens
+    before it); position 0 is never a response token. Rows are right-padded prompt + response.
+    """
+
+    input_ids: torch.Tensor
+    """[B, L] int64."""
+    attention_mask: torch.Tensor
+    """[B, L] int64, 1 on real tokens."""
+    response_mask: torch.Tensor
+    """[B, L] float32, 1 on response tokens that count in the loss."""
+    advantages: torch.Tensor
+    """[B, L] float32, the sample's advantage broadcast over its response tokens."""
+    rollout_logprobs: torch.Tensor
+    """[B, L] float32, the sampler's log-probs (0 off the response)."""
+    old_logprobs: torch.Tensor | None = None
+    """[B, L] float32, log pi_old when recomputed by the trainer."""
+    ref_logprobs: torch.Tensor | None = None
+    """[B, L] float32, reference-model log-probs when a KL term is used."""
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class StepTimer:
+    """Wall-clock seconds per phase of one step (generate, reward, logprobs, train, weight_sync, ...)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, value: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + value
+
+
+R = TypeVar("R")
+
+
+def select_rows(record: R, index: torch.Tensor | slice) -> R:
+    """A copy of a tensor record (e.g. TrainBatch) keeping rows ``index`` of every tensor field."""
+    changes = {}
+    for f in dataclasses.fields(record):  # type: ignore[arg-type]
+        value = getattr(record, f.name)
+        if isinstance(value, torch.Tensor):
+            changes[f.name] = value[index]
+    return dataclasses.replace(record, **changes)  # type: ignore[type-var]
+
+
+def trim_to_length(batch: TrainBatch) -> TrainBatch:
+    """Drop trailing columns that are padding in every row (cheaper forward passes)."""
+    used = int(batch.attention_mask.sum(dim=1).max().item()) if len(batch) else 0
+    changes = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            changes[f.name] = value[:, :used]
+    return dataclasses.replace(batch, **changes)

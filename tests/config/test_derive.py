@@ -1,0 +1,70 @@
+import pytest
+
+from gyre.config import ConfigError, load_config, make_plan
+
+BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
+
+
+def plan_for(*overrides, kind="cpu", devices=4):
+    return make_plan(load_config(None, BASE + list(overrides)), kind, devices)
+
+
+def test_derived_batch_arithmetic():
+    plan = plan_for("rollout.prompts_per_step=8", "rollout.samples_per_prompt=8", "policy.devices=[0,1]",
+                    "policy.mini_batch_size=16", "policy.micro_batch_size=4", "policy.epochs=2", "run.steps=10")
+    assert plan.rollout_batch == 64
+    assert plan.optimizer_steps_per_step == 8  # 2 epochs x 64 / 16
+    assert plan.samples_per_rank == 8 and plan.micro_batches_per_rank == 2
+    assert plan.total_optimizer_steps == 80
+    assert plan.recompute_old_logprobs  # more than one optimizer step per batch
+
+
+def test_single_step_does_not_recompute():
+    assert not plan_for().recompute_old_logprobs
+
+
+def test_mini_batch_must_divide_rollout_batch():
+    with pytest.raises(ConfigError, match=r"policy.mini_batch_size=24 must divide the rollout batch 64.*try one of"):
+        plan_for("policy.mini_batch_size=24")
+
+
+def test_mini_batch_must_divide_over_ranks():
+    with pytest.raises(ConfigError, match="divisible by the 3 policy devices"):
+        plan_for("policy.devices=[0,1,2]", "policy.mini_batch_size=16")
+
+
+def test_group_needs_two_samples():
+    with pytest.raises(ConfigError, match="samples_per_prompt must be >= 2"):
+        plan_for("rollout.samples_per_prompt=1")
+
+
+def test_device_that_does_not_exist():
+    with pytest.raises(ConfigError, match=r"impossible placement: rollout.devices=\[2\] .* only 2 exist"):
+        plan_for("rollout.devices=[2]", devices=2)
+
+
+def test_colocated_and_disaggregated_layouts():
+    colocated = plan_for("policy.devices=[0,1]", "rollout.devices=[0,1]")
+    assert colocated.layout == "colocated"
+    assert colocated.shared_devices == {("policy", "rollout"): (0, 1)}
+    assert colocated.role_share("policy", 0) == 2
+    split = plan_for("policy.devices=[0,1]", "rollout.devices=[2,3]")
+    assert split.layout == "disaggregated" and not split.shared_devices
+    assert split.role_share("rollout", 2) == 1
+
+
+def test_offload_only_on_gpu_by_default():
+    assert not plan_for("policy.devices=[0]", "rollout.devices=[0]").offload
+    assert plan_for("policy.devices=[0]", "rollout.devices=[0]", kind="cuda").offload
+    assert not plan_for("policy.devices=[0]", "rollout.devices=[1]", kind="cuda").offload
+
+
+def test_kl_creates_reference_and_says_so():
+    plan = plan_for("algorithm.kl_coef=0.01", "reference.devices=[3]")
+    assert plan.use_reference and plan.roles["reference"] == (3,)
+    assert any("reference role" in n for n in plan.notes)
+
+
+def test_validation_needs_held_out_files():
+    with pytest.raises(ConfigError, match="data.val_files"):
+        plan_for("validation.every=5")

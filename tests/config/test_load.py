@@ -1,0 +1,76 @@
+import pytest
+
+from gyre.config import ConfigError, load_config, validate_config
+from gyre.config.schema import parse_devices
+
+BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
+
+
+def test_minimal_config_fills_neutral_defaults():
+    cfg = load_config(None, BASE)
+    assert cfg.algorithm.kl_coef == 0.0  # KL off: no hidden reference model
+    assert cfg.rollout.devices == (0,) and cfg.policy.devices == (0,)
+
+
+def test_unknown_key_names_the_closest_valid_key():
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, BASE + ["rollout.samples_per_promt=4"])
+    assert "did you mean 'rollout.samples_per_prompt'" in str(exc.value)
+
+
+def test_misplaced_key_suggests_nested_path():
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, BASE + ["policy.lr=1e-5"])
+    assert "did you mean 'policy.optimizer.lr'" in str(exc.value)
+
+
+def test_unknown_top_level_section():
+    with pytest.raises(ConfigError) as exc:
+        validate_config({"model": {"path": "m"}, "data": {"train_files": ["t"]}, "rolout": {}})
+    assert "did you mean 'rollout'" in str(exc.value)
+
+
+def test_missing_required_key():
+    with pytest.raises(ConfigError, match="missing required key 'model'"):
+        load_config(None, ["data.train_files=[t.jsonl]"])
+
+
+def test_override_values_are_parsed_as_yaml():
+    cfg = load_config(None, BASE + ["policy.optimizer.lr=3e-4", "rollout.sampling.stop=[\"\\n\", '###']",
+                                    "rollout.devices=0-2"])
+    assert cfg.policy.optimizer.lr == pytest.approx(3e-4)
+    assert cfg.rollout.sampling.stop == ["\n", "###"]
+    assert cfg.rollout.devices == (0, 1, 2)
+
+
+def test_override_into_a_value_is_an_error():
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config(None, BASE + ["run.seed=3", "run.seed.x=1"])
+
+
+def test_yaml_file_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {path: m}\ndata: {train_files: [a.jsonl]}\nrun: {steps: 5}\n")
+    cfg = load_config(path, ["run.steps=7"])
+    assert cfg.run.steps == 7
+
+
+def test_bad_value_message_names_the_key():
+    with pytest.raises(ConfigError, match=r"rollout.sampling.top_p: .*less than or equal to 1"):
+        load_config(None, BASE + ["rollout.sampling.top_p=2"])
+
+
+def test_reward_function_must_be_named():
+    with pytest.raises(ConfigError, match="reward.function"):
+        load_config(None, BASE + ["reward.type=function"])
+
+
+@pytest.mark.parametrize("text,expected", [("0-3,6", (0, 1, 2, 3, 6)), ([2, 0], (2, 0)), (1, (1,)), ("4", (4,))])
+def test_device_syntax(text, expected):
+    assert parse_devices(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["0-", "3-1", "a", [0, 0], [], [-1], "__import__('os')"])
+def test_device_syntax_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_devices(bad)

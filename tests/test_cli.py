@@ -1,0 +1,46 @@
+import json
+import subprocess
+import sys
+
+from gyre.cli import main
+
+
+def test_import_is_light_and_side_effect_free(tmp_path):
+    code = ("import sys, gyre, gyre.config, gyre.algos, gyre.types; "
+            "heavy = [m for m in ('ray', 'transformers') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert out.stdout.strip() == "[]"
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_init_model_and_init_data(tmp_path, capsys):
+    assert main(["init-model", "--preset", "tiny", "--out", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m" / "config.json").exists()
+    assert main(["init-data", "--out", str(tmp_path / "d")]) == 0
+    row = json.loads((tmp_path / "d" / "train.jsonl").read_text().splitlines()[0])
+    assert set(row) == {"prompt", "ground_truth", "tag"}
+
+
+def test_check_prints_config_and_plan(tmp_path, tiny_model_dir, arithmetic_data, capsys):
+    args = ["check", "gyre/recipes/quickstart.yaml", f"model.path={tiny_model_dir}",
+            f"data.train_files=[{arithmetic_data['train']}]", f"data.val_files=[{arithmetic_data['val']}]",
+            f"sft_warmup.train_files=[{arithmetic_data['sft']}]", "cluster.cpu_slots=2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "# resolved configuration" in out and "layout colocated" in out and "rollout batch" in out
+
+
+def test_errors_are_one_clear_line(tmp_path, tiny_model_dir, arithmetic_data, capsys):
+    assert main(["check", "gyre/recipes/quickstart.yaml", "policy.optimizer.lr=x"]) == 2
+    assert "policy.optimizer.lr" in capsys.readouterr().err
+    assert main(["check", "gyre/recipes/quickstart.yaml", f"model.path={tmp_path / 'missing'}"]) == 2
+    assert "gyre init-model" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "ground_truth": "2"}\n{"prompt": 3}\n')
+    assert main(["check", "gyre/recipes/quickstart.yaml", f"model.path={tiny_model_dir}", f"data.train_files=[{bad}]",
+                 "validation.every=0", "cluster.cpu_slots=2"]) == 2
+    assert "bad.jsonl:2" in capsys.readouterr().err
+    assert main(["check", "gyre/recipes/quickstart.yaml", f"model.path={tiny_model_dir}",
+                 f"data.train_files=[{arithmetic_data['train']}]", f"data.val_files=[{arithmetic_data['val']}]",
+                 "cluster.cpu_slots=1"]) == 2
+    assert "impossible placement" in capsys.readouterr().err
