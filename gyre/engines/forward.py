@@ -23,10 +23,11 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, device: torch.d
                       entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [B, L] (and entropies) aligned with ``batch.input_ids``; position 0 is 0."""
     ids = batch.input_ids.to(device)
-    mask = batch.attention_mask.to(device)
     ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     with ctx:
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        # Rows are right-padded, so under causal attention no real token can see a pad: the padding mask
+        # changes nothing for real tokens, and leaving it out keeps attention on the fused causal path.
+        logits = model(input_ids=ids, use_cache=False).logits
     logits = logits[:, :-1]
     lp = torch.zeros(ids.shape, dtype=torch.float32, device=device)
     lp[:, 1:] = token_logprobs(logits, ids[:, 1:], temperature)

@@ -122,7 +122,7 @@ class HFRolloutEngine:
             if chunk:
                 yield chunk
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _generate_chunk(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         from transformers import DynamicCache
 
@@ -130,8 +130,10 @@ class HFRolloutEngine:
         generator = torch.Generator(device=self.device).manual_seed(_mix_seeds(r.seed for r in requests))
         input_ids, attention = self._left_pad([r.prompt_ids for r in requests])
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        # Without padding the mask is all ones: leave it out so attention takes the plain causal path.
+        padded = bool((attention == 0).any())
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+        out = self.model(input_ids=input_ids, attention_mask=attention if padded else None, position_ids=positions,
                          past_key_values=cache, use_cache=True)
         # Prefill once per prompt, then give each of its n samples its own copy of the cache.
         expand = torch.repeat_interleave(torch.arange(len(requests), device=self.device),
@@ -159,9 +161,10 @@ class HFRolloutEngine:
                 cache.batch_select_indices(index)
                 tokens, attention, next_pos = tokens[index], attention[index], next_pos[index]
                 active = [active[j] for j in keep]
-            attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
-            out = self.model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos[:, None],
-                             past_key_values=cache, use_cache=True)
+            if padded:
+                attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
+            out = self.model(input_ids=tokens[:, None], attention_mask=attention if padded else None,
+                             position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
         return [self._result(row) for row in rows]

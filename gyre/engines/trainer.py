@@ -208,11 +208,11 @@ class TrainerBackend:
             torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
 
     def offload(self) -> None:
-        """Move parameters, gradients and optimizer state to host memory (GPU colocation)."""
-        memory.offload(self.model, self.device, self.optimizer)
+        """Free gradients and move optimizer state to host memory while a colocated role runs."""
+        memory.offload(None, self.device, self.optimizer)
 
     def reload(self) -> None:
-        memory.reload(self.model, self.device, self.optimizer)
+        memory.reload(None, self.device, self.optimizer)
 
 
 @contextlib.contextmanager

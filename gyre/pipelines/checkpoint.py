@@ -29,7 +29,6 @@ class DriverState:
     data: dict
     """EpochSampler state of the training prompts."""
     weight_version: int
-    sft_done: bool = True
     config_hash: str = ""
 
 

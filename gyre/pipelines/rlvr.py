@@ -89,7 +89,11 @@ class RLVRPipeline:
         with _phase(timer, "weight_sync"):
             self.sync_weights(step)
         timer["step"] = time.perf_counter() - t_start
-        return {**sample_metrics(samples), **reward_stats, **train_metrics, "weight_version": self.version,
+        # Samples carry the version that generated them; the policy trained them at version step - 1.
+        sample_version = min(s.result.weight_version for s in samples)
+        versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
+                    "weight_version": self.version}
+        return {**sample_metrics(samples), **reward_stats, **train_metrics, **versions,
                 **{f"time/{k}": v for k, v in timer.items()}}
 
     # ---- phases -----------------------------------------------------------------------------

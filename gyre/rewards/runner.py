@@ -17,36 +17,42 @@ from multiprocessing.connection import Connection, wait
 from gyre.rewards.base import RewardRequest, call_reward, load_function
 from gyre.types import RewardResult
 
+# Samples sent to a child in one message; small enough that work stays spread over the children.
+_MAX_CHUNK = 32
+
 
 def _serve(conn: Connection, spec: str, kwargs: dict) -> None:
-    """Child-process loop: announce readiness, then receive (index, request), send (index, result)."""
+    """Child-process loop: announce readiness, then for each received chunk [(index, request), ...]
+    send (index, result) per sample as soon as it is scored."""
     try:
         fn = load_function(spec)
     except BaseException:  # noqa: BLE001 - reported per sample below, the loop must start
-        fn = None  # reported per sample below, with the import error
+        fn = None
     conn.send("ready")
     while True:
         try:
-            msg = conn.recv()
+            chunk = conn.recv()
         except EOFError:
             return
-        if msg is None:
+        if chunk is None:
             return
-        index, request = msg
-        try:
-            fn = fn or load_function(spec)
-            result = call_reward(fn, request, kwargs)
-        except BaseException as exc:  # noqa: BLE001 - the sample fails, never the loop
-            result = RewardResult(score=0.0, correct=False, error=f"{type(exc).__name__}: {exc}"[:500])
-        conn.send((index, result))
+        for index, request in chunk:
+            try:
+                fn = fn or load_function(spec)
+                result = call_reward(fn, request, kwargs)
+            except BaseException as exc:  # noqa: BLE001 - the sample fails, never the loop
+                result = RewardResult(score=0.0, correct=False, error=f"{type(exc).__name__}: {exc}"[:500])
+            conn.send((index, result))
 
 
 @dataclass
 class _Child:
     process: mp.Process
     conn: Connection
-    task: int | None = None
+    queue: deque = field(default_factory=deque)
+    """Indices sent to this child and not answered yet; the first one is being scored now."""
     deadline: float = 0.0
+    """When the sample being scored runs out of time (each sample gets timeout_s from its own start)."""
     ready: bool = False
     """False until the child has imported the reward function; start-up never counts against a sample."""
 
@@ -82,28 +88,36 @@ class RewardRunner:
         start = time.perf_counter()
         results: list[RewardResult | None] = [None] * len(requests)
         pending = deque(range(len(requests)))
-        while pending or any(c.task is not None for c in self._children):
-            for child in self._children:
-                if child.ready and child.task is None and pending:
-                    child.task = pending.popleft()
-                    child.deadline = time.monotonic() + self.timeout_s
-                    child.conn.send((child.task, requests[child.task]))
-            waiting = [c for c in self._children if c.task is not None or not c.ready]
-            deadlines = [c.deadline for c in waiting if c.task is not None]
+        while pending or any(c.queue for c in self._children):
+            self._dispatch(pending, requests)
+            waiting = [c for c in self._children if c.queue or not c.ready]
+            deadlines = [c.deadline for c in waiting if c.queue]
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else self.timeout_s
             ready = wait([c.conn for c in waiting], timeout=timeout)
             for i, child in enumerate(self._children):
                 if child.conn in ready and self._collect(child, results):
                     continue
                 dead = not child.process.is_alive()
-                if child.task is not None and (dead or time.monotonic() >= child.deadline):
-                    results[child.task] = self._fail(child)
+                if child.queue and (dead or time.monotonic() >= child.deadline):
+                    results[child.queue.popleft()] = self._fail(child)
+                    pending.extendleft(reversed(child.queue))  # the rest of its chunk is scored elsewhere
                     self._children[i] = self._start()
                 elif dead:
                     self._children[i] = self._start()
         self.stats.calls += len(requests)
         self.stats.seconds += time.perf_counter() - start
         return results  # type: ignore[return-value]
+
+    def _dispatch(self, pending: deque, requests: list[RewardRequest]) -> None:
+        """Send each idle child a chunk: one pipe message per chunk instead of per sample."""
+        idle = [c for c in self._children if c.ready and not c.queue]
+        for child in idle:
+            if not pending:
+                return
+            size = max(1, min(_MAX_CHUNK, -(-len(pending) // len(self._children))))
+            child.queue = deque(pending.popleft() for _ in range(min(size, len(pending))))
+            child.deadline = time.monotonic() + self.timeout_s
+            child.conn.send([(i, requests[i]) for i in child.queue])
 
     def _collect(self, child: _Child, results: list) -> bool:
         """Read one message; False when the child's pipe is closed (it died)."""
@@ -120,7 +134,8 @@ class RewardRunner:
             self.stats.errors += 1
             self.stats.last_error = result.error
         results[index] = result
-        child.task = None
+        child.queue.popleft()
+        child.deadline = time.monotonic() + self.timeout_s
         return True
 
     def _fail(self, child: _Child) -> RewardResult:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import time
 from pathlib import Path
 
 
@@ -19,8 +21,9 @@ class MetricsLogger:
         self.path = self.dir / "metrics.jsonl"
         if resume_step is not None:
             self._truncate_after(resume_step)
-        elif self.path.exists():
-            self.path.unlink()
+        else:  # a fresh run replaces what an earlier run left in the same directory
+            self.path.unlink(missing_ok=True)
+            shutil.rmtree(self.dir / "tensorboard", ignore_errors=True)
         self._fh = self.path.open("a")
         self._tb = None
         if tensorboard:
@@ -39,7 +42,8 @@ class MetricsLogger:
         os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: dict[str, float], phase: str = "train") -> None:
-        record = {"step": step, "phase": phase, **{k: _clean(v) for k, v in metrics.items()}}
+        record = {"step": step, "phase": phase, "time": round(time.time(), 3),
+                  **{k: _clean(v) for k, v in metrics.items()}}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
         if self._tb is not None:

@@ -33,6 +33,8 @@ def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_p
     assert [r["step"] for r in train] == [1, 2, 3]
     # Weights are re-synced after every step and stamped on the samples of the next one.
     assert [r["weight_version"] for r in train] == [1, 2, 3]
+    assert [r["sample_weight_version"] for r in train] == [0, 1, 2]
+    assert all(r["staleness/max"] == 0 for r in train)  # synchronous: always on-policy
     for r in train:
         for key in ("pg_loss", "kl_ref", "entropy", "grad_norm", "approx_kl", "clip_frac"):
             assert math.isfinite(r[key]), key

@@ -67,3 +67,14 @@ def test_to_result():
     assert to_result(0.25).score == 0.25 and to_result(0.25).correct is None
     with pytest.raises(TypeError):
         to_result(None)
+
+
+def test_example_reward_function_from_a_file():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "rewards" / "close_enough.py"
+    fn = load_function(f"{path}:close_enough")
+    # exact -> 1; off by 1 with tolerance 2 -> 0.5 * (1 - 1/3) = 0.3333; not a number -> 0
+    assert fn("85", "85").score == 1.0
+    assert fn("86", "85", tolerance=2).score == pytest.approx(1 / 3)
+    assert fn("x", "85").score == 0.0

@@ -1,0 +1,135 @@
+"""gyre vs TRL's GRPOTrainer, side by side: same tiny model, task, batch and sampling, fp32, on CPU.
+
+Batch: 8 prompts x 8 samples x up to 32 new tokens, one optimizer step per batch, no reference model.
+Each framework runs in its own subprocess, one after the other and never at the same time, in
+alternating rounds (machine speed drifts by tens of percent over minutes here, so a single pair of
+runs can mislead). Seconds per step are the wall-clock gaps between consecutive steps after warm-up
+steps are dropped; the figure reported per framework is the median over all rounds' steps.
+
+    python bench/vs_trl.py [--preset small] [--steps 14] [--warmup 4] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 32, 1e-5
+RUNS = ("gyre:2x1", "trl", "gyre:1x2")
+
+
+def exact_match(completions, ground_truth, **kwargs):
+    """The reward both frameworks use: 1.0 when the completion is exactly the integer answer."""
+    return [float(c.strip() == g) for c, g in zip(completions, ground_truth)]
+
+
+def gyre_reward(response: str, ground_truth: str) -> float:
+    return exact_match([response], [ground_truth])[0]
+
+
+def run_gyre(model: str, data: Path, out: Path, steps: int, layout: str) -> list[float]:
+    from gyre.config import load_config
+    from gyre.pipelines import launch
+
+    devices = {
+        "1x2": ["cluster.cpu_slots=1", "cluster.threads_per_slot=2", "policy.devices=[0]", "rollout.devices=[0]"],
+        "2x1": ["cluster.cpu_slots=2", "policy.devices=[0,1]", "rollout.devices=[0,1]"],
+    }[layout]
+    cfg = load_config(None, [
+        f"run.output_dir={out}", f"run.steps={steps}", f"model.path={model}", f"data.train_files=[{data}]",
+        f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}",
+        f"rollout.sampling.max_new_tokens={NEW_TOKENS}", "policy.micro_batch_size=64", f"policy.optimizer.lr={LR}",
+        "policy.grad_clip=1.0", "reward.type=function", f"reward.function={Path(__file__).resolve()}:gyre_reward",
+        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", *devices])
+    launch.train(cfg, echo=lambda s: None)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["time"] for r in records if r["phase"] == "train"]
+
+
+def run_trl(model: str, data: Path, out: Path, steps: int) -> list[float]:
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(2)
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.time())
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    config = GRPOConfig(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=PROMPTS * SAMPLES,
+        num_generations=SAMPLES, max_completion_length=NEW_TOKENS, learning_rate=LR, bf16=False, use_cpu=True,
+        beta=0.0, gradient_checkpointing=False, logging_steps=1000, save_strategy="no", report_to="none",
+        max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        dataloader_num_workers=0, disable_tqdm=True)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=[exact_match],
+                          args=config, train_dataset=load_dataset("json", data_files=str(data), split="train"),
+                          processing_class=tokenizer, callbacks=[Stamp()])
+    trainer.train()
+    return stamps
+
+
+def step_gaps(stamps: list[float], warmup: int) -> list[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:])][warmup:]
+
+
+def child(args) -> None:
+    out = Path(args.out)
+    if args.run == "trl":
+        stamps = run_trl(args.model, Path(args.data), out, args.steps)
+    else:
+        stamps = run_gyre(args.model, Path(args.data), out, args.steps, args.run.split(":")[1])
+    print("RESULT " + json.dumps(stamps))
+
+
+def launch_child(run: str, model: str, data: Path, tmp: Path, steps: int) -> list[float]:
+    cmd = [sys.executable, __file__, "--run", run, "--model", model, "--data", str(data),
+           "--out", str(tmp / run.replace(":", "_")), "--steps", str(steps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{run} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--run"), ap.add_argument("--model"), ap.add_argument("--data"), ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.run:
+        return child(args)
+    from gyre.models.presets import init_model
+    from gyre.tasks.arithmetic import write_arithmetic_task
+
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        model = str(init_model(args.preset, tmp / "model"))
+        data = write_arithmetic_task(tmp / "data")["train"]
+        print(f"model preset {args.preset}; {PROMPTS} prompts x {SAMPLES} samples x <= {NEW_TOKENS} new tokens, fp32")
+        gaps: dict[str, list[float]] = {run: [] for run in RUNS}
+        for r in range(args.rounds):
+            for run in RUNS if r % 2 == 0 else RUNS[::-1]:
+                gaps[run] += step_gaps(launch_child(run, model, data, tmp, args.steps), args.warmup)
+                print(f"  round {r + 1}: {run:<9} {statistics.median(gaps[run]):.3f} s/step so far", flush=True)
+        median = {run: statistics.median(g) for run, g in gaps.items()}
+        for run, value in median.items():
+            print(f"{run:<9} median {value:.3f} s/step over {len(gaps[run])} steps")
+        best = min(v for k, v in median.items() if k.startswith("gyre"))
+        print(f"TRL / gyre (best layout) seconds per step: {median['trl'] / best:.2f}x")
+
+if __name__ == "__main__":
+    main()
