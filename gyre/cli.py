@@ -47,11 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     from gyre.config.load import ConfigError
     from gyre.data.prompts import DataError
     from gyre.models.loading import ModelPathError
+    from gyre.pipelines.checkpoint import ResumeError
     from gyre.rewards.base import RewardSpecError
 
+    # Bad input is reported in one line; anything else is a bug and keeps its traceback.
+    user_errors = (ConfigError, DataError, ModelPathError, RewardSpecError, ResumeError)
+    if args.command in ("init-model", "init-data"):
+        user_errors += (ValueError,)
     try:
         return _dispatch(args)
-    except (ConfigError, DataError, ModelPathError, RewardSpecError) as exc:
+    except user_errors as exc:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2
 

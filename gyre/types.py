@@ -10,13 +10,16 @@ contain (0 = the initial model). Every generated sample records the version that
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import torch
 
+from gyre.tracking.sums import MetricSums
+
 WeightVersion = int
-FinishReason = Literal["eos", "stop", "length", "abort"]
+FinishReason = Literal["eos", "stop", "length"]
+RewardStatus = Literal["ok", "error", "timeout"]
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,14 @@ class RewardResult:
     score: float
     correct: bool | None = None
     """Whether the answer was right, for accuracy metrics (None: the reward cannot tell)."""
+    status: RewardStatus = "ok"
+    """"error" (the function raised, returned junk or crashed its process) or "timeout": score is 0."""
     error: str | None = None
-    """Why the reward failed ("timeout", or the exception); the score is then 0."""
+    """What went wrong, for the log."""
+
+    @classmethod
+    def failed(cls, status: RewardStatus, error: str) -> RewardResult:
+        return cls(score=0.0, correct=False, status=status, error=error[:500])
 
 
 @dataclass
@@ -123,13 +132,23 @@ class TrainBatch:
 
 
 @dataclass
-class StepTimer:
-    """Wall-clock seconds per phase of one step (generate, reward, logprobs, train, weight_sync, ...)."""
+class TrainStepResult:
+    """What one trainer rank reports for one ``train`` / ``train_sft`` call."""
 
-    seconds: dict[str, float] = field(default_factory=dict)
+    metrics: MetricSums
+    grad_norms: list[float]
+    """Pre-clip gradient norm of each optimizer step (equal on every rank after the all-reduce)."""
+    lr: float
+    """Learning rate the last optimizer step used."""
 
-    def add(self, phase: str, value: float) -> None:
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + value
+    @staticmethod
+    def summarize(results: list[TrainStepResult]) -> dict[str, float]:
+        """Metrics of one driver step: token-weighted means over every rank, mean grad norm."""
+        merged = MetricSums()
+        for r in results:
+            merged.merge(r.metrics)
+        norms = results[0].grad_norms
+        return {**merged.means(), "grad_norm": sum(norms) / len(norms), "lr": results[0].lr}
 
 
 R = TypeVar("R")

@@ -44,3 +44,8 @@ def test_errors_are_one_clear_line(tmp_path, tiny_model_dir, arithmetic_data, ca
                  f"data.train_files=[{arithmetic_data['train']}]", f"data.val_files=[{arithmetic_data['val']}]",
                  "cluster.cpu_slots=1"]) == 2
     assert "impossible placement" in capsys.readouterr().err
+
+
+def test_init_commands_report_bad_arguments_in_one_line(tmp_path, capsys):
+    assert main(["init-model", "--preset", "huge", "--out", str(tmp_path / "m")]) == 2
+    assert "choose one of" in capsys.readouterr().err

@@ -1,44 +1,46 @@
 """Time-sharing of devices between colocated roles.
 
 Before a phase runs, ``activate(role)`` offloads every resident role that shares a device with it and
-reloads the role itself, so at most one role's state occupies a shared device at a time. Roles that
-share nothing are never touched (disaggregated roles stay resident). When the plan does not offload
-(CPU runs), this is a no-op: time-sharing then only means the phases run one after another.
+reloads the role itself, so idle roles do not hold device memory while another role computes. Roles
+that share nothing are never touched (disaggregated roles stay resident). When the plan does not
+offload (CPU runs), this is a no-op: time-sharing then only means the phases run one after another.
 """
 
 from __future__ import annotations
 
-from gyre.cluster.group import RoleGroup
+from collections.abc import Mapping
+from typing import Protocol
+
 from gyre.config.derive import RunPlan
 
 
+class _Offloadable(Protocol):
+    def call(self, method: str, *args, **kwargs) -> list: ...
+
+
 class TimeShare:
-    def __init__(self, plan: RunPlan, groups: dict[str, RoleGroup]):
+    def __init__(self, plan: RunPlan, groups: Mapping[str, _Offloadable], resident: set[str]):
+        """``resident``: roles whose state is on their devices now (workers may start offloaded)."""
         self.plan = plan
         self.groups = groups
-        self.resident = set(groups)
+        self.resident = set(resident)
         self.transitions = 0
 
-    def _conflicts(self, role: str) -> list[str]:
+    def _sharing(self, role: str) -> list[str]:
         out = []
-        for (a, b) in self.plan.shared_devices:
-            if role in (a, b):
-                other = b if a == role else a
-                if other in self.groups:
-                    out.append(other)
+        for a, b in self.plan.shared_devices:
+            other = b if a == role else a if b == role else None
+            if other is not None and other in self.groups:
+                out.append(other)
         return out
 
     def activate(self, role: str) -> None:
         if not self.plan.offload:
             return
-        import ray
-
-        refs = []
-        for other in self._conflicts(role):
+        for other in self._sharing(role):
             if other in self.resident:
-                refs += self.groups[other].submit("offload")
+                self.groups[other].call("offload")
                 self.resident.discard(other)
-        ray.get(refs)
         if role not in self.resident:
             self.groups[role].call("reload")
             self.resident.add(role)

@@ -31,6 +31,14 @@ class RoleGroup:
             actors.append(remote_cls.options(name=None, **options).remote(*args, **kwargs))
         return cls(name, actors, devices)
 
+    @classmethod
+    def create_unplaced(cls, name: str, worker_cls: type, count: int, num_cpus: float, args: tuple) -> RoleGroup:
+        """Actors that hold no device (reward workers): Ray schedules them on any node with free CPUs."""
+        import ray
+
+        remote_cls = ray.remote(worker_cls).options(num_cpus=num_cpus)
+        return cls(name, [remote_cls.remote(*args) for _ in range(count)], ())
+
     def __len__(self) -> int:
         return len(self.actors)
 

@@ -1,9 +1,11 @@
-"""Place role actors on devices with one Ray placement group: one bundle per device.
+"""Place role actors on devices with one Ray placement group: one bundle per device index in use.
 
-Device d is bundle d. A worker of a role on device d is scheduled into bundle d and asks for 1/k of
-its GPU (or CPU slot), where k is the number of roles on that device, so colocated roles fit together
-and Ray itself sets each actor's visible GPU (the user's CUDA_VISIBLE_DEVICES is never rewritten by
-gyre). Disjoint device lists therefore land on disjoint GPUs and run side by side.
+Device indices in a config are logical: gyre reserves one bundle (one GPU, or one CPU slot) per index
+that some role uses, and Ray decides which physical GPU backs each bundle (PACK keeps them on as few
+nodes as possible). A worker of a role on device d goes into d's bundle and asks for 1/k of it, where k
+is the number of roles on d, so colocated roles fit together and Ray itself sets each actor's visible
+GPU (gyre never rewrites the user's CUDA_VISIBLE_DEVICES). Disjoint device lists therefore land on
+disjoint GPUs and run side by side.
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ class Placement:
     plan: RunPlan
     group: object
     """The ray.util.placement_group.PlacementGroup."""
+    bundle_of: dict[int, int]
+    """Device index -> bundle index."""
 
     def actor_options(self, role: str, device: int) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        share = 1.0 / self.plan.role_share(role, device)
+        share = 1.0 / self.plan.roles_on_device(device)
         options: dict = {
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.group, placement_group_bundle_index=device),
+                placement_group=self.group, placement_group_bundle_index=self.bundle_of[device]),
             "num_cpus": share,
         }
         if self.plan.device_kind == "cuda":
@@ -38,7 +42,7 @@ def create_placement(plan: RunPlan, timeout_s: float = 120.0) -> Placement:
     from ray.util.placement_group import placement_group
 
     used = sorted(set().union(*plan.roles.values()))
-    count = max(used) + 1
+    count = len(used)
     bundle = {"GPU": 1, "CPU": 1} if plan.device_kind == "cuda" else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(count)], strategy="PACK", name="")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
@@ -46,4 +50,4 @@ def create_placement(plan: RunPlan, timeout_s: float = 120.0) -> Placement:
         kind = "GPUs" if plan.device_kind == "cuda" else "CPUs"
         raise RuntimeError(f"Ray could not reserve {count} device bundles ({bundle}) within {timeout_s:.0f}s: "
                            f"the cluster lacks free {kind}; check `ray status` or use fewer devices")
-    return Placement(plan, group)
+    return Placement(plan, group, {device: i for i, device in enumerate(used)})

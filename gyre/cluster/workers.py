@@ -14,8 +14,10 @@ import torch
 from gyre.algos import LossDenominator
 from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
 from gyre.engines.losses import GRPOLoss, GRPOLossSpec, SFTLoss
-from gyre.engines.trainer import MetricSums, TrainerBackend, TrainerSpec
-from gyre.types import GenerationRequest, GenerationResult, TrainBatch
+from gyre.engines.trainer import TrainerBackend, TrainerSpec
+from gyre.rewards.base import RewardRequest
+from gyre.tracking.sums import MetricSums
+from gyre.types import GenerationRequest, GenerationResult, RewardResult, TrainBatch, TrainStepResult
 
 
 def _device(kind: str) -> torch.device:
@@ -59,28 +61,31 @@ class PolicyWorker:
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.backend.compute_logprobs(shard, temperature)
 
-    def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], loss: GRPOLossSpec) -> dict:
-        """One optimizer step per (shard, denominator); returns summed metrics and grad norms."""
+    def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], loss: GRPOLossSpec) -> TrainStepResult:
+        """One optimizer step per (shard, denominator), in order."""
         metrics = MetricSums()
         grad_norms = []
         for shard, denom in zip(shards, denoms):
             fn = GRPOLoss(denom=denom, spec=loss)
             grad_norms.append(self.backend.optimizer_step(self.backend.split_micro(shard), fn, metrics))
-        return {"metrics": metrics, "grad_norms": grad_norms, "lr": self.backend.lr}
+        return TrainStepResult(metrics, grad_norms, self.backend.last_lr)
 
-    def train_sft(self, shard: TrainBatch, denom: LossDenominator, micro_batch_size: int) -> dict:
+    def train_sft(self, shard: TrainBatch, denom: LossDenominator, micro_batch_size: int) -> TrainStepResult:
         metrics = MetricSums()
         micro = self.backend.split_micro(shard, micro_batch_size)
         norm = self.backend.optimizer_step(micro, SFTLoss(denom=denom), metrics)
-        return {"metrics": metrics, "grad_norms": [norm], "lr": self.backend.lr}
+        return TrainStepResult(metrics, [norm], self.backend.last_lr)
 
-    def export_weights(self, version: int) -> list | None:
-        """Rank 0 returns [ObjectRef of a WeightBundle]; other ranks take part (FSDP2) and return None."""
+    def export_weights(self, version: int, dtype: str) -> list | None:
+        """Rank 0 returns [ObjectRef of a WeightBundle] with floating tensors in the rollout ``dtype``
+        (half the bytes for a bf16 engine); other ranks take part (FSDP2 gathers) and return None."""
         import ray
 
         state = self.backend.full_state_dict()
-        if self.rank != 0:
+        if state is None:
             return None
+        target = getattr(torch, dtype)
+        state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         return [ray.put(pack_weights(state, version))]
 
     def save_checkpoint(self, directory: str) -> None:
@@ -94,7 +99,7 @@ class PolicyWorker:
         from gyre.models.loading import load_tokenizer
 
         state = self.backend.full_state_dict()
-        if self.rank == 0:
+        if state is not None:
             self.backend.hf_model.save_pretrained(directory, state_dict=state)
             load_tokenizer(tokenizer_path).save_pretrained(directory)
 
@@ -112,14 +117,15 @@ class RolloutWorker:
     """One rollout engine replica."""
 
     def __init__(self, rank: int, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
-                 device_kind: str, threads: int, max_batch_size: int | None):
+                 device_kind: str, threads: int, max_batch_size: int | None, start_offloaded: bool = False):
         from gyre.engines.hf_rollout import HFRolloutEngine
         from gyre.models.loading import load_causal_lm, load_tokenizer
 
         _set_threads(threads)
         self.rank = rank
         device = _device(device_kind)
-        model = load_causal_lm(model_path, dtype, trust_remote_code, str(device))
+        # A colocated engine starts in host memory; the time-share reloads it when rollout runs.
+        model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device))
         self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path, trust_remote_code), device, max_batch_size)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -146,11 +152,12 @@ class ReferenceWorker:
     """A frozen reference model for the KL term."""
 
     def __init__(self, rank: int, model_path: str, dtype: str, trust_remote_code: bool, device_kind: str,
-                 threads: int, micro_batch_size: int):
+                 threads: int, micro_batch_size: int, start_offloaded: bool = False):
         from gyre.engines.forward import ReferenceModel
 
         _set_threads(threads)
-        self.model = ReferenceModel(model_path, dtype, _device(device_kind), trust_remote_code, micro_batch_size)
+        self.model = ReferenceModel(model_path, dtype, _device(device_kind), trust_remote_code, micro_batch_size,
+                                    start_offloaded)
 
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.model.compute_logprobs(shard, temperature)
@@ -170,8 +177,5 @@ class RewardWorker:
 
         self.runner = RewardRunner(spec, kwargs, timeout_s, processes)
 
-    def score(self, requests: list) -> list:
+    def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         return self.runner.score(requests)
-
-    def stats(self) -> dict:
-        return dict(vars(self.runner.stats))

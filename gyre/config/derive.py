@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gyre.config.load import ConfigError
 from gyre.config.schema import RLVRConfig
+
+DeviceKind = Literal["cpu", "cuda"]
 
 
 @dataclass(frozen=True)
 class RunPlan:
     """What the driver will build. Device indices refer to GPUs (cuda) or CPU slots (cpu)."""
 
-    device_kind: str
-    num_devices: int
+    device_kind: DeviceKind
+    num_devices: int | None
+    """Devices that exist (None: not known until gyre joins the cluster)."""
     roles: dict[str, tuple[int, ...]]
     """Device list of each device-holding role: policy, rollout and (when used) reference."""
     shared_devices: dict[tuple[str, str], tuple[int, ...]]
@@ -47,12 +51,12 @@ class RunPlan:
             return "colocated"
         return "partly colocated"
 
-    def role_share(self, role: str, device: int) -> int:
-        """How many roles share ``device`` with ``role`` (itself included): the time-share divisor."""
+    def roles_on_device(self, device: int) -> int:
+        """How many roles use ``device``: each of their workers there gets that share of it."""
         return sum(1 for devices in self.roles.values() if device in devices)
 
 
-def detect_local_devices(cfg: RLVRConfig) -> tuple[str, int]:
+def detect_local_devices(cfg: RLVRConfig) -> tuple[DeviceKind, int]:
     """(device kind, how many devices exist) on this machine, for an embedded local Ray."""
     kind = cfg.cluster.device
     if kind in ("auto", "cuda"):
@@ -66,8 +70,11 @@ def detect_local_devices(cfg: RLVRConfig) -> tuple[str, int]:
     return "cpu", cfg.cluster.cpu_slots or (os.cpu_count() or 1)
 
 
-def make_plan(cfg: RLVRConfig, device_kind: str, num_devices: int) -> RunPlan:
-    """Validate batch arithmetic and placement; raise ConfigError naming the key to change."""
+def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None) -> RunPlan:
+    """Validate batch arithmetic and placement; raise ConfigError naming the key to change.
+
+    ``num_devices`` None (a cluster not joined yet) checks everything but whether the devices exist.
+    """
     notes: list[str] = []
     use_reference = cfg.algorithm.kl_coef > 0
     if use_reference:
@@ -76,7 +83,8 @@ def make_plan(cfg: RLVRConfig, device_kind: str, num_devices: int) -> RunPlan:
     roles = {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
     if use_reference:
         roles["reference"] = cfg.reference.devices
-    _check_devices_exist(roles, device_kind, num_devices)
+    if num_devices is not None:
+        _check_devices_exist(roles, device_kind, num_devices)
     shared = _shared_devices(roles)
     mode = cfg.policy.offload
     offload = mode == "always" or (mode == "auto" and device_kind == "cuda" and bool(shared))
@@ -85,6 +93,9 @@ def make_plan(cfg: RLVRConfig, device_kind: str, num_devices: int) -> RunPlan:
     n = cfg.rollout.samples_per_prompt
     if n < 2:
         raise ConfigError("rollout.samples_per_prompt must be >= 2: GRPO normalises rewards within each prompt's group")
+    if cfg.rollout.sampling.temperature == 0:
+        raise ConfigError("rollout.sampling.temperature=0 samples every response of a prompt identically, so GRPO "
+                          "advantages are all 0; use a temperature > 0 (greedy decoding suits validation.temperature)")
     rollout_batch = cfg.rollout.prompts_per_step * n
     mini = cfg.policy.mini_batch_size or rollout_batch
     if rollout_batch % mini:
@@ -99,6 +110,7 @@ def make_plan(cfg: RLVRConfig, device_kind: str, num_devices: int) -> RunPlan:
     steps_per_batch = cfg.policy.epochs * rollout_batch // mini
     per_rank = mini // dp
     recompute = _recompute_old_logprobs(cfg, steps_per_batch, notes)
+    _note_rollout_logprobs(cfg, notes)
     sft_steps = _check_sft(cfg, dp)
     if cfg.validation.every and not cfg.data.val_files:
         raise ConfigError("validation.every > 0 needs data.val_files (held-out prompts); or set validation.every=0")
@@ -146,6 +158,19 @@ def _recompute_old_logprobs(cfg: RLVRConfig, steps_per_batch: int, notes: list[s
             + ("recomputed by the trainer" if recompute else "taken from the first forward pass (detached)"))
         return recompute
     return mode == "recompute"
+
+
+def _note_rollout_logprobs(cfg: RLVRConfig, notes: list[str]) -> None:
+    """pi_old from the sampler is only unbiased when sampler and trainer compute the same distribution."""
+    s = cfg.rollout.sampling
+    if cfg.algorithm.old_logprobs != "rollout":
+        return
+    if s.top_p < 1 or s.top_k > 0:
+        notes.append("warning: algorithm.old_logprobs=rollout with top_p/top_k: the sampler's log-probs are "
+                     "renormalised over the kept tokens, the trainer's are not, so the PPO ratio is biased")
+    if cfg.model.dtype != "float32":
+        notes.append(f"warning: algorithm.old_logprobs=rollout with a {cfg.model.dtype} rollout: the ratio also "
+                     "carries the precision gap between sampler and trainer")
 
 
 def _check_sft(cfg: RLVRConfig, dp: int) -> int:

@@ -18,12 +18,10 @@ class ConfigError(ValueError):
     """A configuration problem the user must fix; the message names the key and the remedy."""
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
-                base: dict | None = None) -> RLVRConfig:
-    """Read ``path`` (YAML), apply ``overrides`` ("a.b=value", values parsed as YAML) and validate."""
-    raw: dict[str, Any] = dict(base or {})
-    if path is not None:
-        raw = _read_yaml(Path(path))
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RLVRConfig:
+    """Read ``path`` (YAML; None starts empty), apply ``overrides`` ("a.b=value", values parsed as YAML)
+    and validate."""
+    raw: dict[str, Any] = _read_yaml(Path(path)) if path is not None else {}
     for item in overrides:
         apply_override(raw, item)
     return validate_config(raw, source=str(path) if path else "config")

@@ -40,29 +40,29 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
                    advantages=[s.advantage for s in samples], rollout_logprobs=[s.result.logprobs for s in samples])
 
 
-def balanced_shards(batch: TrainBatch, parts: int) -> list[torch.Tensor]:
-    """Row indices for ``parts`` ranks: equal row counts, token loads balanced greedily.
+def balanced_shards(batch: TrainBatch, parts: int, equal: bool = True) -> list[torch.Tensor]:
+    """Row indices for ``parts`` workers, token loads balanced greedily (largest rows first).
 
-    Equal counts keep every rank at the same number of micro-batches (DDP/FSDP collectives match);
-    balancing tokens keeps the slowest rank close to the average.
+    ``equal`` gives every part the same row count, which data-parallel trainer ranks need (their
+    collectives must match step for step); forward-only workers take counts that differ by at most 1.
     """
     n = len(batch)
-    if n % parts:
+    if equal and n % parts:
         raise ValueError(f"{n} rows cannot be split evenly over {parts} ranks")
-    per = n // parts
+    cap = [n // parts + (0 if equal or r >= n % parts else 1) for r in range(parts)]
     tokens = batch.attention_mask.sum(dim=1).tolist()
     loads = [0] * parts
     members: list[list[int]] = [[] for _ in range(parts)]
     for row in sorted(range(n), key=lambda i: -tokens[i]):
-        rank = min((r for r in range(parts) if len(members[r]) < per), key=lambda r: loads[r])
+        rank = min((r for r in range(parts) if len(members[r]) < cap[r]), key=lambda r: loads[r])
         members[rank].append(row)
         loads[rank] += tokens[row]
     return [torch.tensor(sorted(m), dtype=torch.long) for m in members]
 
 
-def split_for_ranks(batch: TrainBatch, parts: int) -> tuple[list[TrainBatch], list[torch.Tensor]]:
-    """Balanced per-rank shards and the row indices each one took (to put results back in order)."""
-    index = balanced_shards(batch, parts)
+def split_for_ranks(batch: TrainBatch, parts: int, equal: bool = True) -> tuple[list[TrainBatch], list[torch.Tensor]]:
+    """Balanced per-worker shards and the row indices each one took (to put results back in order)."""
+    index = balanced_shards(batch, parts, equal)
     return [select_rows(batch, ix) for ix in index], index
 
 

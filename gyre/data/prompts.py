@@ -33,9 +33,14 @@ def read_rows(path: str | Path) -> Iterator[RawRow]:
     if not p.is_file():
         raise DataError(f"data file {path} does not exist")
     if p.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.read_table(p).to_pylist()):
+        try:
+            table = pq.read_table(p)
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"data file {path} is not a readable Parquet file: {exc}") from None
+        for i, row in enumerate(table.to_pylist()):
             yield RawRow(f"{p}:row {i}", row)
         return
     if p.suffix not in (".jsonl", ".json"):

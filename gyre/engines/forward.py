@@ -33,8 +33,11 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, device: torch.d
     lp[:, 1:] = token_logprobs(logits, ids[:, 1:], temperature)
     ent = None
     if entropy:
+        # Only response positions: a full-vocabulary softmax over the prompt would cost [B, L, V] floats.
+        where = batch.response_mask[:, 1:].to(device).bool()
+        picked = logits[where] if entropy_grad else logits.detach()[where]
         ent = torch.zeros(ids.shape, dtype=torch.float32, device=device)
-        ent[:, 1:] = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature)
+        ent[:, 1:][where] = entropy_from_logits(picked[None], temperature)[0]
     return lp, ent
 
 
@@ -54,11 +57,11 @@ class ReferenceModel:
     """A frozen copy of the initial policy that scores tokens for the KL term."""
 
     def __init__(self, model_path: str, dtype: str, device: torch.device, trust_remote_code: bool = False,
-                 micro_batch_size: int = 16):
+                 micro_batch_size: int = 16, start_offloaded: bool = False):
         from gyre.models.loading import load_causal_lm
 
         self.device = device
-        self.model = load_causal_lm(model_path, dtype, trust_remote_code, str(device))
+        self.model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device))
         self.model.requires_grad_(False)
         self.micro_batch_size = micro_batch_size
 

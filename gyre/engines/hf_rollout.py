@@ -7,9 +7,8 @@ paying for rows that are done.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,10 +25,33 @@ class _Row:
     """Book-keeping for one sample while it is decoded."""
 
     request: GenerationRequest
+    request_index: int
     sample_index: int
-    tokens: list[int]
-    logprobs: list[float]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
+
+
+@dataclass
+class _Batch:
+    """The decoding batch: batch row j is ``rows[active[j]]``; tensors are [len(active), ...]."""
+
+    rows: list[_Row]
+    active: list[int]
+    cache: object
+    attention: torch.Tensor | None
+    """[len(active), L] padding mask, or None when no prompt of the chunk is padded."""
+    next_pos: torch.Tensor
+
+    def select(self, keep: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """Drop finished rows from the batch and the KV cache; returns the kept rows' tokens."""
+        index = torch.tensor(keep, device=tokens.device)
+        self.cache.batch_select_indices(index)
+        self.next_pos = self.next_pos[index]
+        if self.attention is not None:
+            self.attention = self.attention[index]
+        self.active = [self.active[j] for j in keep]
+        return tokens[index]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -48,16 +70,49 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; returns (tokens [B], log-prob under the sampled distribution [B])."""
+                  noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; returns (tokens [B], log-prob under the sampled distribution [B]).
+
+    Sampling uses the exponential race: argmax_v p_v / E_v with E_v ~ Exp(1) draws v with probability
+    p_v. ``noise`` [B, V] holds the E values, drawn from each request's own generator, so a row's
+    sample does not depend on which other rows share its batch. Greedy decoding needs no noise.
+    """
     logits = logits.float()
     if params.temperature == 0.0:
         tokens = logits.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
     logp = torch.log_softmax(logits, dim=-1)
-    tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    tokens = (logp - noise.log()).argmax(dim=-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class _RowNoise:
+    """Exponential noise for every decoding row, one generator per request.
+
+    Each step draws a [n, V] block per request that still has an unfinished row, whatever rows are
+    active, so sample i of a request always sees the same noise sequence: the same request, seed and
+    weights give the same samples however requests are split over workers and batches (up to the
+    floating-point effects of batching on the logits).
+    """
+
+    def __init__(self, requests: list[GenerationRequest], device: torch.device, vocab: int):
+        self.requests = requests
+        self.vocab = vocab
+        self.generators = [torch.Generator(device=device).manual_seed(r.seed) for r in requests]
+        self.device = device
+
+    def draw(self, rows: list[_Row]) -> torch.Tensor:
+        """Noise [len(rows), V] for the active rows (row.request_index, row.sample_index)."""
+        out = torch.empty((len(rows), self.vocab), device=self.device)
+        wanted: dict[int, list[tuple[int, int]]] = {}
+        for j, row in enumerate(rows):
+            wanted.setdefault(row.request_index, []).append((j, row.sample_index))
+        for r, pairs in wanted.items():
+            block = torch.empty((self.requests[r].n, self.vocab), device=self.device)
+            block.exponential_(generator=self.generators[r])
+            out[[j for j, _ in pairs]] = block[[i for _, i in pairs]]
+        return out
 
 
 class HFRolloutEngine:
@@ -124,50 +179,55 @@ class HFRolloutEngine:
 
     @torch.inference_mode()
     def _generate_chunk(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        params = requests[0].params
+        batch, logits = self._prefill(requests)
+        noise = _RowNoise(requests, self.device, logits.shape[-1]) if params.temperature > 0 else None
+        stop_check = _StopChecker(self.tokenizer, params.stop, self.eos_ids)
+        for step in range(params.max_new_tokens):
+            active_rows = [batch.rows[i] for i in batch.active]
+            tokens, logps = sample_tokens(logits, params, noise.draw(active_rows) if noise else None)
+            last = step + 1 == params.max_new_tokens
+            for row, tok, lp in zip(active_rows, tokens.tolist(), logps.tolist()):
+                if row.finish is not None:  # finished, still in the batch until the next compaction
+                    continue
+                row.tokens.append(tok)
+                row.logprobs.append(lp)
+                row.finish = stop_check(row.tokens) or ("length" if last else None)
+            keep = [j for j, row in enumerate(active_rows) if row.finish is None]
+            if not keep:
+                break
+            if len(keep) <= (1 - _COMPACT_FRACTION) * len(active_rows):
+                tokens = batch.select(keep, tokens)
+            logits = self._decode(batch, tokens)
+        return [self._result(row) for row in batch.rows]
+
+    def _prefill(self, requests: list[GenerationRequest]) -> tuple[_Batch, torch.Tensor]:
+        """Run each distinct prompt once, then give each of its n samples its own copy of the cache."""
         from transformers import DynamicCache
 
-        params = requests[0].params
-        generator = torch.Generator(device=self.device).manual_seed(_mix_seeds(r.seed for r in requests))
         input_ids, attention = self._left_pad([r.prompt_ids for r in requests])
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         # Without padding the mask is all ones: leave it out so attention takes the plain causal path.
         padded = bool((attention == 0).any())
-        cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=input_ids, attention_mask=attention if padded else None, position_ids=positions,
-                         past_key_values=cache, use_cache=True)
-        # Prefill once per prompt, then give each of its n samples its own copy of the cache.
-        expand = torch.repeat_interleave(torch.arange(len(requests), device=self.device),
-                                         torch.tensor([r.n for r in requests], device=self.device))
+                         past_key_values=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1)
+        counts = torch.tensor([r.n for r in requests], device=self.device)
+        expand = torch.repeat_interleave(torch.arange(len(requests), device=self.device), counts)
         cache = out.past_key_values
         cache.batch_select_indices(expand)
-        logits = out.logits[expand, -1, :]
-        attention = attention[expand]
-        next_pos = positions[expand, -1] + 1
-        rows = [_Row(r, i, [], []) for r in requests for i in range(r.n)]
-        active = list(range(len(rows)))  # rows[active[j]] is batch row j
-        stop_check = _StopChecker(self.tokenizer, params.stop, self.eos_ids)
-        for step in range(params.max_new_tokens):
-            tokens, logps = sample_tokens(logits, params, generator)
-            for j, (tok, lp) in enumerate(zip(tokens.tolist(), logps.tolist())):
-                row = rows[active[j]]
-                row.tokens.append(tok)
-                row.logprobs.append(lp)
-                row.finish = stop_check(row.tokens) or ("length" if step + 1 == params.max_new_tokens else None)
-            keep = [j for j, i in enumerate(active) if rows[i].finish is None]
-            if not keep:
-                break
-            if len(keep) <= (1 - _COMPACT_FRACTION) * len(active):
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                tokens, attention, next_pos = tokens[index], attention[index], next_pos[index]
-                active = [active[j] for j in keep]
-            if padded:
-                attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
-            out = self.model(input_ids=tokens[:, None], attention_mask=attention if padded else None,
-                             position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1, :]
-            next_pos = next_pos + 1
-        return [self._result(row) for row in rows]
+        rows = [_Row(r, k, i) for k, r in enumerate(requests) for i in range(r.n)]
+        batch = _Batch(rows, list(range(len(rows))), cache, attention[expand] if padded else None,
+                       positions[expand, -1] + 1)
+        return batch, out.logits[expand, -1, :]
+
+    def _decode(self, batch: _Batch, tokens: torch.Tensor) -> torch.Tensor:
+        """One decoding step for the active rows; returns next-token logits [len(active), V]."""
+        if batch.attention is not None:
+            batch.attention = torch.cat([batch.attention, batch.attention.new_ones(len(batch.active), 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=batch.attention,
+                         position_ids=batch.next_pos[:, None], past_key_values=batch.cache, use_cache=True)
+        batch.next_pos = batch.next_pos + 1
+        return out.logits[:, -1, :]
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
@@ -206,13 +266,6 @@ class _StopChecker:
             if any(s in tail for s in self.stop):
                 return "stop"
         return None
-
-
-def _mix_seeds(seeds) -> int:
-    value = 0x9E3779B97F4A7C15
-    for s in itertools.islice(seeds, 4096):
-        value = (value * 6364136223846793005 + int(s) + 1442695040888963407) % (1 << 63)
-    return value
 
 
 def _is_tied_alias(name: str, weights: Mapping[str, torch.Tensor]) -> bool:

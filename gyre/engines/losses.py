@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from gyre.algos import LossDenominator, aggregate_loss, kl_estimate, masked_sum, ppo_clip_loss
-from gyre.engines.trainer import MetricSums
+from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
 
@@ -68,8 +68,10 @@ class GRPOLoss:
             metrics.add("clip_frac", float(masked_sum(out.clipped_low + out.clipped_high, mask)), tokens)
             metrics.add("approx_kl", float(masked_sum(kl_estimate(old, logprobs.detach(), "k3"), mask)), tokens)
             metrics.add("ratio_mean", float(masked_sum(out.ratio, mask)), tokens)
-            metrics.add("train_rollout_logprob_diff",
-                        float(masked_sum((logprobs.detach() - batch.rollout_logprobs.to(dev)).abs(), mask)), tokens)
+            # pi_old against the sampler's log-probs: the train-inference mismatch at the weights that
+            # generated the batch (0 when the sampler's log-probs serve as pi_old).
+            metrics.add("logprob_mismatch", float(masked_sum((old - batch.rollout_logprobs.to(dev)).abs(), mask)),
+                        tokens)
         return loss
 
     def _old_logprobs(self, batch: TrainBatch, logprobs: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from gyre.config.schema import OptimizerConfig, SchedulerConfig
 from gyre.engines import memory
 from gyre.engines.forward import batch_logprobs, micro_batches, sequence_logprobs
 from gyre.models.loading import load_causal_lm
+from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
 
@@ -30,26 +31,6 @@ class TrainerSpec:
     gradient_checkpointing: bool = False
     strategy: str = "ddp"
     micro_batch_size: int = 8
-
-
-class MetricSums:
-    """Sums and counts of metrics, merged across micro-batches, steps and ranks, divided at the end."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.counts: dict[str, float] = {}
-
-    def add(self, name: str, total: float, count: float = 1.0) -> None:
-        self.sums[name] = self.sums.get(name, 0.0) + float(total)
-        self.counts[name] = self.counts.get(name, 0.0) + float(count)
-
-    def merge(self, other: MetricSums) -> MetricSums:
-        for name, total in other.sums.items():
-            self.add(name, total, other.counts[name])
-        return self
-
-    def means(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
 
 
 def lr_lambda(spec: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
@@ -78,13 +59,17 @@ class TrainerBackend:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.optimizer_steps = 0
+        self.last_lr = 0.0
         self.grad_clip: float | None = None
         self._autocast_dtype = None if spec.dtype == "float32" or device.type != "cuda" else getattr(torch, spec.dtype)
 
     # ---- construction -------------------------------------------------------------------
     def setup(self) -> None:
         # Master weights stay in float32; bf16/fp16 are used for the compute via autocast / FSDP2 policy.
-        model = load_causal_lm(self.spec.model_path, "float32", self.spec.trust_remote_code, str(self.device))
+        # FSDP2 loads on the host and moves each shard to the device as it shards, so no rank ever holds
+        # the whole model on its GPU; DDP keeps a full replica per rank anyway.
+        load_on = "cpu" if self.spec.strategy == "fsdp2" else str(self.device)
+        model = load_causal_lm(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on)
         if self.spec.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.train()
@@ -103,12 +88,14 @@ class TrainerBackend:
 
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.spec.strategy == "fsdp2":
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
             mp = MixedPrecisionPolicy(param_dtype=self._autocast_dtype or torch.float32, reduce_dtype=torch.float32)
             for layer in _decoder_layers(model):
-                fully_shard(layer, mp_policy=mp)
-            fully_shard(model, mp_policy=mp)
+                fully_shard(layer, mesh=mesh, mp_policy=mp)
+            fully_shard(model, mesh=mesh, mp_policy=mp)
             return model
         from torch.nn.parallel import DistributedDataParallel
 
@@ -143,16 +130,18 @@ class TrainerBackend:
                 loss = loss_fn(micro, lp, ent, metrics)
                 loss.backward()
         grad_norm = self._clip_grad()
+        self.last_lr = self.lr  # the rate this step uses; the scheduler moves on below
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
         return grad_norm
 
     def _no_sync(self, skip_sync: bool):
-        if not skip_sync:
+        # DDP all-reduces once, after the last micro-batch. FSDP2 reduce-scatters after every micro-batch
+        # instead: skipping that would keep a full unsharded gradient on every rank, which is what FSDP
+        # is there to avoid.
+        if not skip_sync or self.spec.strategy == "fsdp2":
             return contextlib.nullcontext()
-        if self.spec.strategy == "fsdp2":
-            return _fsdp_no_sync(self.model)
         return self.model.no_sync()
 
     def _clip_grad(self) -> float:
@@ -171,12 +160,16 @@ class TrainerBackend:
         return list(micro_batches(batch, size or self.spec.micro_batch_size))
 
     # ---- weights, checkpoints, memory -----------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded HF-named weights on CPU. Collective under FSDP2: every rank must call it."""
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Unsharded HF-named weights on CPU, on rank 0 (None elsewhere). Every rank must call it:
+        under FSDP2 it gathers the shards."""
         if self.spec.strategy == "fsdp2":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return state if dist.get_rank() == 0 else None
+        if dist.get_rank() != 0:  # DDP replicas are identical: only rank 0 copies
+            return None
         return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
 
     def save(self, directory: str) -> None:
@@ -208,20 +201,12 @@ class TrainerBackend:
             torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
 
     def offload(self) -> None:
-        """Free gradients and move optimizer state to host memory while a colocated role runs."""
-        memory.offload(None, self.device, self.optimizer)
+        """Move parameters and optimizer state to host memory and free gradients while a colocated
+        role runs (the wrapped module is moved in place: DDP and FSDP2 keep their own references)."""
+        memory.offload(self.model, self.device, self.optimizer)
 
     def reload(self) -> None:
-        memory.reload(None, self.device, self.optimizer)
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model):
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
+        memory.reload(self.model, self.device, self.optimizer)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

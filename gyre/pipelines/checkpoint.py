@@ -18,18 +18,31 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+
+class ResumeError(ValueError):
+    """A checkpoint cannot continue this run (different data or seed, unreadable state)."""
 
 
 @dataclass
 class DriverState:
+    """What the driver needs, beside the trainer's own state, to continue a run exactly."""
+
     step: int
     """RL steps completed."""
     data: dict
     """EpochSampler state of the training prompts."""
     weight_version: int
+    run_steps: int
+    """run.steps when saved: the LR schedule's horizon."""
     config_hash: str = ""
+    reward_totals: dict = field(default_factory=dict)
+    """Cumulative reward error and timeout counts."""
+    val_history: list = field(default_factory=list)
+    """Held-out accuracy at each validation so far."""
 
 
 class CheckpointManager:
@@ -66,7 +79,19 @@ class CheckpointManager:
         return path if (path / "driver.json").is_file() else None
 
     def load_state(self, path: Path) -> DriverState:
-        return DriverState(**json.loads((path / "driver.json").read_text()))
+        try:
+            return DriverState(**json.loads((path / "driver.json").read_text()))
+        except (OSError, TypeError, ValueError) as exc:
+            raise ResumeError(f"cannot read the checkpoint at {path}: {exc}") from None
+
+    def find_resume_point(self, resume: bool, echo: Callable[[str], None]) -> Path | None:
+        """The checkpoint to continue from (None: start fresh); removes torn partial checkpoints."""
+        if not resume:
+            return None
+        self.clean_partial()
+        latest = self.latest()
+        echo(f"resuming from {latest}" if latest else "no checkpoint found: starting from scratch")
+        return latest
 
     def clean_partial(self) -> None:
         for tmp in self.root.glob("step_*.tmp"):

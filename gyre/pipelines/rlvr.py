@@ -19,14 +19,14 @@ from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, samples_to_batch, split_for_ranks
 from gyre.engines.losses import GRPOLossSpec
-from gyre.engines.trainer import MetricSums
-from gyre.pipelines.checkpoint import CheckpointManager, DriverState
+from gyre.pipelines.checkpoint import CheckpointManager, DriverState, ResumeError
 from gyre.pipelines.rlvr_data import RunData, config_fingerprint
 from gyre.pipelines.roles import Roles
 from gyre.rewards.base import RewardRequest
 from gyre.rollout.coordinator import RolloutCoordinator
 from gyre.seeding import derive_seed
-from gyre.types import GenerationRequest, PromptRecord, Sample, SamplingParams, TrainBatch, select_rows
+from gyre.tracking.progress import Progress
+from gyre.types import GenerationRequest, PromptRecord, Sample, SamplingParams, TrainBatch, TrainStepResult, select_rows
 
 
 @dataclass
@@ -39,35 +39,45 @@ class RunSummary:
 
 
 class RLVRPipeline:
-    def __init__(self, cfg: RLVRConfig, plan: RunPlan, roles: Roles, data: RunData, logger, progress):
+    def __init__(self, cfg: RLVRConfig, plan: RunPlan, roles: Roles, data: RunData, logger,
+                 checkpoints: CheckpointManager):
         self.cfg, self.plan, self.roles, self.data = cfg, plan, roles, data
-        self.logger, self.progress = logger, progress
+        self.logger, self.checkpoints = logger, checkpoints
         self.rollout = RolloutCoordinator(roles.rollout)
-        self.checkpoints = CheckpointManager(cfg.run.output_dir, cfg.checkpoint.keep_last)
         self.version = 0
         s = cfg.rollout.sampling
         self.sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop))
-        # Trainer log-probs use the sampling temperature (greedy sampling has no temperature: use 1).
-        self.temperature = s.temperature if s.temperature > 0 else 1.0
+        # Trainer log-probs use the sampling temperature (validated > 0 for training).
+        self.temperature = s.temperature
         self.reward_totals = {"errors": 0, "timeouts": 0}
         self.val_history: list[float] = []
 
     # ---- the loop ---------------------------------------------------------------------------
-    def run(self, start_step: int) -> RunSummary:
+    def run(self, resume_from: Path | None = None, echo=print) -> RunSummary:
         t0 = time.perf_counter()
-        if start_step == 0 and self.cfg.validation.every:
-            self.logger.log(0, self.validate(), phase="train")
-        for step in range(start_step + 1, self.cfg.run.steps + 1):
-            metrics = self.train_step(step)
-            if self._due(self.cfg.validation.every, step):
-                metrics.update(self.validate())
-            self.logger.log(step, metrics)
-            self.progress.update(step, {**metrics, "val/accuracy": self.val_history[-1] if self.val_history else None})
-            if self._due(self.cfg.checkpoint.every, step) and step < self.cfg.run.steps:
-                self.save_checkpoint(step)
+        start = self.restore(resume_from, echo) if resume_from else self.begin()
+        progress = Progress(self.cfg.run.steps, start=start, enabled=self.cfg.logging.progress, description="GRPO")
+        try:
+            for step in range(start + 1, self.cfg.run.steps + 1):
+                metrics = self.train_step(step)
+                if self._due(self.cfg.validation.every, step):
+                    metrics.update(self.validate())
+                self.logger.log(step, metrics)
+                progress.update(step, {**metrics, "val/accuracy": self.val_history[-1] if self.val_history else None})
+                if self._due(self.cfg.checkpoint.every, step):
+                    self.save_checkpoint(step)
+        finally:
+            progress.close()
         final = self.save_final_model()
         return RunSummary(self.cfg.run.steps, self.val_history[0] if self.val_history else None,
                           self.val_history[-1] if self.val_history else None, final, time.perf_counter() - t0)
+
+    def begin(self) -> int:
+        """A fresh run: rollout engines get the (warmed-up) policy as version 0; validate once."""
+        self.sync_weights(0)
+        if self.cfg.validation.every:
+            self.logger.log(0, self.validate())
+        return 0
 
     def _due(self, every: int, step: int) -> bool:
         return bool(every) and (step % every == 0 or step == self.cfg.run.steps)
@@ -106,14 +116,17 @@ class RLVRPipeline:
         return [Sample(prompt=by_request[res.request_id], result=res, reward=None) for res in results]  # type: ignore[arg-type]
 
     def score(self, samples: list[Sample]) -> dict:
-        import ray
-
+        """Attach a RewardResult to every sample; failed rewards score 0 and are counted."""
         requests = [RewardRequest(s.result.response_text, s.prompt.ground_truth, s.prompt.prompt_text, s.prompt.tag)
                     for s in samples]
-        for sample, result in zip(samples, ray.get(self.roles.reward.score.remote(requests))):
-            sample.reward = result
-        errors = sum(1 for s in samples if s.reward.error and not s.reward.error.startswith("timeout"))
-        timeouts = sum(1 for s in samples if s.reward.error and s.reward.error.startswith("timeout"))
+        workers = len(self.roles.reward)
+        parts = [requests[i::workers] for i in range(workers)]
+        scored = self.roles.reward.call_each("score", [(part,) for part in parts])
+        for i, results in enumerate(scored):
+            for sample, result in zip(samples[i::workers], results):
+                sample.reward = result
+        errors = sum(s.reward.status == "error" for s in samples)
+        timeouts = sum(s.reward.status == "timeout" for s in samples)
         self.reward_totals["errors"] += errors
         self.reward_totals["timeouts"] += timeouts
         return {"reward/errors": errors, "reward/timeouts": timeouts,
@@ -136,7 +149,8 @@ class RLVRPipeline:
             batch.ref_logprobs = self._dp_logprobs(self.roles.reference, batch)
 
     def _dp_logprobs(self, group, batch: TrainBatch) -> torch.Tensor:
-        shards, index = split_for_ranks(batch, len(group))
+        # Trainer ranks (FSDP2 collectives) need equal shards; reference workers do not.
+        shards, index = split_for_ranks(batch, len(group), equal=group is self.roles.policy)
         parts = group.call_each("compute_logprobs", [(shard, self.temperature) for shard in shards])
         return gather_rows(parts, index, len(batch))
 
@@ -157,16 +171,12 @@ class RLVRPipeline:
         old_source = "recomputed" if self.plan.recompute_old_logprobs else (
             "rollout" if a.old_logprobs == "rollout" else "current")
         spec = GRPOLossSpec(self.temperature, a.clip_low, a.clip_high, a.kl_coef, a.entropy_coef, old_source)
-        outs = self.roles.policy.call_each("train", [(shards, denoms, spec) for shards in per_rank])
-        merged = MetricSums()
-        for out in outs:
-            merged.merge(out["metrics"])
-        norms = outs[0]["grad_norms"]
-        return {**merged.means(), "grad_norm": sum(norms) / len(norms), "lr": outs[0]["lr"]}
+        return TrainStepResult.summarize(self.roles.policy.call_each("train", [(shards, denoms, spec)
+                                                                                for shards in per_rank]))
 
     def sync_weights(self, version: int) -> None:
         """Push the trainer's weights to every rollout engine as ``version``; verify they took it."""
-        exported = self.roles.policy.call("export_weights", version)
+        exported = self.roles.policy.call("export_weights", version, self.cfg.model.dtype)
         self.roles.timeshare.activate("rollout")
         versions = self.roles.rollout.call("load_weights", exported[0])
         if any(v != version for v in versions):
@@ -187,13 +197,25 @@ class RLVRPipeline:
         tmp = self.checkpoints.begin(step)
         self.roles.policy.call("save_checkpoint", str(tmp / "policy"))
         state = DriverState(step=step, data=self.data.train_sampler.state_dict(), weight_version=self.version,
-                            config_hash=config_fingerprint(self.cfg))
+                            run_steps=self.cfg.run.steps, config_hash=config_fingerprint(self.cfg),
+                            reward_totals=dict(self.reward_totals), val_history=list(self.val_history))
         self.checkpoints.commit(tmp, state)
 
-    def restore(self, path: Path) -> int:
+    def restore(self, path: Path, echo=print) -> int:
+        """Continue from checkpoint ``path``: trainer state, data position, counters, rollout weights."""
         state = self.checkpoints.load_state(path)
+        if state.config_hash != config_fingerprint(self.cfg):
+            echo("warning: the config differs from the checkpointed run's (beyond run.steps and logging)")
+        if state.run_steps != self.cfg.run.steps:
+            echo(f"note: run.steps changed from {state.run_steps} to {self.cfg.run.steps}: the LR schedule now spans "
+                 "the new length")
         self.roles.policy.call("load_checkpoint", str(path / "policy"))
-        self.data.train_sampler.load_state_dict(state.data)
+        try:
+            self.data.train_sampler.load_state_dict(state.data)
+        except ValueError as exc:
+            raise ResumeError(f"cannot resume from {path}: {exc}") from None
+        self.reward_totals.update(state.reward_totals)
+        self.val_history = list(state.val_history)
         self.sync_weights(state.weight_version)
         return state.step
 

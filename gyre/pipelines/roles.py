@@ -18,49 +18,68 @@ from gyre.rewards.base import BUILTIN
 class Roles:
     policy: RoleGroup
     rollout: RoleGroup
-    reward: object
-    """The RewardWorker actor handle."""
+    reward: RoleGroup
     reference: RoleGroup | None
     timeshare: TimeShare
     placement: Placement
 
     def kill(self) -> None:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
-        import ray
         from ray.util.placement_group import remove_placement_group
 
-        for group in (self.policy, self.rollout, self.reference):
+        for group in (self.policy, self.rollout, self.reference, self.reward):
             if group is not None:
                 group.kill()
-        ray.kill(self.reward)
         remove_placement_group(self.placement.group)
 
 
 def build_roles(cfg: RLVRConfig, plan: RunPlan) -> Roles:
+    """Create every role's actors and connect the trainer ranks; on failure release what was made."""
+    placement = create_placement(plan)
+    made: list[RoleGroup] = []
+    try:
+        return _build(cfg, plan, placement, made)
+    except BaseException:
+        from ray.util.placement_group import remove_placement_group
+
+        for group in made:
+            group.kill()
+        remove_placement_group(placement.group)
+        raise
+
+
+def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> Roles:
     import ray
 
-    placement = create_placement(plan)
     m = cfg.model
     tok_path = m.tokenizer_path or m.path
     threads = plan.threads_per_worker
+    # With offload, only the policy starts on its devices; colocated roles load when first activated.
+    off = plan.offload
     spec = TrainerSpec(model_path=m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                        gradient_checkpointing=m.gradient_checkpointing, strategy=cfg.policy.strategy,
                        micro_batch_size=cfg.policy.micro_batch_size)
     policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
         (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed), {}))
+    made.append(policy)
     rollout = RoleGroup.create("rollout", RolloutWorker, placement, lambda r: (
         (r, m.path, tok_path, m.dtype, m.trust_remote_code, plan.device_kind, threads,
-         cfg.rollout.max_batch_size), {}))
+         cfg.rollout.max_batch_size, off), {}))
+    made.append(rollout)
     reference = None
     if plan.use_reference:
         reference = RoleGroup.create("reference", ReferenceWorker, placement, lambda r: (
-            (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size), {}))
+            (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size,
+             off), {}))
+        made.append(reference)
     rw = cfg.reward
     fn = rw.function if rw.type == "function" else BUILTIN[rw.type]
-    reward = ray.remote(RewardWorker).options(num_cpus=1).remote(fn, rw.kwargs, rw.timeout_s, rw.processes)
+    reward = RoleGroup.create_unplaced("reward", RewardWorker, 1, 1, (fn, rw.kwargs, rw.timeout_s, rw.processes))
+    made.append(reward)
     addr, port = ray.get(policy.actors[0].rendezvous.remote())
     policy.call("setup", addr, port)
     groups = {"policy": policy, "rollout": rollout}
     if reference is not None:
         groups["reference"] = reference
-    return Roles(policy, rollout, reward, reference, TimeShare(plan, groups), placement)
+    resident = {"policy"} if off else set(groups)
+    return Roles(policy, rollout, reward, reference, TimeShare(plan, groups, resident), placement)

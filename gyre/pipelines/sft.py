@@ -14,9 +14,9 @@ from gyre.config.schema import SFTConfig
 from gyre.data.batching import collate, split_for_ranks
 from gyre.data.prompts import load_sft_examples
 from gyre.data.sampler import EpochSampler
-from gyre.engines.trainer import MetricSums
 from gyre.pipelines.roles import Roles
 from gyre.seeding import derive_seed
+from gyre.types import TrainStepResult
 
 
 def run_sft(sft: SFTConfig, plan: RunPlan, roles: Roles, renderer, pad_id: int, eos_id: int, seed: int,
@@ -34,11 +34,7 @@ def run_sft(sft: SFTConfig, plan: RunPlan, roles: Roles, renderer, pad_id: int, 
         denom = LossDenominator(tokens=float(batch.response_mask.sum()), dp_size=plan.dp_size)
         shards, _ = split_for_ranks(batch, plan.dp_size)
         outs = roles.policy.call_each("train_sft", [(s, denom, sft.micro_batch_size) for s in shards])
-        merged = MetricSums()
-        for out in outs:
-            merged.merge(out["metrics"])
-        metrics = {**merged.means(), "grad_norm": outs[0]["grad_norms"][0], "lr": outs[0]["lr"],
-                   "time/step": time.perf_counter() - start}
+        metrics = {**TrainStepResult.summarize(outs), "time/step": time.perf_counter() - start}
         logger.log(step, metrics, phase="sft")
         progress.update(step, metrics)
     return metrics

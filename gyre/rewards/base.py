@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
+import numbers
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,13 +79,18 @@ def call_reward(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardRes
 
 
 def to_result(value: object) -> RewardResult:
+    """A RewardResult from what a reward function returned: a RewardResult, a bool or any real number
+    (Python, numpy or 0-dim torch). NaN and infinities are rejected: one would poison a whole group's
+    advantages."""
     if isinstance(value, RewardResult):
-        return value
-    if isinstance(value, bool):
+        score = value.score
+    elif isinstance(value, bool):
         return RewardResult(score=float(value), correct=value)
-    if isinstance(value, (int, float)):
-        score = float(value)
-        if score != score:  # NaN would poison the advantages
-            raise ValueError("reward function returned NaN")
-        return RewardResult(score=score)
-    raise TypeError(f"reward function returned {type(value).__name__}; return a float, a bool or a RewardResult")
+    elif isinstance(value, numbers.Real) or hasattr(value, "__float__") and not isinstance(value, (str, bytes)):
+        score = float(value)  # type: ignore[arg-type]
+        value = RewardResult(score=score)
+    else:
+        raise TypeError(f"reward function returned {type(value).__name__}; return a float, a bool or a RewardResult")
+    if not math.isfinite(score):
+        raise ValueError(f"reward function returned {score}; rewards must be finite")
+    return value

@@ -41,3 +41,17 @@ def math_reward(response: str, ground_truth: str) -> RewardResult:
     pred = parse(response, parsing_timeout=None)
     ok = bool(pred) and verify(gold, pred, timeout_seconds=None)
     return RewardResult(score=float(ok), correct=ok)
+
+
+def unparseable_ground_truths(records) -> list:
+    """Records (with ``.ground_truth``) whose answer math-verify cannot read: every sample of such a
+    prompt would score 0 for the whole run, so they are rejected when the data loads."""
+    bad = []
+    seen: dict[str, bool] = {}
+    for record in records:
+        truth = record.ground_truth.strip()
+        if truth not in seen:
+            seen[truth] = bool(_INT.match(truth)) or bool(_gold(truth))
+        if not seen[truth]:
+            bad.append(record)
+    return bad

@@ -1,9 +1,10 @@
 """Evaluate reward functions in child processes with a wall-clock limit per sample.
 
-A reward that raises gets score 0 and counts as an error; one that runs past ``timeout_s`` gets score
-0, counts as a timeout, and its process is killed and replaced. Either way the other samples and the
-run go on. Child processes (not threads) are used because a hung or crashing Python function cannot
-be stopped from inside its own process.
+A reward that raises gets score 0 and status "error"; one that runs past ``timeout_s`` gets score 0,
+status "timeout", and its process is killed and replaced. Either way the other samples and the run
+go on. Child processes (not threads) are used because a hung or crashing Python function cannot be
+stopped from inside its own process. Samples go to a child in chunks (one pipe message per chunk) and
+come back one by one, so each sample still gets its own deadline.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from gyre.types import RewardResult
 
 # Samples sent to a child in one message; small enough that work stays spread over the children.
 _MAX_CHUNK = 32
+# A child that dies this many times in a row before it is ready means the function cannot load.
+_MAX_START_FAILURES = 3
 
 
 def _serve(conn: Connection, spec: str, kwargs: dict) -> None:
-    """Child-process loop: announce readiness, then for each received chunk [(index, request), ...]
-    send (index, result) per sample as soon as it is scored."""
+    """Child-process loop: announce readiness, then for each chunk [(index, request), ...] send
+    (index, result) per sample as soon as it is scored."""
     try:
         fn = load_function(spec)
-    except BaseException:  # noqa: BLE001 - reported per sample below, the loop must start
+    except BaseException:  # noqa: BLE001 - reported per sample below; the loop must start
         fn = None
     conn.send("ready")
     while True:
@@ -41,7 +44,7 @@ def _serve(conn: Connection, spec: str, kwargs: dict) -> None:
                 fn = fn or load_function(spec)
                 result = call_reward(fn, request, kwargs)
             except BaseException as exc:  # noqa: BLE001 - the sample fails, never the loop
-                result = RewardResult(score=0.0, correct=False, error=f"{type(exc).__name__}: {exc}"[:500])
+                result = RewardResult.failed("error", f"{type(exc).__name__}: {exc}")
             conn.send((index, result))
 
 
@@ -57,24 +60,15 @@ class _Child:
     """False until the child has imported the reward function; start-up never counts against a sample."""
 
 
-@dataclass
-class RewardStats:
-    calls: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    seconds: float = 0.0
-    last_error: str | None = field(default=None)
-
-
 class RewardRunner:
     """A small pool of reward processes. ``score`` returns one RewardResult per request, in order."""
 
     def __init__(self, spec: str, kwargs: dict | None = None, timeout_s: float = 10.0, processes: int = 1):
         self.spec, self.kwargs = spec, dict(kwargs or {})
         self.timeout_s = timeout_s
-        self.stats = RewardStats()
         load_function(spec)  # fail now, in the caller, if the function cannot be imported
         self._ctx = mp.get_context("spawn")
+        self._start_failures = 0
         self._children = [self._start() for _ in range(processes)]
 
     def _start(self) -> _Child:
@@ -85,7 +79,6 @@ class RewardRunner:
         return _Child(proc, parent)
 
     def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        start = time.perf_counter()
         results: list[RewardResult | None] = [None] * len(requests)
         pending = deque(range(len(requests)))
         while pending or any(c.queue for c in self._children):
@@ -103,15 +96,12 @@ class RewardRunner:
                     pending.extendleft(reversed(child.queue))  # the rest of its chunk is scored elsewhere
                     self._children[i] = self._start()
                 elif dead:
-                    self._children[i] = self._start()
-        self.stats.calls += len(requests)
-        self.stats.seconds += time.perf_counter() - start
+                    self._restart_unready(i)
         return results  # type: ignore[return-value]
 
     def _dispatch(self, pending: deque, requests: list[RewardRequest]) -> None:
         """Send each idle child a chunk: one pipe message per chunk instead of per sample."""
-        idle = [c for c in self._children if c.ready and not c.queue]
-        for child in idle:
+        for child in [c for c in self._children if c.ready and not c.queue]:
             if not pending:
                 return
             size = max(1, min(_MAX_CHUNK, -(-len(pending) // len(self._children))))
@@ -128,15 +118,20 @@ class RewardRunner:
             return False
         if msg == "ready":
             child.ready = True
+            self._start_failures = 0
             return True
         index, result = msg
-        if result.error:
-            self.stats.errors += 1
-            self.stats.last_error = result.error
         results[index] = result
         child.queue.popleft()
         child.deadline = time.monotonic() + self.timeout_s
         return True
+
+    def _restart_unready(self, i: int) -> None:
+        self._start_failures += 1
+        if self._start_failures > _MAX_START_FAILURES:
+            raise RuntimeError(f"reward processes for {self.spec!r} keep dying before they are ready "
+                               f"(exit code {self._children[i].process.exitcode})")
+        self._children[i] = self._start()
 
     def _fail(self, child: _Child) -> RewardResult:
         alive = child.process.is_alive()
@@ -144,17 +139,14 @@ class RewardRunner:
         child.process.join(timeout=5)
         child.conn.close()
         if alive:
-            self.stats.timeouts += 1
-            return RewardResult(score=0.0, correct=False, error=f"timeout after {self.timeout_s}s")
-        self.stats.errors += 1
-        self.stats.last_error = f"reward process exited with code {child.process.exitcode}"
-        return RewardResult(score=0.0, correct=False, error=self.stats.last_error)
+            return RewardResult.failed("timeout", f"timeout after {self.timeout_s}s")
+        return RewardResult.failed("error", f"reward process exited with code {child.process.exitcode}")
 
     def close(self) -> None:
         for child in self._children:
             try:
                 child.conn.send(None)
-            except (OSError, BrokenPipeError):
+            except OSError:
                 pass
             child.process.join(timeout=2)
             if child.process.is_alive():

@@ -25,12 +25,14 @@ class MetricsLogger:
             self.path.unlink(missing_ok=True)
             shutil.rmtree(self.dir / "tensorboard", ignore_errors=True)
         self._fh = self.path.open("a")
-        self._tb = None
+        self._tb = self._sft_tb = None
+        self._tensorboard = tensorboard
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            # RL scalars live in tensorboard/rl; a resume purges the steps it will run again.
             purge = resume_step + 1 if resume_step is not None else None
-            self._tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=purge)
+            self._tb = SummaryWriter(str(self.dir / "tensorboard" / "rl"), purge_step=purge)
 
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
@@ -46,16 +48,27 @@ class MetricsLogger:
                   **{k: _clean(v) for k, v in metrics.items()}}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
-        if self._tb is not None:
-            tb_step = step if phase != "sft" else step - 1_000_000
+        writer = self._writer(phase)
+        if writer is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(f"{phase}/{key}" if phase == "sft" else key, value, tb_step)
+                    writer.add_scalar(key, value, step)
+
+    def _writer(self, phase: str):
+        """SFT warm-up steps go to their own run (tensorboard/sft): they have a step axis of their own."""
+        if phase != "sft" or not self._tensorboard:
+            return self._tb
+        if self._sft_tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._sft_tb = SummaryWriter(str(self.dir / "tensorboard" / "sft"))
+        return self._sft_tb
 
     def close(self) -> None:
         self._fh.close()
-        if self._tb is not None:
-            self._tb.close()
+        for writer in (self._tb, self._sft_tb):
+            if writer is not None:
+                writer.close()
 
 
 def _record_step(line: str) -> int:

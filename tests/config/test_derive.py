@@ -47,10 +47,10 @@ def test_colocated_and_disaggregated_layouts():
     colocated = plan_for("policy.devices=[0,1]", "rollout.devices=[0,1]")
     assert colocated.layout == "colocated"
     assert colocated.shared_devices == {("policy", "rollout"): (0, 1)}
-    assert colocated.role_share("policy", 0) == 2
+    assert colocated.roles_on_device(0) == 2
     split = plan_for("policy.devices=[0,1]", "rollout.devices=[2,3]")
     assert split.layout == "disaggregated" and not split.shared_devices
-    assert split.role_share("rollout", 2) == 1
+    assert split.roles_on_device(2) == 1
 
 
 def test_offload_only_on_gpu_by_default():
@@ -68,3 +68,20 @@ def test_kl_creates_reference_and_says_so():
 def test_validation_needs_held_out_files():
     with pytest.raises(ConfigError, match="data.val_files"):
         plan_for("validation.every=5")
+
+
+def test_greedy_training_samples_are_rejected():
+    with pytest.raises(ConfigError, match="temperature=0 .* advantages are all 0"):
+        plan_for("rollout.sampling.temperature=0")
+
+
+def test_sampler_logprobs_as_pi_old_with_truncation_warns():
+    plan = plan_for("algorithm.old_logprobs=rollout", "rollout.sampling.top_p=0.9")
+    assert any("ratio is biased" in n for n in plan.notes)
+
+
+def test_unknown_device_count_checks_only_arithmetic():
+    plan = plan_for("rollout.devices=[7]", devices=None)
+    assert plan.num_devices is None and plan.rollout_batch == 64
+    with pytest.raises(ConfigError, match="mini_batch_size"):
+        plan_for("policy.mini_batch_size=24", devices=None)

@@ -30,3 +30,10 @@ def test_gather_rows_inverts_split():
     parts, index = split_for_ranks(b, 2)
     back = gather_rows([p.input_ids for p in parts], index, len(b))
     assert torch.equal(back, b.input_ids)
+
+
+def test_unequal_shards_for_forward_only_workers():
+    b = collate([[1]] * 7, [[2]] * 7, pad_id=0)
+    shards = balanced_shards(b, 3, equal=False)
+    assert sorted(len(s) for s in shards) == [2, 2, 3]
+    assert sorted(torch.cat(shards).tolist()) == list(range(7))

@@ -100,3 +100,29 @@ def test_filter_logits_top_k_and_top_p():
     # top_p 0.5: mass before the 2nd token is exactly 0.5 -> dropped; the top token always stays.
     assert torch.isinf(filter_logits(logits, top_k=0, top_p=0.5)).tolist() == [[False, True, True, True]]
     assert torch.isinf(filter_logits(logits, top_k=0, top_p=0.01)).tolist() == [[False, True, True, True]]
+
+
+def test_samples_do_not_depend_on_batch_composition(engine, tok):
+    """A request's samples come from its own seeded stream, whoever shares its batch."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=10, stop=("5",))
+    alone = engine.generate([req(tok, "12+34=", params, n=3, seed=11)])
+    crowd = engine.generate([req(tok, "9+9=", params, n=5, seed=1), req(tok, "12+34=", params, n=3, seed=11),
+                             req(tok, "70+1=", params, n=2, seed=2)])
+    assert [r.response_ids for r in alone] == [r.response_ids for r in crowd if r.request_id == "12+34="]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_bf16_engine_on_gpu_matches_a_forward_and_offloads(tiny_model_dir, tok):
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_dir, "bfloat16", device="cuda"), tok, "cuda")
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    results = engine.generate([req(tok, "12+34=", params, n=4, seed=3)])
+    for r in results:
+        ids = torch.tensor([r.prompt_ids + r.response_ids], device="cuda")
+        with torch.no_grad():
+            logits = engine.model(ids).logits
+        ref = token_logprobs(logits[:, :-1], ids[:, 1:])[0, len(r.prompt_ids) - 1:].cpu()
+        assert torch.allclose(torch.tensor(r.logprobs), ref, atol=5e-2)
+    engine.offload()
+    assert next(engine.model.parameters()).device.type == "cpu"
+    engine.reload()
+    assert len(engine.generate([req(tok, "1+1=", params, n=2)])) == 2

@@ -11,7 +11,8 @@ from gyre.algos import LossDenominator
 from gyre.config.schema import OptimizerConfig, SchedulerConfig
 from gyre.data.batching import collate, split_for_ranks
 from gyre.engines.losses import GRPOLoss, GRPOLossSpec
-from gyre.engines.trainer import MetricSums, TrainerBackend, TrainerSpec, lr_lambda
+from gyre.engines.trainer import TrainerBackend, TrainerSpec, lr_lambda
+from gyre.tracking.sums import MetricSums
 
 
 def _free_port() -> int:
@@ -28,13 +29,16 @@ def _batch():
                    rollout_logprobs=[[-1.0] * len(r) for r in responses])
 
 
-def _grad_worker(rank, world, strategy, model_dir, port, out):
+def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu"):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    backend = TrainerBackend(TrainerSpec(str(model_dir), strategy=strategy, micro_batch_size=1), torch.device("cpu"))
+    if device_kind == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
+    backend = TrainerBackend(TrainerSpec(str(model_dir), strategy=strategy, micro_batch_size=1), device)
     backend.setup()
     backend.configure_optimizer(OptimizerConfig(lr=1e-9), SchedulerConfig(), 1, grad_clip=None)
     batch = _batch()
@@ -45,23 +49,30 @@ def _grad_worker(rank, world, strategy, model_dir, port, out):
     grads = {}
     for name, p in backend.model.named_parameters():
         g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        grads[name.removeprefix("module.")] = g.detach().clone()
+        grads[name.removeprefix("module.")] = g.detach().cpu().clone()
     if rank == 0:
         torch.save({"grads": grads, "norm": norm}, out)
     dist.destroy_process_group()
 
 
-def _grads(world, strategy, model_dir, tmp_path):
-    out = tmp_path / f"{strategy}{world}.pt"
-    mp.spawn(_grad_worker, args=(world, strategy, model_dir, _free_port(), str(out)), nprocs=world, join=True)
+def _grads(world, strategy, model_dir, tmp_path, device_kind="cpu"):
+    out = tmp_path / f"{strategy}{world}{device_kind}.pt"
+    mp.spawn(_grad_worker, args=(world, strategy, model_dir, _free_port(), str(out), device_kind), nprocs=world,
+             join=True)
     return torch.load(out)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_ranks_give_the_single_rank_gradient(tiny_model_dir, tmp_path, strategy):
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL)")
+
+
+@pytest.mark.parametrize("strategy,device_kind", [
+    ("ddp", "cpu"), ("fsdp2", "cpu"),
+    pytest.param("ddp", "cuda", marks=TWO_GPUS), pytest.param("fsdp2", "cuda", marks=TWO_GPUS),
+])
+def test_two_ranks_give_the_single_rank_gradient(tiny_model_dir, tmp_path, strategy, device_kind):
     """Global token-mean denominators make the gradient independent of the DP split and micro-batching."""
-    single = _grads(1, "ddp", tiny_model_dir, tmp_path)
-    double = _grads(2, strategy, tiny_model_dir, tmp_path)
+    single = _grads(1, "ddp", tiny_model_dir, tmp_path, device_kind)
+    double = _grads(2, strategy, tiny_model_dir, tmp_path, device_kind)
     assert single["grads"].keys() == double["grads"].keys()
     for name, g in single["grads"].items():
         assert torch.allclose(g, double["grads"][name], atol=1e-5, rtol=1e-4), name
@@ -109,3 +120,33 @@ def test_lr_schedules():
     cosine = lr_lambda(SchedulerConfig(type="cosine"), total_steps=10)
     assert cosine(0) == pytest.approx(1.0) and cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
     assert lr_lambda(SchedulerConfig(), 10)(7) == 1.0
+
+
+def _offload_worker(rank, model_dir, port):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    for strategy in ("ddp", "fsdp2"):
+        b = TrainerBackend(TrainerSpec(str(model_dir), dtype="bfloat16", strategy=strategy, micro_batch_size=2),
+                           torch.device("cuda", 0))
+        b.setup()
+        b.configure_optimizer(OptimizerConfig(lr=1e-3), SchedulerConfig(), 10, 1.0)
+        batch = _batch()
+        loss = GRPOLoss(LossDenominator(tokens=float(batch.response_mask.sum())), GRPOLossSpec(old_source="rollout"))
+        b.optimizer_step(b.split_micro(batch), loss, MetricSums())
+        before = torch.cuda.memory_allocated()
+        b.offload()
+        assert torch.cuda.memory_allocated() < before / 4, strategy  # weights, grads and Adam moments left
+        b.reload()
+        b.optimizer_step(b.split_micro(batch), loss, MetricSums())  # still trains after the round trip
+        assert all(torch.isfinite(v).all() for v in b.full_state_dict().values())
+        del b
+        torch.cuda.empty_cache()
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_offload_frees_the_gpu_and_training_resumes(tiny_model_dir):
+    mp.spawn(_offload_worker, args=(tiny_model_dir, _free_port()), nprocs=1, join=True)

@@ -4,7 +4,7 @@ from gyre.pipelines.checkpoint import CheckpointManager, DriverState
 def _save(mgr, step):
     tmp = mgr.begin(step)
     (tmp / "policy" / "shard").write_text(str(step))
-    return mgr.commit(tmp, DriverState(step=step, data={"epoch": 0, "index": step}, weight_version=step))
+    return mgr.commit(tmp, DriverState(step=step, data={"epoch": 0, "index": step}, weight_version=step, run_steps=9))
 
 
 def test_commit_publishes_latest_and_prunes(tmp_path):

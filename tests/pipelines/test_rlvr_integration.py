@@ -16,7 +16,7 @@ def quick_config(tmp_path, model_dir, data, *extra):
         f"run.output_dir={tmp_path / 'run'}", "run.steps=3", "run.seed=1",
         f"model.path={model_dir}",
         f"data.train_files=[{data['train']}]", f"data.val_files=[{data['val']}]", "data.max_val_prompts=16",
-        "rollout.devices=[0]", "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4",
+        "rollout.devices=[0,1]", "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4",
         "rollout.sampling.max_new_tokens=4",
         "policy.devices=[0,1]", "policy.micro_batch_size=4", "policy.mini_batch_size=8",
         "policy.optimizer.lr=0.001", "validation.every=2", "logging.progress=false", *extra])
@@ -57,3 +57,31 @@ def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_p
     while ray_local.available_resources().get("CPU", 0) < total and time.time() < deadline:
         time.sleep(0.2)
     assert ray_local.available_resources().get("CPU", 0) == pytest.approx(total)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
+def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_data):
+    """On one GPU, policy, rollout and reference time-share it with offload (the auto choice on GPU)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = tmp_path / "gpu.yaml"
+    config.write_text(yaml.safe_dump({
+        "run": {"output_dir": str(tmp_path / "run"), "steps": 3},
+        "cluster": {"device": "cuda"},
+        "model": {"path": str(tiny_model_dir), "dtype": "bfloat16"},
+        "data": {"train_files": [str(arithmetic_data["train"])]},
+        "rollout": {"devices": [0], "prompts_per_step": 4, "samples_per_prompt": 4, "sampling": {"max_new_tokens": 4}},
+        "policy": {"devices": [0], "strategy": "fsdp2", "micro_batch_size": 4, "mini_batch_size": 8},
+        "algorithm": {"kl_coef": 0.01},
+        "reference": {"devices": [0]},
+        "logging": {"progress": False, "tensorboard": False, "plot": False},
+    }))
+    proc = subprocess.run([sys.executable, "-m", "gyre.cli", "train", str(config)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "time-shared with offload" in proc.stdout
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_version"] for r in records] == [1, 2, 3]

@@ -1,0 +1,77 @@
+import math
+
+import pytest
+import torch
+
+from gyre.algos import LossDenominator
+from gyre.engines.losses import GRPOLoss, GRPOLossSpec, SFTLoss
+from gyre.tracking.sums import MetricSums
+from gyre.types import TrainBatch
+
+
+def batch():
+    # One sequence: a prompt token, then two response tokens (positions 1 and 2).
+    return TrainBatch(
+        input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+        response_mask=torch.tensor([[0.0, 1.0, 1.0]]), advantages=torch.tensor([[0.0, 1.0, 1.0]]),
+        rollout_logprobs=torch.tensor([[0.0, -1.1, -2.2]]), old_logprobs=torch.tensor([[0.0, -1.0, -2.0]]),
+        ref_logprobs=None)
+
+
+def current():
+    # ratios to pi_old: 1.5 and 0.5
+    return torch.tensor([[0.0, -1.0 + math.log(1.5), -2.0 + math.log(0.5)]], requires_grad=True)
+
+
+def test_grpo_loss_hand_computed():
+    b = batch()
+    lp = current()
+    b.ref_logprobs = lp.detach() - torch.tensor([[0.0, 0.5, -0.5]])  # log pi - log ref = +0.5, -0.5
+    entropy = torch.tensor([[0.0, 2.0, 1.0]])
+    spec = GRPOLossSpec(clip_low=0.2, clip_high=0.2, kl_coef=0.1, entropy_coef=0.01, old_source="recomputed")
+    metrics = MetricSums()
+    loss = GRPOLoss(LossDenominator(tokens=2), spec)(b, lp, entropy, metrics)
+    # PPO: -min(1.5, 1.2) = -1.2 and -min(0.5, 0.5) = -0.5 -> token-mean -0.85
+    # KL k3: exp(-0.5) - 0.5 = 0.10653, exp(0.5) - 1.5 = 0.14872 -> mean 0.12763, x 0.1 = 0.012763
+    # entropy: mean(2, 1) = 1.5, x 0.01 = 0.015 (subtracted)
+    assert loss.item() == pytest.approx(-0.85 + 0.012763 - 0.015, abs=1e-5)
+    m = metrics.means()
+    assert m["clip_frac_high"] == 0.5 and m["clip_frac_low"] == 0.0 and m["clip_frac"] == 0.5
+    assert m["ratio_mean"] == pytest.approx(1.0)
+    # approx KL(old || new), k3 with d = old - new: 1.5 - 1 - ln 1.5 = 0.09453; 0.5 - 1 + ln 2 = 0.19315
+    assert m["approx_kl"] == pytest.approx((0.09453 + 0.19315) / 2, abs=1e-4)
+    assert m["kl_ref"] == pytest.approx(0.12763, abs=1e-4) and m["entropy"] == pytest.approx(1.5)
+    assert m["logprob_mismatch"] == pytest.approx(0.15)  # |old - rollout| = 0.1, 0.2
+    loss.backward()
+    # d/dlogp: the clipped token has no PPO gradient; the other gets -rho*A = -0.5 (/2 tokens) plus KL.
+    assert lp.grad[0, 1].item() == pytest.approx(0.1 * (1 - math.exp(-0.5)) / 2, abs=1e-6)
+    assert lp.grad[0, 2].item() == pytest.approx(-0.5 / 2 + 0.1 * (1 - math.exp(0.5)) / 2, abs=1e-6)
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("current", -1.0),     # ratio 1 everywhere: -A averaged
+    ("rollout", None),     # pi_old from the sampler's log-probs
+])
+def test_old_logprob_sources(source, expected):
+    b = batch()
+    lp = current()
+    loss = GRPOLoss(LossDenominator(tokens=2), GRPOLossSpec(old_source=source))(b, lp, None, MetricSums())
+    if expected is None:
+        # ratios exp(-1 + ln1.5 + 1.1) = 1.6578 -> clipped to 1.2; exp(-2 + ln 0.5 + 2.2) = 0.6107
+        expected = -(1.2 + 0.5 * math.exp(0.2)) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_dp_ranks_scale_by_global_tokens():
+    b = batch()
+    one = GRPOLoss(LossDenominator(tokens=2), GRPOLossSpec())(b, current(), None, MetricSums())
+    two = GRPOLoss(LossDenominator(tokens=4, dp_size=2), GRPOLossSpec())(b, current(), None, MetricSums())
+    assert two.item() == pytest.approx(one.item())  # 2 ranks x 2 tokens each: same per-token weight
+
+
+def test_sft_loss_is_token_mean_nll():
+    b = batch()
+    lp = torch.tensor([[0.0, -1.0, -3.0]])
+    metrics = MetricSums()
+    assert SFTLoss(LossDenominator(tokens=2))(b, lp, None, metrics).item() == pytest.approx(2.0)
+    assert metrics.means()["sft_loss"] == pytest.approx(2.0)
