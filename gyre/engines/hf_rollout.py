@@ -83,7 +83,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams,
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
     logp = torch.log_softmax(logits, dim=-1)
-    tokens = (logp - noise.log()).argmax(dim=-1)
+    tokens = (logp - noise.clamp_min(1e-30).log()).argmax(dim=-1)  # a float32 draw of exactly 0 stays finite
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 

@@ -134,7 +134,11 @@ class RLVRPipeline:
                 "reward/timeouts_total": self.reward_totals["timeouts"]}
 
     def compute_advantages(self, samples: list[Sample]) -> None:
+        """GRPO advantages per prompt group (samples arrive grouped: request order, then sample index)."""
         n = self.cfg.rollout.samples_per_prompt
+        groups = [samples[i:i + n] for i in range(0, len(samples), n)]
+        if any(len({s.result.request_id for s in g}) != 1 or len(g) != n for g in groups):
+            raise RuntimeError("rollout results are not grouped by prompt; advantages would mix groups")
         rewards = torch.tensor([s.reward.score for s in samples], dtype=torch.float32).view(-1, n)
         adv = group_normalized_advantages(rewards, self.cfg.algorithm.std_eps, self.cfg.algorithm.std_ddof)
         for sample, value in zip(samples, adv.flatten().tolist()):
@@ -171,8 +175,8 @@ class RLVRPipeline:
         old_source = "recomputed" if self.plan.recompute_old_logprobs else (
             "rollout" if a.old_logprobs == "rollout" else "current")
         spec = GRPOLossSpec(self.temperature, a.clip_low, a.clip_high, a.kl_coef, a.entropy_coef, old_source)
-        return TrainStepResult.summarize(self.roles.policy.call_each("train", [(shards, denoms, spec)
-                                                                                for shards in per_rank]))
+        results = self.roles.policy.call_each("train", [(shards, denoms, spec) for shards in per_rank])
+        return TrainStepResult.summarize(results)
 
     def sync_weights(self, version: int) -> None:
         """Push the trainer's weights to every rollout engine as ``version``; verify they took it."""
