@@ -19,6 +19,8 @@ LAYOUTS = {
     "colocated, 1 worker x 2 threads": ["cluster.cpu_slots=1", "cluster.threads_per_slot=2", "policy.devices=[0]",
                                         "rollout.devices=[0]"],
     "colocated, 2 workers x 1 thread": ["cluster.cpu_slots=2", "policy.devices=[0,1]", "rollout.devices=[0,1]"],
+    "hybrid, 2 policy ranks sample": ["cluster.cpu_slots=2", "policy.devices=[0,1]", "rollout.devices=[0,1]",
+                                      "rollout.mode=hybrid"],
     "disaggregated, 1 + 1 slots": ["cluster.cpu_slots=2", "policy.devices=[0]", "rollout.devices=[1]"],
 }
 

@@ -27,7 +27,7 @@ def test_check_prints_config_and_plan(tmp_path, tiny_model_dir, arithmetic_data,
             f"sft_warmup.train_files=[{arithmetic_data['sft']}]", "cluster.cpu_slots=2"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "# resolved configuration" in out and "layout colocated" in out and "rollout batch" in out
+    assert "# resolved configuration" in out and "layout hybrid" in out and "rollout batch" in out
 
 
 def test_errors_are_one_clear_line(tmp_path, tiny_model_dir, arithmetic_data, capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 
 import torch
 
@@ -29,15 +30,28 @@ def _set_threads(threads: int) -> None:
     torch.set_num_threads(max(1, threads))
 
 
-class PolicyWorker:
-    """One data-parallel rank of the policy trainer."""
+@dataclass(frozen=True)
+class HybridRollout:
+    """How a policy rank samples when it also serves as the rollout engine (rollout.mode hybrid)."""
 
-    def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int):
+    tokenizer_path: str
+    trust_remote_code: bool = False
+    max_batch_size: int | None = None
+
+
+class PolicyWorker:
+    """One data-parallel rank of the policy trainer (and, in hybrid mode, a rollout engine too)."""
+
+    def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int,
+                 hybrid: HybridRollout | None = None):
         _set_threads(threads)
         torch.manual_seed(seed + rank)
         self.rank, self.world_size = rank, world_size
         self.backend = TrainerBackend(spec, _device(device_kind))
         self.device_kind = device_kind
+        self.hybrid = hybrid
+        self._engine = None
+        self._version = 0
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0 picks the address and a free port for the process group."""
@@ -60,6 +74,28 @@ class PolicyWorker:
 
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.backend.compute_logprobs(shard, temperature)
+
+    # ---- hybrid rollout: sampling with the training weights themselves --------------------------
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if self._engine is None:
+            from gyre.engines.hf_rollout import HFRolloutEngine
+            from gyre.models.loading import load_tokenizer
+
+            h = self.hybrid
+            tokenizer = load_tokenizer(h.tokenizer_path, h.trust_remote_code)
+            # The unwrapped module: sampling must not go through DDP's forward hooks.
+            self._engine = HFRolloutEngine(self.backend.hf_model, tokenizer, self.backend.device, h.max_batch_size)
+        self._engine.set_version(self._version)
+        self.backend.hf_model.eval()
+        try:
+            return self._engine.generate(requests)
+        finally:
+            self.backend.model.train()
+
+    def set_weight_version(self, version: int) -> int:
+        """Hybrid mode: the optimizer step already changed the weights in place; only the stamp moves."""
+        self._version = version
+        return version
 
     def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], loss: GRPOLossSpec) -> TrainStepResult:
         """One optimizer step per (shard, denominator), in order."""

@@ -27,6 +27,8 @@ class RunPlan:
     """Device list of each device-holding role: policy, rollout and (when used) reference."""
     shared_devices: dict[tuple[str, str], tuple[int, ...]]
     """Pairs of roles that time-share devices, with the devices they share."""
+    hybrid_rollout: bool
+    """The policy ranks sample too (rollout.mode hybrid): no rollout role of its own, no weight transfer."""
     offload: bool
     dp_size: int
     rollout_workers: int
@@ -44,6 +46,8 @@ class RunPlan:
 
     @property
     def layout(self) -> str:
+        if self.hybrid_rollout:
+            return "hybrid" + (", with time-shared roles" if self.shared_devices else "")
         if not self.shared_devices:
             return "disaggregated"
         every = set().union(*self.roles.values())
@@ -80,7 +84,8 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     if use_reference:
         notes.append(f"algorithm.kl_coef={cfg.algorithm.kl_coef} > 0: a reference role is created on devices "
                      f"{list(cfg.reference.devices)}")
-    roles = {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
+    hybrid = _check_hybrid(cfg, notes)
+    roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
     if use_reference:
         roles["reference"] = cfg.reference.devices
     if num_devices is not None:
@@ -118,7 +123,8 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         notes.append(f"{len(cfg.rollout.devices)} rollout workers for {cfg.rollout.prompts_per_step} prompts: "
                      "some workers will idle")
     return RunPlan(
-        device_kind=device_kind, num_devices=num_devices, roles=roles, shared_devices=shared, offload=offload,
+        device_kind=device_kind, num_devices=num_devices, roles=roles, shared_devices=shared, hybrid_rollout=hybrid,
+        offload=offload,
         dp_size=dp, rollout_workers=len(cfg.rollout.devices), rollout_batch=rollout_batch, mini_batch_size=mini,
         optimizer_steps_per_step=steps_per_batch, samples_per_rank=per_rank,
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
@@ -158,6 +164,20 @@ def _recompute_old_logprobs(cfg: RLVRConfig, steps_per_batch: int, notes: list[s
             + ("recomputed by the trainer" if recompute else "taken from the first forward pass (detached)"))
         return recompute
     return mode == "recompute"
+
+
+def _check_hybrid(cfg: RLVRConfig, notes: list[str]) -> bool:
+    if cfg.rollout.mode != "hybrid":
+        return False
+    if cfg.rollout.devices != cfg.policy.devices:
+        raise ConfigError(f"rollout.mode=hybrid samples on the policy ranks, so rollout.devices "
+                          f"{list(cfg.rollout.devices)} must equal policy.devices {list(cfg.policy.devices)}; "
+                          "or use rollout.mode=separate")
+    if cfg.policy.strategy != "ddp":
+        raise ConfigError("rollout.mode=hybrid needs policy.strategy=ddp: sampling from FSDP2 shards would gather "
+                          "the weights for every token; use rollout.mode=separate with fsdp2")
+    notes.append("rollout.mode=hybrid: each policy rank samples with its own weights (no weight transfer)")
+    return True
 
 
 def _note_rollout_logprobs(cfg: RLVRConfig, notes: list[str]) -> None:

@@ -19,6 +19,8 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
     lines = [f"placement: {plan.num_devices} {kind}(s) available, layout {plan.layout}"]
     for role, devices in plan.roles.items():
         lines.append(f"  {role:<10} devices {list(devices)}  ({len(devices)} worker(s))")
+    if plan.hybrid_rollout:
+        lines.append("  rollout    inside the policy workers (hybrid)")
     lines.append("  reward     1 CPU worker (no device)")
     for (a, b), devices in plan.shared_devices.items():
         how = "time-shared with offload" if plan.offload else "time-shared"

@@ -125,6 +125,11 @@ class SamplingConfig(StrictModel):
 class RolloutConfig(StrictModel):
     devices: DeviceList = (0,)
     backend: Literal["hf"] = "hf"
+    mode: Literal["separate", "hybrid"] = "separate"
+    """separate: rollout engines are actors of their own holding a copy of the weights, synced after every
+    step (what disaggregation needs). hybrid: every policy rank also samples, with its own training
+    weights: nothing to transfer, one copy of the model per device. Hybrid needs rollout.devices equal to
+    policy.devices and policy.strategy ddp (sampling from FSDP2 shards would gather weights every token)."""
     prompts_per_step: PositiveInt = 8
     samples_per_prompt: PositiveInt = 8
     max_batch_size: PositiveInt | None = None

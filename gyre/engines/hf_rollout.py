@@ -144,6 +144,10 @@ class HFRolloutEngine:
                     target.copy_(tensor.to(dtype=target.dtype, device=target.device))
         self._version = int(version)
 
+    def set_version(self, version: WeightVersion) -> None:
+        """The model's weights were changed in place (a hybrid trainer stepped them): move the stamp only."""
+        self._version = int(version)
+
     def offload(self) -> None:
         memory.offload(self.model, self.device)
 

@@ -100,7 +100,8 @@ class TrainerBackend:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        # Gradients as views into the all-reduce buckets: one copy of the gradients instead of two.
+        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
 
     # ---- forward passes -----------------------------------------------------------------
     def compute_logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:

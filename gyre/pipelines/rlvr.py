@@ -108,7 +108,7 @@ class RLVRPipeline:
 
     # ---- phases -----------------------------------------------------------------------------
     def generate(self, prompts: list[PromptRecord], params: SamplingParams, n: int, stream: tuple) -> list[Sample]:
-        self.roles.timeshare.activate("rollout")
+        self.roles.timeshare.activate(self.roles.rollout_role)
         requests = [GenerationRequest(f"{stream[0]}-{stream[1]}-{i}", p.prompt_ids, params, n=n,
                                       seed=derive_seed(self.cfg.run.seed, *stream, i)) for i, p in enumerate(prompts)]
         results = self.rollout.generate(requests)
@@ -179,10 +179,14 @@ class RLVRPipeline:
         return TrainStepResult.summarize(results)
 
     def sync_weights(self, version: int) -> None:
-        """Push the trainer's weights to every rollout engine as ``version``; verify they took it."""
-        exported = self.roles.policy.call("export_weights", version, self.cfg.model.dtype)
-        self.roles.timeshare.activate("rollout")
-        versions = self.roles.rollout.call("load_weights", exported[0])
+        """Push the trainer's weights to every rollout engine as ``version``; verify they took it.
+        Hybrid engines sample with the training weights themselves: only their version stamp moves."""
+        if self.roles.hybrid:
+            versions = self.roles.policy.call("set_weight_version", version)
+        else:
+            exported = self.roles.policy.call("export_weights", version, self.cfg.model.dtype)
+            self.roles.timeshare.activate("rollout")
+            versions = self.roles.rollout.call("load_weights", exported[0])
         if any(v != version for v in versions):
             raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
         self.version = version

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from gyre.cluster.colocation import TimeShare
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.placement import Placement, create_placement
-from gyre.cluster.workers import PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
+from gyre.cluster.workers import HybridRollout, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.engines.trainer import TrainerSpec
@@ -23,13 +23,23 @@ class Roles:
     timeshare: TimeShare
     placement: Placement
 
+    @property
+    def hybrid(self) -> bool:
+        """The policy ranks are the rollout engines (rollout.mode hybrid)."""
+        return self.rollout is self.policy
+
+    @property
+    def rollout_role(self) -> str:
+        """The role to activate on the devices before sampling."""
+        return "policy" if self.hybrid else "rollout"
+
     def kill(self) -> None:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
-        for group in (self.policy, self.rollout, self.reference, self.reward):
-            if group is not None:
-                group.kill()
+        groups = (self.policy, self.rollout, self.reference, self.reward)
+        for group in {id(g): g for g in groups if g is not None}.values():
+            group.kill()
         remove_placement_group(self.placement.group)
 
 
@@ -59,13 +69,17 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     spec = TrainerSpec(model_path=m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                        gradient_checkpointing=m.gradient_checkpointing, strategy=cfg.policy.strategy,
                        micro_batch_size=cfg.policy.micro_batch_size)
+    hybrid = HybridRollout(tok_path, m.trust_remote_code, cfg.rollout.max_batch_size) if plan.hybrid_rollout else None
     policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
-        (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed), {}))
+        (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed, hybrid), {}))
     made.append(policy)
-    rollout = RoleGroup.create("rollout", RolloutWorker, placement, lambda r: (
-        (r, m.path, tok_path, m.dtype, m.trust_remote_code, plan.device_kind, threads,
-         cfg.rollout.max_batch_size, off), {}))
-    made.append(rollout)
+    if hybrid is not None:
+        rollout = policy
+    else:
+        rollout = RoleGroup.create("rollout", RolloutWorker, placement, lambda r: (
+            (r, m.path, tok_path, m.dtype, m.trust_remote_code, plan.device_kind, threads,
+             cfg.rollout.max_batch_size, off), {}))
+        made.append(rollout)
     reference = None
     if plan.use_reference:
         reference = RoleGroup.create("reference", ReferenceWorker, placement, lambda r: (
@@ -78,7 +92,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     made.append(reward)
     addr, port = ray.get(policy.actors[0].rendezvous.remote())
     policy.call("setup", addr, port)
-    groups = {"policy": policy, "rollout": rollout}
+    groups = {"policy": policy} if hybrid else {"policy": policy, "rollout": rollout}
     if reference is not None:
         groups["reference"] = reference
     resident = {"policy"} if off else set(groups)

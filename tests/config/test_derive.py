@@ -85,3 +85,12 @@ def test_unknown_device_count_checks_only_arithmetic():
     assert plan.num_devices is None and plan.rollout_batch == 64
     with pytest.raises(ConfigError, match="mini_batch_size"):
         plan_for("policy.mini_batch_size=24", devices=None)
+
+
+def test_hybrid_rollout_runs_on_the_policy_ranks():
+    plan = plan_for("rollout.mode=hybrid", "policy.devices=[0,1]", "rollout.devices=[0,1]")
+    assert plan.hybrid_rollout and set(plan.roles) == {"policy"} and not plan.shared_devices
+    with pytest.raises(ConfigError, match="must equal policy.devices"):
+        plan_for("rollout.mode=hybrid", "policy.devices=[0,1]", "rollout.devices=[2]")
+    with pytest.raises(ConfigError, match="needs policy.strategy=ddp"):
+        plan_for("rollout.mode=hybrid", "policy.strategy=fsdp2")

@@ -59,6 +59,18 @@ def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_p
     assert ray_local.available_resources().get("CPU", 0) == pytest.approx(total)
 
 
+def test_hybrid_rollout_samples_with_the_training_weights(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
+    reward = Path(__file__).with_name("reward_fns.py")
+    cfg = quick_config(tmp_path, tiny_model_dir, arithmetic_data, "rollout.mode=hybrid", "validation.every=0",
+                       "reward.type=function", f"reward.function={reward}:digit_fraction")
+    launch.train(cfg, echo=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["sample_weight_version"] for r in records] == [0, 1, 2]
+    assert [r["weight_version"] for r in records] == [1, 2, 3]
+    assert all(r["logprob_mismatch"] < 1e-4 for r in records)  # same weights, same process: same log-probs
+    assert "time/weight_sync" in records[0] and records[0]["time/weight_sync"] < 0.5
+
+
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
 def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_data):
     """On one GPU, policy, rollout and reference time-share it with offload (the auto choice on GPU)."""
