@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 32, 1e-5
-RUNS = ("gyre:hybrid", "trl", "gyre:2x1")
+RUNS = ("gyre:hybrid", "trl", "gyre:hybrid1x2", "gyre:2x1")
 
 
 def exact_match(completions, ground_truth, **kwargs):
@@ -41,6 +41,8 @@ def run_gyre(model: str, data: Path, out: Path, steps: int, layout: str) -> list
         "1x2": ["cluster.cpu_slots=1", "cluster.threads_per_slot=2", "policy.devices=[0]", "rollout.devices=[0]"],
         "2x1": ["cluster.cpu_slots=2", "policy.devices=[0,1]", "rollout.devices=[0,1]"],
         "hybrid": ["cluster.cpu_slots=2", "policy.devices=[0,1]", "rollout.devices=[0,1]", "rollout.mode=hybrid"],
+        "hybrid1x2": ["cluster.cpu_slots=1", "cluster.threads_per_slot=2", "policy.devices=[0]",
+                      "rollout.devices=[0]", "rollout.mode=hybrid"],
     }[layout]
     cfg = load_config(None, [
         f"run.output_dir={out}", f"run.steps={steps}", f"model.path={model}", f"data.train_files=[{data}]",
