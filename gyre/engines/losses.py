@@ -7,6 +7,7 @@ share of the optimizer-step loss, scaled by the global denominator, and adds tok
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -24,7 +25,7 @@ class GRPOLossSpec:
     clip_high: float = 0.2
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
-    old_source: str = "recomputed"
+    old_source: Literal["recomputed", "rollout", "current"] = "recomputed"
     """"recomputed" (batch.old_logprobs), "rollout" (sampler log-probs) or "current" (detached)."""
 
 

@@ -11,6 +11,7 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,7 @@ class TrainerSpec:
     dtype: str = "float32"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
-    strategy: str = "ddp"
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
     micro_batch_size: int = 8
 
 
