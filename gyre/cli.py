@@ -1,4 +1,4 @@
-"""Command line: ``gyre train | check | init-model | init-data | quickstart``."""
+"""Command line: ``gyre train | check | init-model | init-data | quickstart | ablate``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/quickstart", help="where the model, data and run go")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of the quickstart recipe")
     p.add_argument("--resume", action="store_true")
+
+    p = sub.add_parser("ablate", help="run algorithm variants x seeds from one warm start; table + plot")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides of the base config")
+    p.add_argument("--config", default=None, help="base config (YAML); default: the quickstart recipe and task")
+    p.add_argument("--variants", default="grpo,lite_ppo,reinforce_pp,ppo",
+                   help="comma-separated presets, or label=preset (e.g. nokl=grpo)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds")
+    p.add_argument("--steps", type=int, default=200, help="RL steps per run")
+    p.add_argument("--set", nargs=2, action="append", default=[], metavar=("VARIANT", "KEY=VALUE"),
+                   help="an override for one variant only, e.g. --set ppo critic.optimizer.lr=0.001")
+    p.add_argument("--out", default="runs/ablation")
     return parser
 
 
@@ -77,6 +88,8 @@ def _dispatch(args) -> int:
         return 0
     if args.command == "quickstart":
         return _quickstart(args)
+    if args.command == "ablate":
+        return _ablate(args)
     cfg = load_config(args.config, args.overrides)
     from gyre.pipelines import launch
 
@@ -88,14 +101,13 @@ def _dispatch(args) -> int:
     return 0
 
 
-def _quickstart(args) -> int:
+def _quickstart_config(out: Path, overrides: list[str]):
+    """The quickstart recipe with its tiny model and arithmetic task created under ``out`` if missing."""
     from gyre.config.load import load_config
     from gyre.models.presets import init_model
-    from gyre.pipelines import launch
     from gyre.recipes import recipe_path
     from gyre.tasks.arithmetic import write_arithmetic_task
 
-    out = Path(args.out)
     model, data = out / "model", out / "data"
     if not (model / "config.json").exists():
         init_model("tiny", model)
@@ -103,13 +115,40 @@ def _quickstart(args) -> int:
     if not (data / "train.jsonl").exists():
         write_arithmetic_task(data)
         print(f"wrote the arithmetic task to {data}")
-    overrides = [f"run.output_dir={out}", f"model.path={model}", f"data.train_files=[{data / 'train.jsonl'}]",
-                 f"data.val_files=[{data / 'val.jsonl'}]", f"sft_warmup.train_files=[{data / 'sft.jsonl'}]",
-                 *args.overrides]
-    cfg = load_config(recipe_path("quickstart"), overrides)
+    base = [f"run.output_dir={out}", f"model.path={model}", f"data.train_files=[{data / 'train.jsonl'}]",
+            f"data.val_files=[{data / 'val.jsonl'}]", f"sft_warmup.train_files=[{data / 'sft.jsonl'}]"]
+    return load_config(recipe_path("quickstart"), [*base, *overrides])
+
+
+def _quickstart(args) -> int:
+    from gyre.pipelines import launch
+
+    out = Path(args.out)
+    cfg = _quickstart_config(out, args.overrides)
     summary = launch.train(cfg, None, resume=args.resume)
     _print_summary(summary)
     print(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'reward_accuracy.png'}  tensorboard: {out / 'tensorboard'}")
+    return 0
+
+
+def _ablate(args) -> int:
+    from gyre.config.load import load_config
+    from gyre.pipelines.ablation import Variant, run_ablation
+
+    out = Path(args.out)
+    base = load_config(args.config, args.overrides) if args.config else _quickstart_config(out, args.overrides)
+    variants = [Variant.parse(v.strip()) for v in args.variants.split(",") if v.strip()]
+    labels = {v.label: v for v in variants}
+    for label, item in args.set:
+        if label not in labels:
+            from gyre.config.load import ConfigError
+
+            raise ConfigError(f"--set {label} {item}: no variant labelled {label!r} (variants: {', '.join(labels)})")
+        labels[label].overrides.append(item)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    run_ablation(base, variants, seeds, args.steps, out)
+    print((out / "ablation.md").read_text())
+    print(f"table: {out / 'ablation.md'}  plot: {out / 'ablation.png'}")
     return 0
 
 

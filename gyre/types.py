@@ -101,7 +101,6 @@ class Sample:
     prompt: PromptRecord
     result: GenerationResult
     reward: RewardResult
-    advantage: float = 0.0
 
 
 @dataclass
@@ -119,13 +118,21 @@ class TrainBatch:
     response_mask: torch.Tensor
     """[B, L] float32, 1 on response tokens that count in the loss."""
     advantages: torch.Tensor
-    """[B, L] float32, the sample's advantage broadcast over its response tokens."""
+    """[B, L] float32, each response token's advantage (an outcome advantage is the same on every token)."""
     rollout_logprobs: torch.Tensor
     """[B, L] float32, the sampler's log-probs (0 off the response)."""
     old_logprobs: torch.Tensor | None = None
     """[B, L] float32, log pi_old when recomputed by the trainer."""
     ref_logprobs: torch.Tensor | None = None
     """[B, L] float32, reference-model log-probs when a KL term is used."""
+    token_weights: torch.Tensor | None = None
+    """[B, L] float32, weights of each token's policy loss (train-inference importance weights); None is 1."""
+    values: torch.Tensor | None = None
+    """[B, L] float32, the critic's value of the state before each token, at the weights that scored the batch."""
+    returns: torch.Tensor | None = None
+    """[B, L] float32, the critic's regression targets (GAE returns)."""
+    scores: torch.Tensor | None = None
+    """[B] float32, each sample's (shaped) outcome reward; TOPR splits positive from non-positive by it."""
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -170,6 +177,6 @@ def trim_to_length(batch: TrainBatch) -> TrainBatch:
     changes = {}
     for f in dataclasses.fields(batch):
         value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.dim() == 2:  # per-token fields; [B] fields stay whole
             changes[f.name] = value[:, :used]
     return dataclasses.replace(batch, **changes)

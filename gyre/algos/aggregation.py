@@ -1,10 +1,18 @@
 """Loss aggregation with global denominators.
 
-The denominator of a token-mean is a property of the whole optimizer-step batch, not of one micro-batch
-or one data-parallel rank (the global-denominator rule; ROLL ``apply_loss_scale``). The data-parallel
-backend averages gradients over ``dp_size`` ranks and each rank sums its micro-batch gradients, so a
-micro-batch contributes ``masked_sum * dp_size / global_tokens``: the result then equals the
-single-device token-mean whatever the split.
+Modes (ROLL ``loss_agg_mode``), with l the per-token loss, m the mask, len_i = sum_t m_it:
+- ``token-mean``: sum m*l / N_tok (DAPO arXiv 2503.14476, Lite PPO arXiv 2508.08221);
+- ``seq-mean-token-sum``: sum m*l / N_seq;
+- ``seq-mean-token-mean``: sum_i (sum_t m*l / len_i) / N_seq (original GRPO, arXiv 2402.03300; ROLL default);
+- ``seq-mean-token-sum-norm``: sum m*l / (N_seq * norm_length) (Dr.GRPO, arXiv 2503.20783).
+Deviation: ROLL's ``seq-mean-token-sum-norm`` divides by the padded length T; gyre takes the constant explicitly
+(``norm_length``), because T depends on how a batch was padded or packed.
+
+The denominators are properties of the whole optimizer-step batch, not of one micro-batch or one data-parallel
+rank (the global-denominator rule; ROLL ``apply_loss_scale``). The data-parallel backend averages gradients over
+``dp_size`` ranks and each rank sums its micro-batch gradients, so a micro-batch contributes its local sum times
+``dp_size / global_denominator``: summed over micro-batches and averaged over ranks this equals the single-device
+loss whatever the split. N_seq counts rows with at least one valid token; empty rows contribute nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import torch
 
 from gyre.algos.stats import masked_sum
 
-AggMode = Literal["token-mean"]
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 @dataclass(frozen=True)
@@ -25,20 +33,58 @@ class LossDenominator:
 
     tokens: float
     """Valid (mask = 1) tokens in the whole optimizer-step batch."""
+    sequences: float = 1.0
+    """Valid sequences (rows with at least one mask token) in the whole optimizer-step batch."""
     dp_size: int = 1
     """Ranks whose gradients the backend averages."""
+    norm_length: float | None = None
+    """The constant length of ``seq-mean-token-sum-norm``; required for that mode only."""
+
+    def __post_init__(self) -> None:
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.norm_length is not None and self.norm_length <= 0:
+            raise ValueError(f"norm_length must be positive, got {self.norm_length}")
+
+
+def denominator_for(mask: torch.Tensor, dp_size: int = 1, norm_length: float | None = None) -> LossDenominator:
+    """Counts of a whole optimizer-step batch.
+
+    Args:
+        mask: [B, T] loss mask of every sample of the step (all ranks, all micro-batches).
+        dp_size: ranks whose gradients the backend averages.
+        norm_length: constant for ``seq-mean-token-sum-norm`` (e.g. the maximum response length).
+    """
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
+    tokens = float(mask.sum())
+    sequences = float((mask.sum(dim=1) > 0).sum())
+    return LossDenominator(tokens=tokens, sequences=sequences, dp_size=dp_size, norm_length=norm_length)
 
 
 def aggregate_loss(token_values: torch.Tensor, mask: torch.Tensor, mode: AggMode,
                    denom: LossDenominator) -> torch.Tensor:
-    """This micro-batch's share of the aggregated loss.
+    """This micro-batch's share of the aggregated loss (0-dim).
 
     Args:
         token_values: [B, T] per-token loss.
         mask: [B, T] 1 for tokens that count.
-        mode: "token-mean" = sum over every valid token of the step batch / number of valid tokens.
+        mode: one of ``AggMode`` (see the module docstring).
         denom: global counts for the optimizer step this micro-batch belongs to.
     """
+    # Empty step batches give 0, not NaN: the denominators are clamped at 1.
+    scale = denom.dp_size
     if mode == "token-mean":
-        return masked_sum(token_values, mask) * (denom.dp_size / max(denom.tokens, 1.0))
+        return masked_sum(token_values, mask) * (scale / max(denom.tokens, 1.0))
+    seqs = max(denom.sequences, 1.0)
+    if mode == "seq-mean-token-sum":
+        return masked_sum(token_values, mask) * (scale / seqs)
+    if mode == "seq-mean-token-mean":
+        mask = mask.to(token_values.dtype)
+        per_seq = (token_values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # len 0 rows give 0
+        return per_seq.sum() * (scale / seqs)
+    if mode == "seq-mean-token-sum-norm":
+        if denom.norm_length is None:
+            raise ValueError("seq-mean-token-sum-norm needs LossDenominator.norm_length (the normalising constant)")
+        return masked_sum(token_values, mask) * (scale / (seqs * denom.norm_length))
     raise ValueError(f"unknown loss aggregation {mode!r}")

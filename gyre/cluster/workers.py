@@ -14,7 +14,7 @@ import torch
 
 from gyre.algos import LossDenominator
 from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
-from gyre.engines.losses import GRPOLoss, GRPOLossSpec, SFTLoss
+from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.rewards.base import RewardRequest
 from gyre.tracking.sums import MetricSums
@@ -39,19 +39,16 @@ class HybridRollout:
     max_batch_size: int | None = None
 
 
-class PolicyWorker:
-    """One data-parallel rank of the policy trainer (and, in hybrid mode, a rollout engine too)."""
+class TrainerRank:
+    """What every data-parallel trainer actor shares: the process group, checkpoints, memory.
+    Not an actor itself; PolicyWorker and CriticWorker are."""
 
-    def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int,
-                 hybrid: HybridRollout | None = None):
+    def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int):
         _set_threads(threads)
         torch.manual_seed(seed + rank)
         self.rank, self.world_size = rank, world_size
         self.backend = TrainerBackend(spec, _device(device_kind))
         self.device_kind = device_kind
-        self.hybrid = hybrid
-        self._engine = None
-        self._version = 0
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0 picks the address and a free port for the process group."""
@@ -71,6 +68,40 @@ class PolicyWorker:
             torch.cuda.set_device(0)
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         self.backend.setup()
+
+    def _train(self, shards: list[TrainBatch], denoms: list[LossDenominator], make_loss) -> TrainStepResult:
+        """One optimizer step per (shard, denominator), in order."""
+        metrics = MetricSums()
+        grad_norms = []
+        for shard, denom in zip(shards, denoms):
+            grad_norms.append(self.backend.optimizer_step(self.backend.split_micro(shard), make_loss(denom), metrics))
+        return TrainStepResult(metrics, grad_norms, self.backend.last_lr)
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.backend.save(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.backend.load(directory)
+
+    def configure_optimizer(self, opt, schedule, total_steps: int, grad_clip: float | None) -> None:
+        self.backend.configure_optimizer(opt, schedule, total_steps, grad_clip)
+
+    def offload(self) -> None:
+        self.backend.offload()
+
+    def reload(self) -> None:
+        self.backend.reload()
+
+
+class PolicyWorker(TrainerRank):
+    """One data-parallel rank of the policy trainer (and, in hybrid mode, a rollout engine too)."""
+
+    def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int,
+                 hybrid: HybridRollout | None = None):
+        super().__init__(rank, world_size, spec, device_kind, threads, seed)
+        self.hybrid = hybrid
+        self._engine = None
+        self._version = 0
 
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.backend.compute_logprobs(shard, temperature)
@@ -97,14 +128,8 @@ class PolicyWorker:
         self._version = version
         return version
 
-    def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], loss: GRPOLossSpec) -> TrainStepResult:
-        """One optimizer step per (shard, denominator), in order."""
-        metrics = MetricSums()
-        grad_norms = []
-        for shard, denom in zip(shards, denoms):
-            fn = GRPOLoss(denom=denom, spec=loss)
-            grad_norms.append(self.backend.optimizer_step(self.backend.split_micro(shard), fn, metrics))
-        return TrainStepResult(metrics, grad_norms, self.backend.last_lr)
+    def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], loss: PolicyLossSpec) -> TrainStepResult:
+        return self._train(shards, denoms, lambda denom: PolicyLoss(denom=denom, spec=loss))
 
     def train_sft(self, shard: TrainBatch, denom: LossDenominator, micro_batch_size: int) -> TrainStepResult:
         metrics = MetricSums()
@@ -124,12 +149,6 @@ class PolicyWorker:
         state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         return [ray.put(pack_weights(state, version))]
 
-    def save_checkpoint(self, directory: str) -> None:
-        self.backend.save(directory)
-
-    def load_checkpoint(self, directory: str) -> None:
-        self.backend.load(directory)
-
     def save_hf(self, directory: str, tokenizer_path: str) -> None:
         """Write the current weights as a Hugging Face model directory (rank 0 writes)."""
         from gyre.models.loading import load_tokenizer
@@ -139,14 +158,16 @@ class PolicyWorker:
             self.backend.hf_model.save_pretrained(directory, state_dict=state)
             load_tokenizer(tokenizer_path).save_pretrained(directory)
 
-    def configure_optimizer(self, opt, schedule, total_steps: int, grad_clip: float | None) -> None:
-        self.backend.configure_optimizer(opt, schedule, total_steps, grad_clip)
 
-    def offload(self) -> None:
-        self.backend.offload()
+class CriticWorker(TrainerRank):
+    """One data-parallel rank of the critic (value model) of PPO."""
 
-    def reload(self) -> None:
-        self.backend.reload()
+    def compute_values(self, shard: TrainBatch) -> torch.Tensor:
+        return self.backend.compute_values(shard)
+
+    def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], clip: float | None,
+              loss_agg: str) -> TrainStepResult:
+        return self._train(shards, denoms, lambda denom: ValueLoss(denom=denom, clip=clip, loss_agg=loss_agg))
 
 
 class RolloutWorker:

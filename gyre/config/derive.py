@@ -24,7 +24,7 @@ class RunPlan:
     num_devices: int | None
     """Devices that exist (None: not known until gyre joins the cluster)."""
     roles: dict[str, tuple[int, ...]]
-    """Device list of each device-holding role: policy, rollout and (when used) reference."""
+    """Device list of each device-holding role: policy, rollout and (when used) reference and critic."""
     shared_devices: dict[tuple[str, str], tuple[int, ...]]
     """Pairs of roles that time-share devices, with the devices they share."""
     hybrid_rollout: bool
@@ -40,6 +40,13 @@ class RunPlan:
     total_optimizer_steps: int
     recompute_old_logprobs: bool
     use_reference: bool
+    use_critic: bool
+    """algorithm.estimator gae: a critic role (value model) trains beside the policy."""
+    critic_dp_size: int
+    loss_agg_norm: int | None
+    """The constant of seq-mean-token-sum-norm (None for the other modes)."""
+    overlong_cache_tokens: int | None
+    """L_cache of DAPO's soft overlong punishment (None: off)."""
     threads_per_worker: int
     sft_steps: int
     notes: list[str] = field(default_factory=list)
@@ -80,14 +87,18 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     ``num_devices`` None (a cluster not joined yet) checks everything but whether the devices exist.
     """
     notes: list[str] = []
-    use_reference = cfg.algorithm.kl_coef > 0
+    a = cfg.algorithm
+    use_reference = a.uses_reference
     if use_reference:
-        notes.append(f"algorithm.kl_coef={cfg.algorithm.kl_coef} > 0: a reference role is created on devices "
-                     f"{list(cfg.reference.devices)}")
+        notes.append(f"KL to the reference (kl_loss_coef={a.kl_loss_coef}, kl_reward_coef={a.kl_reward_coef}): a "
+                     f"reference role is created on devices {list(cfg.reference.devices)}")
+    use_critic = a.estimator == "gae"
     hybrid = _check_hybrid(cfg, notes)
     roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
     if use_reference:
         roles["reference"] = cfg.reference.devices
+    if use_critic:
+        roles["critic"] = cfg.critic.devices
     if num_devices is not None:
         _check_devices_exist(roles, device_kind, num_devices)
     shared = _shared_devices(roles)
@@ -96,11 +107,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
 
     dp = len(cfg.policy.devices)
     n = cfg.rollout.samples_per_prompt
-    if n < 2:
-        raise ConfigError("rollout.samples_per_prompt must be >= 2: GRPO normalises rewards within each prompt's group")
-    if cfg.rollout.sampling.temperature == 0:
-        raise ConfigError("rollout.sampling.temperature=0 samples every response of a prompt identically, so GRPO "
-                          "advantages are all 0; use a temperature > 0 (greedy decoding suits validation.temperature)")
+    _check_groups(cfg)
     rollout_batch = cfg.rollout.prompts_per_step * n
     mini = cfg.policy.mini_batch_size or rollout_batch
     if rollout_batch % mini:
@@ -108,14 +115,19 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
             f"policy.mini_batch_size={mini} must divide the rollout batch {rollout_batch} "
             f"(rollout.prompts_per_step={cfg.rollout.prompts_per_step} x rollout.samples_per_prompt={n}); "
             f"try one of {_divisors(rollout_batch, dp)}")
-    if mini % dp:
-        raise ConfigError(
-            f"policy.mini_batch_size={mini} must be divisible by the {dp} policy devices (data-parallel ranks); "
-            f"try one of {_divisors(rollout_batch, dp)}")
+    for role, ranks in (("policy", dp), ("critic", len(cfg.critic.devices) if use_critic else 1)):
+        if mini % ranks:
+            raise ConfigError(
+                f"policy.mini_batch_size={mini} must be divisible by the {ranks} {role} devices (data-parallel "
+                f"ranks); try one of {_divisors(rollout_batch, ranks)}")
     steps_per_batch = cfg.policy.epochs * rollout_batch // mini
     per_rank = mini // dp
     recompute = _recompute_old_logprobs(cfg, steps_per_batch, notes)
     _note_rollout_logprobs(cfg, notes)
+    _note_algorithm(cfg, steps_per_batch, notes)
+    max_new = cfg.rollout.sampling.max_new_tokens
+    agg_norm = (a.loss_agg_norm or max_new) if a.loss_agg == "seq-mean-token-sum-norm" else None
+    cache = max(1, round(a.overlong_penalty_frac * max_new)) if a.overlong_penalty_frac else None
     sft_steps = _check_sft(cfg, dp)
     if cfg.validation.every and not cfg.data.val_files:
         raise ConfigError("validation.every > 0 needs data.val_files (held-out prompts); or set validation.every=0")
@@ -129,7 +141,10 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         optimizer_steps_per_step=steps_per_batch, samples_per_rank=per_rank,
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
         total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
-        use_reference=use_reference, threads_per_worker=cfg.cluster.threads_per_slot, sft_steps=sft_steps,
+        use_reference=use_reference, use_critic=use_critic,
+        critic_dp_size=len(cfg.critic.devices) if use_critic else 0,
+        loss_agg_norm=agg_norm, overlong_cache_tokens=cache, threads_per_worker=cfg.cluster.threads_per_slot,
+        sft_steps=sft_steps,
         notes=notes)
 
 
@@ -156,14 +171,52 @@ def _shared_devices(roles: dict[str, tuple[int, ...]]) -> dict[tuple[str, str], 
 
 
 def _recompute_old_logprobs(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> bool:
-    mode = cfg.algorithm.old_logprobs
-    if mode == "auto":
-        recompute = steps_per_batch > 1
-        notes.append(
-            f"{steps_per_batch} optimizer step(s) per rollout batch: old log-probs "
-            + ("recomputed by the trainer" if recompute else "taken from the first forward pass (detached)"))
-        return recompute
-    return mode == "recompute"
+    a = cfg.algorithm
+    if a.old_logprobs != "auto":
+        return a.old_logprobs == "recompute"
+    needs = [why for why, used in (("policy_loss=decoupled_ppo needs the proximal policy", a.policy_loss ==
+                                    "decoupled_ppo"), ("algorithm.mismatch compares pi_old with the sampler",
+                                                       a.mismatch.enabled)) if used]
+    if needs:
+        notes.append(f"old log-probs recomputed by the trainer: {'; '.join(needs)}")
+        return True
+    recompute = steps_per_batch > 1
+    notes.append(
+        f"{steps_per_batch} optimizer step(s) per rollout batch: old log-probs "
+        + ("recomputed by the trainer" if recompute else "taken from the first forward pass (detached)"))
+    return recompute
+
+
+def _check_groups(cfg: RLVRConfig) -> None:
+    """Group-relative advantages need several samples per prompt, and samples that can differ."""
+    a = cfg.algorithm
+    if not a.uses_groups:
+        return
+    what = (f"estimator={a.estimator}" if a.estimator in ("rloo", "reinforce_pp_baseline") else
+            "difficulty_mask" if a.difficulty_mask is not None and "group" not in (a.norm_mean, a.norm_std)
+            else f"norm_mean={a.norm_mean}, norm_std={a.norm_std}")
+    if cfg.rollout.samples_per_prompt < 2:
+        raise ConfigError(f"algorithm {what} compares the samples of each prompt, so rollout.samples_per_prompt "
+                          "must be >= 2; or use a batch-level estimator (e.g. algorithm=reinforce_pp or ppo)")
+    if cfg.rollout.sampling.temperature == 0:
+        raise ConfigError(f"rollout.sampling.temperature=0 samples every response of a prompt identically, so the "
+                          f"group-relative advantages of algorithm {what} are all 0; use a temperature > 0 "
+                          "(greedy decoding suits validation.temperature)")
+
+
+def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> None:
+    a = cfg.algorithm
+    if a.estimator != "gae" and (a.value_clip is not None or a.critic_warmup):
+        notes.append(f"algorithm.value_clip / critic_warmup have no effect: estimator={a.estimator} has no critic")
+    if a.critic_warmup >= cfg.run.steps and a.estimator == "gae":
+        raise ConfigError(f"algorithm.critic_warmup={a.critic_warmup} >= run.steps={cfg.run.steps}: the policy "
+                          "would never train")
+    if a.policy_loss == "vanilla" and steps_per_batch > 1:
+        notes.append("warning: policy_loss=vanilla has no importance ratio, so it is only correct on-policy; "
+                     f"with {steps_per_batch} optimizer steps per rollout batch later steps are off-policy")
+    if a.difficulty_mask == (0.0, 1.0):
+        notes.append("algorithm.difficulty_mask (0, 1): groups whose samples all score the same leave the loss "
+                     "(no refill: the batch shrinks instead)")
 
 
 def _check_hybrid(cfg: RLVRConfig, notes: list[str]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from gyre.config.derive import RunPlan
+from gyre.config.presets import preset_report
 from gyre.config.schema import RLVRConfig
 
 
@@ -37,7 +38,17 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         f"  total                {cfg.run.steps} RL steps, {plan.total_optimizer_steps} optimizer steps"
         + (f", after {plan.sft_steps} SFT warm-up steps" if plan.sft_steps else ""),
         f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
-        f"  reference model      {'yes' if plan.use_reference else 'no (algorithm.kl_coef = 0)'}",
+        f"  reference model      {'yes' if plan.use_reference else 'no (no KL term)'}",
+        f"  critic               {f'{plan.critic_dp_size} rank(s)' if plan.use_critic else 'no'}",
     ]
+    a = cfg.algorithm
+    lines.append(f"  advantages           {a.estimator}, rewards normalised by mean {a.norm_mean} / std {a.norm_std}"
+                 + (", whitened" if a.whiten_advantages else ""))
+    lines.append(f"  policy loss          {a.policy_loss} ({a.ratio_level} ratio), aggregated {a.loss_agg}"
+                 + (f" / {plan.loss_agg_norm}" if plan.loss_agg_norm else ""))
+    if plan.overlong_cache_tokens:
+        lines.append(f"  overlong penalty     L_max {cfg.rollout.sampling.max_new_tokens}, L_cache "
+                     f"{plan.overlong_cache_tokens} tokens")
+    lines += preset_report(a)
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)

@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from gyre.config.presets import algorithm_problems, expand_preset
+
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
 
@@ -168,19 +170,138 @@ class PolicyConfig(StrictModel):
     """Offload idle state of roles that share a device: auto offloads on GPU, never on CPU."""
 
 
+NormScope = Literal["none", "group", "batch", "running"]
+Level = Literal["none", "token", "segment", "geometric", "sequence"]
+
+
+class MismatchConfig(StrictModel):
+    """Train-inference mismatch correction (ROLL ``train_infer_correction``): the trainer's pi_old against
+    the sampler's log-probs. Needs recomputed old log-probs (the plan turns recomputation on)."""
+
+    weight: Level = "none"
+    """Importance weight pi_old / mu multiplying each token's loss, at this granularity; none turns it off."""
+    upper_bound: PositiveFloat = 1.2
+    """The weight is truncated at this value."""
+    filter: Level = "none"
+    """Drop tokens / segments / sequences whose ratio (at this granularity) leaves [ratio_low, ratio_high]."""
+    ratio_low: Annotated[float, Field(ge=0)] = 0.8
+    ratio_high: PositiveFloat = 1.2
+    diff_low: float | None = None
+    """Optional bounds on p_old - p_mu as well (the diff filter)."""
+    diff_high: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.weight != "none" or self.filter != "none"
+
+
 class AlgorithmConfig(StrictModel):
-    name: Literal["grpo"] = "grpo"
-    clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
-    clip_high: Annotated[float, Field(ge=0)] = 0.2
-    loss_agg: Literal["token-mean"] = "token-mean"
-    kl_coef: Annotated[float, Field(ge=0)] = 0.0
-    """Coefficient of the k3 KL-to-reference loss term; > 0 creates the reference role."""
-    entropy_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Advantage estimation, policy loss, aggregation, KL and masks. ``preset`` (or ``algorithm: NAME``)
+    fills these knobs from ``gyre.config.presets``; keys written here override the preset's values."""
+
+    preset: str | None = None
+    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr."""
+    # ---- advantages -------------------------------------------------------------------------
+    estimator: Literal["reinforce", "rloo", "reinforce_pp_baseline", "gae"] = "reinforce"
+    """reinforce: (normalised) outcome reward as returns; rloo: leave-one-out baseline; reinforce_pp_baseline:
+    group-centred over batch std; gae: PPO with a critic (creates the critic role)."""
+    norm_mean: NormScope = "group"
+    """Scope of the mean subtracted from rewards: group (per prompt), batch, running (per tag) or none."""
+    norm_std: NormScope = "group"
+    """Scope of the std rewards are divided by; none leaves the scale."""
     std_eps: PositiveFloat = 1e-6
     std_ddof: Literal[0, 1] = 1
+    reward_clip: PositiveFloat | None = None
+    """Clamp the (normalised) rewards to +-value."""
+    gamma: UnitFloat = 1.0
+    lam: UnitFloat = 0.95
+    """GAE lambda."""
+    whiten_advantages: bool = False
+    """Whiten advantages over every valid token of the batch."""
+    advantage_clip: PositiveFloat | None = None
+    # ---- policy loss ------------------------------------------------------------------------
+    policy_loss: Literal["ppo", "vanilla", "tis", "topr", "cispo", "kimi15", "decoupled_ppo"] = "ppo"
+    ratio_level: Literal["token", "sequence"] = "token"
+    """sequence: GSPO's length-normalised sequence ratio (ppo loss only)."""
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    clip_high: Annotated[float, Field(ge=0)] = 0.2
+    dual_clip_c: Annotated[float, Field(gt=1)] | None = None
+    """Dual clip for negative advantages (arXiv 1912.09729), usually 3; None turns it off."""
+    tis_low: Annotated[float, Field(ge=0)] = 0.0
+    tis_high: PositiveFloat = 1.0
+    topr_positive_weight: Annotated[float, Field(ge=0)] = 1.0
+    topr_negative_weight: Annotated[float, Field(ge=0)] = 1.0
+    cispo_low: Annotated[float, Field(ge=0)] = 0.1
+    cispo_high: Annotated[float, Field(ge=0)] = 0.1
+    cispo_unified_mask: bool = False
+    kimi15_tau: Annotated[float, Field(ge=0)] = 0.1
+    behaviour_cap: PositiveFloat | None = None
+    """decoupled_ppo: truncate the weight pi_prox / mu at this value."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean")
+    loss_agg_norm: PositiveInt | None = None
+    """The constant of seq-mean-token-sum-norm; default rollout.sampling.max_new_tokens."""
+    # ---- KL and entropy ---------------------------------------------------------------------
+    kl_loss_coef: Annotated[float, Field(ge=0)] = 0.0
+    """KL-to-reference loss term (GRPO style); > 0 creates the reference role."""
+    kl_loss_estimator: Literal["k1", "k2", "k3", "abs"] = "k3"
+    kl_reward_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Per-token KL penalty subtracted from the rewards (PPO / REINFORCE++ style); > 0 creates the reference."""
+    kl_reward_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    kl_target: PositiveFloat | None = None
+    """Adaptive KL coefficient (arXiv 1909.08593) aiming at this per-token KL; None keeps it fixed."""
+    kl_horizon: PositiveInt = 10000
+    entropy_coef: Annotated[float, Field(ge=0)] = 0.0
+    # ---- masks and shaping ------------------------------------------------------------------
+    overlong_mask: bool = False
+    """Truncated responses (hit max_new_tokens) leave the loss (DAPO overlong filtering)."""
+    overlong_penalty_frac: Annotated[float, Field(gt=0, le=1)] | None = None
+    """DAPO soft overlong punishment with L_cache = this fraction of max_new_tokens; None turns it off."""
+    difficulty_mask: tuple[UnitFloat, UnitFloat] | None = None
+    """(low, high): keep a prompt's group only if low < mean reward < high; (0, 1) drops groups with no
+    reward variance (DAPO's dynamic-sampling filter)."""
+    mismatch: MismatchConfig = MismatchConfig()
+    # ---- critic (estimator gae) -------------------------------------------------------------
+    value_clip: PositiveFloat | None = None
+    critic_warmup: NonNegInt = 0
+    """RL steps that train only the critic before the policy starts to move."""
     old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
     """Where pi_old comes from: recompute with the trainer, or the sampler's log-probs; auto recomputes
     when there is more than one optimizer step per rollout batch (else the detached current ones serve)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: object) -> object:
+        return expand_preset(data)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AlgorithmConfig:
+        for problem in algorithm_problems(self):
+            raise ValueError(problem)
+        return self
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_loss_coef > 0 or self.kl_reward_coef > 0
+
+    @property
+    def uses_groups(self) -> bool:
+        """Whether advantages or masks compare the samples of one prompt with each other."""
+        return ("group" in (self.norm_mean, self.norm_std) or self.estimator in ("rloo", "reinforce_pp_baseline")
+                or self.difficulty_mask is not None)
+
+
+class CriticConfig(StrictModel):
+    """The value model of PPO (algorithm.estimator gae): a value head on a copy of the backbone."""
+
+    model_path: str | None = None
+    """Where the critic's backbone comes from; default model.path."""
+    devices: DeviceList = (0,)
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    optimizer: OptimizerConfig = OptimizerConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    grad_clip: PositiveFloat | None = 1.0
+    micro_batch_size: PositiveInt = 8
 
 
 class ReferenceConfig(StrictModel):
@@ -253,6 +374,7 @@ class RLVRConfig(StrictModel):
     policy: PolicyConfig = PolicyConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     reference: ReferenceConfig = ReferenceConfig()
+    critic: CriticConfig = CriticConfig()
     reward: RewardConfig = RewardConfig()
     validation: ValidationConfig = ValidationConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

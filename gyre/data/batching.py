@@ -36,8 +36,9 @@ def collate(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id
 
 
 def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
+    """The trainer tensors of scored samples; advantages are 0 until the advantage stage fills them."""
     return collate([s.result.prompt_ids for s in samples], [s.result.response_ids for s in samples], pad_id,
-                   advantages=[s.advantage for s in samples], rollout_logprobs=[s.result.logprobs for s in samples])
+                   rollout_logprobs=[s.result.logprobs for s in samples])
 
 
 def balanced_shards(batch: TrainBatch, parts: int, equal: bool = True) -> list[torch.Tensor]:

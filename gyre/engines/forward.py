@@ -41,15 +41,40 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, device: torch.d
     return lp, ent
 
 
+def sequence_values(model: torch.nn.Module, batch: TrainBatch, device: torch.device,
+                    autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Critic values [B, L] aligned like the log-probs: index p is the value of the state before token p
+    (the head's output at position p - 1); position 0 is 0."""
+    ids = batch.input_ids.to(device)
+    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    with ctx:
+        out = model(input_ids=ids, use_cache=False).logits  # [B, L, 1] from the value head
+    values = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+    values[:, 1:] = out[:, :-1, 0].float()
+    return values
+
+
 @torch.no_grad()
 def batch_logprobs(model: torch.nn.Module, batch: TrainBatch, device: torch.device, temperature: float,
                    micro_batch_size: int, autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Log-probs of a whole batch in micro-batches, [B, L] float32 on CPU."""
+    return _batched(lambda micro: sequence_logprobs(model, micro, device, temperature, autocast_dtype)[0],
+                    batch, micro_batch_size)
+
+
+@torch.no_grad()
+def batch_values(model: torch.nn.Module, batch: TrainBatch, device: torch.device, micro_batch_size: int,
+                 autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Critic values of a whole batch in micro-batches, [B, L] float32 on CPU."""
+    return _batched(lambda micro: sequence_values(model, micro, device, autocast_dtype), batch, micro_batch_size)
+
+
+def _batched(forward, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
     width = batch.input_ids.shape[1]
     outs = []
     for micro in micro_batches(batch, micro_batch_size):
-        lp, _ = sequence_logprobs(model, micro, device, temperature, autocast_dtype)
-        outs.append(torch.nn.functional.pad(lp.cpu(), (0, width - lp.shape[1])))
+        out = forward(micro)
+        outs.append(torch.nn.functional.pad(out.cpu(), (0, width - out.shape[1])))
     return torch.cat(outs) if outs else torch.zeros(batch.input_ids.shape)
 
 

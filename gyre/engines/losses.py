@@ -1,7 +1,9 @@
 """Step losses that combine the pure algorithm functions for the trainer backend.
 
-Each loss is called once per micro-batch with the current log-probs and returns that micro-batch's
-share of the optimizer-step loss, scaled by the global denominator, and adds token-weighted metrics.
+Each loss runs the forward pass it needs (``compute``), is called once per micro-batch, and returns
+that micro-batch's share of the optimizer-step loss, scaled by the global denominator; it adds
+token-weighted metrics on the way. ``__call__`` takes the forward's outputs, so tests can drive the
+maths with hand-made log-probs.
 """
 
 from __future__ import annotations
@@ -11,69 +13,137 @@ from typing import Literal
 
 import torch
 
-from gyre.algos import LossDenominator, aggregate_loss, kl_estimate, masked_sum, ppo_clip_loss
+from gyre.algos.aggregation import AggMode, LossDenominator, aggregate_loss
+from gyre.algos.kl import KLKind, kl_estimate
+from gyre.algos.policy_loss import (
+    PolicyLossOutput,
+    cispo_loss,
+    decoupled_ppo_loss,
+    kimi15_loss,
+    ppo_clip_loss,
+    tis_loss,
+    topr_loss,
+    vanilla_pg_loss,
+)
+from gyre.algos.stats import masked_sum
+from gyre.algos.value import value_loss
+from gyre.engines.forward import sequence_logprobs, sequence_values
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
+OldSource = Literal["recomputed", "rollout", "current"]
+
 
 @dataclass(frozen=True)
-class GRPOLossSpec:
-    """The knobs of the GRPO loss; the driver sends these to every trainer rank."""
+class PolicyLossSpec:
+    """The knobs of the policy loss; the driver sends these to every trainer rank (see AlgorithmConfig)."""
 
     temperature: float = 1.0
+    policy_loss: str = "ppo"
+    ratio_level: Literal["token", "sequence"] = "token"
     clip_low: float = 0.2
     clip_high: float = 0.2
-    kl_coef: float = 0.0
+    dual_clip_c: float | None = None
+    tis_low: float = 0.0
+    tis_high: float = 1.0
+    topr_positive_weight: float = 1.0
+    topr_negative_weight: float = 1.0
+    cispo_low: float = 0.1
+    cispo_high: float = 0.1
+    cispo_unified_mask: bool = False
+    kimi15_tau: float = 0.1
+    behaviour_cap: float | None = None
+    loss_agg: AggMode = "token-mean"
+    kl_loss_coef: float = 0.0
+    kl_loss_estimator: KLKind = "k3"
     entropy_coef: float = 0.0
-    old_source: Literal["recomputed", "rollout", "current"] = "recomputed"
+    old_source: OldSource = "recomputed"
     """"recomputed" (batch.old_logprobs), "rollout" (sampler log-probs) or "current" (detached)."""
+
+    @classmethod
+    def from_config(cls, algorithm, temperature: float, old_source: OldSource) -> PolicyLossSpec:
+        names = [f for f in cls.__dataclass_fields__ if f not in ("temperature", "old_source")]
+        return cls(temperature=temperature, old_source=old_source, **{n: getattr(algorithm, n) for n in names})
 
 
 @dataclass
-class GRPOLoss:
-    """PPO-clip on group-normalised advantages + optional k3 KL-to-reference and entropy terms."""
+class PolicyLoss:
+    """Policy-gradient term (the configured variant) + optional KL-to-reference and entropy terms."""
 
     denom: LossDenominator
-    spec: GRPOLossSpec = GRPOLossSpec()
+    spec: PolicyLossSpec = PolicyLossSpec()
 
-    @property
-    def temperature(self) -> float:
-        return self.spec.temperature
-
-    @property
-    def entropy_grad(self) -> bool:
-        return self.spec.entropy_coef > 0
+    def compute(self, model, micro: TrainBatch, device, autocast_dtype, metrics: MetricSums) -> torch.Tensor:
+        lp, ent = sequence_logprobs(model, micro, device, self.spec.temperature, autocast_dtype, entropy=True,
+                                    entropy_grad=self.spec.entropy_coef > 0)
+        return self(micro, lp, ent, metrics)
 
     def __call__(self, batch: TrainBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None,
                  metrics: MetricSums) -> torch.Tensor:
         dev = logprobs.device
-        mask = batch.response_mask.to(dev)
-        adv = batch.advantages.to(dev)
         spec = self.spec
+        mask = batch.response_mask.to(dev)
         old = self._old_logprobs(batch, logprobs).to(dev)
-        out = ppo_clip_loss(logprobs, old, adv, spec.clip_low, spec.clip_high)
-        loss = aggregate_loss(out.token_loss, mask, "token-mean", self.denom)
+        out = self._policy_terms(batch, logprobs, old, mask)
+        token_loss = out.token_loss
+        if batch.token_weights is not None:
+            token_loss = token_loss * batch.token_weights.to(dev)
+        loss = aggregate_loss(token_loss, mask, spec.loss_agg, self.denom)
         tokens = float(mask.sum())
-        if spec.kl_coef > 0:
-            kl = kl_estimate(logprobs, batch.ref_logprobs.to(dev), "k3")
-            loss = loss + spec.kl_coef * aggregate_loss(kl, mask, "token-mean", self.denom)
+        if spec.kl_loss_coef > 0:
+            kl = kl_estimate(logprobs, batch.ref_logprobs.to(dev), spec.kl_loss_estimator)
+            loss = loss + spec.kl_loss_coef * aggregate_loss(kl, mask, spec.loss_agg, self.denom)
             metrics.add("kl_ref", float(masked_sum(kl.detach(), mask)), tokens)
         if entropy is not None:
             if spec.entropy_coef > 0:
-                loss = loss - spec.entropy_coef * aggregate_loss(entropy, mask, "token-mean", self.denom)
+                loss = loss - spec.entropy_coef * aggregate_loss(entropy, mask, spec.loss_agg, self.denom)
             metrics.add("entropy", float(masked_sum(entropy.detach(), mask)), tokens)
-        with torch.no_grad():
-            metrics.add("pg_loss", float(masked_sum(out.token_loss.detach(), mask)), tokens)
-            metrics.add("clip_frac_low", float(masked_sum(out.clipped_low, mask)), tokens)
-            metrics.add("clip_frac_high", float(masked_sum(out.clipped_high, mask)), tokens)
-            metrics.add("clip_frac", float(masked_sum(out.clipped_low + out.clipped_high, mask)), tokens)
-            metrics.add("approx_kl", float(masked_sum(kl_estimate(old, logprobs.detach(), "k3"), mask)), tokens)
-            metrics.add("ratio_mean", float(masked_sum(out.ratio, mask)), tokens)
-            # pi_old against the sampler's log-probs: the train-inference mismatch at the weights that
-            # generated the batch (0 when the sampler's log-probs serve as pi_old).
-            metrics.add("logprob_mismatch", float(masked_sum((old - batch.rollout_logprobs.to(dev)).abs(), mask)),
-                        tokens)
+        self._metrics(batch, out, old, logprobs.detach(), mask, metrics)
         return loss
+
+    def _policy_terms(self, batch: TrainBatch, lp: torch.Tensor, old: torch.Tensor,
+                      mask: torch.Tensor) -> PolicyLossOutput:
+        s, adv = self.spec, batch.advantages.to(lp.device)
+        if s.policy_loss == "ppo":
+            return ppo_clip_loss(lp, old, adv, s.clip_low, s.clip_high, s.dual_clip_c, s.ratio_level, mask)
+        if s.policy_loss == "vanilla":
+            return vanilla_pg_loss(lp, adv)
+        if s.policy_loss == "tis":
+            return tis_loss(lp, old, adv, s.tis_low, s.tis_high)
+        if s.policy_loss == "topr":
+            if batch.scores is None:
+                raise ValueError("policy_loss topr needs batch.scores (the outcome reward of each sample)")
+            positive = (batch.scores.to(lp.device) > 0)[:, None]
+            return topr_loss(lp, old, adv, positive, s.topr_positive_weight, s.topr_negative_weight)
+        if s.policy_loss == "cispo":
+            return cispo_loss(lp, old, adv, s.cispo_low, s.cispo_high, s.cispo_unified_mask)
+        if s.policy_loss == "kimi15":
+            return kimi15_loss(lp, old, adv, s.kimi15_tau)
+        if s.policy_loss == "decoupled_ppo":
+            behaviour = batch.rollout_logprobs.to(lp.device)
+            return decoupled_ppo_loss(lp, old, behaviour, adv, s.clip_low, s.clip_high, s.behaviour_cap)
+        raise ValueError(f"unknown policy loss {s.policy_loss!r}")
+
+    @torch.no_grad()
+    def _metrics(self, batch: TrainBatch, out: PolicyLossOutput, old: torch.Tensor, lp: torch.Tensor,
+                 mask: torch.Tensor, metrics: MetricSums) -> None:
+        tokens = float(mask.sum())
+
+        def add(name: str, values: torch.Tensor) -> None:
+            metrics.add(name, float(masked_sum(values, mask)), tokens)
+
+        add("pg_loss", out.token_loss.detach())
+        add("clip_frac_low", out.clipped_low)
+        add("clip_frac_high", out.clipped_high)
+        add("clip_frac", out.clipped_low + out.clipped_high)
+        if out.dropped is not None:
+            add("dropped_frac", out.dropped)
+        add("approx_kl", kl_estimate(old, lp, "k3"))
+        add("ratio_mean", out.ratio)
+        add("ratio_abs_dev", (out.ratio - 1.0).abs())
+        # pi_old against the sampler's log-probs: the train-inference mismatch at the weights that
+        # generated the batch (0 when the sampler's log-probs serve as pi_old).
+        add("logprob_mismatch", (old - batch.rollout_logprobs.to(lp.device)).abs())
 
     def _old_logprobs(self, batch: TrainBatch, logprobs: torch.Tensor) -> torch.Tensor:
         if self.spec.old_source == "recomputed":
@@ -86,12 +156,39 @@ class GRPOLoss:
 
 
 @dataclass
+class ValueLoss:
+    """The critic's regression on the GAE returns, optionally clipped around the old values (PPO)."""
+
+    denom: LossDenominator
+    clip: float | None = None
+    loss_agg: AggMode = "token-mean"
+
+    def compute(self, model, micro: TrainBatch, device, autocast_dtype, metrics: MetricSums) -> torch.Tensor:
+        return self(micro, sequence_values(model, micro, device, autocast_dtype), metrics)
+
+    def __call__(self, batch: TrainBatch, values: torch.Tensor, metrics: MetricSums) -> torch.Tensor:
+        dev = values.device
+        if batch.values is None or batch.returns is None:
+            raise ValueError("the critic trains on batch.values and batch.returns; the batch has none")
+        mask = batch.response_mask.to(dev)
+        token_loss, clipped = value_loss(values, batch.values.to(dev), batch.returns.to(dev), self.clip)
+        tokens = float(mask.sum())
+        metrics.add("critic/value_loss", float(masked_sum(token_loss.detach(), mask)), tokens)
+        metrics.add("critic/value_clip_frac", float(masked_sum(clipped, mask)), tokens)
+        metrics.add("critic/values", float(masked_sum(values.detach(), mask)), tokens)
+        return aggregate_loss(token_loss, mask, self.loss_agg, self.denom)
+
+
+@dataclass
 class SFTLoss:
     """Token-mean negative log-likelihood of the response tokens (global denominator)."""
 
     denom: LossDenominator
     temperature: float = 1.0
-    entropy_grad: bool = False
+
+    def compute(self, model, micro: TrainBatch, device, autocast_dtype, metrics: MetricSums) -> torch.Tensor:
+        lp, _ = sequence_logprobs(model, micro, device, self.temperature, autocast_dtype)
+        return self(micro, lp, None, metrics)
 
     def __call__(self, batch: TrainBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None,
                  metrics: MetricSums) -> torch.Tensor:

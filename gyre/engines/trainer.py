@@ -1,4 +1,4 @@
-"""Trainer backend: one data-parallel rank of the policy (or an SFT model), DDP or FSDP2.
+"""Trainer backend: one data-parallel rank of the policy, the critic or an SFT model; DDP or FSDP2.
 
 It owns the model, the optimizer and the LR schedule, runs forward passes for log-probs, and applies
 the policy loss over micro-batches with global denominators (``gyre.algos.aggregation``). The Ray
@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from gyre.config.schema import OptimizerConfig, SchedulerConfig
 from gyre.engines import memory
-from gyre.engines.forward import batch_logprobs, micro_batches, sequence_logprobs
-from gyre.models.loading import load_causal_lm
+from gyre.engines.forward import batch_logprobs, batch_values, micro_batches
+from gyre.models.loading import load_causal_lm, load_value_model
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
@@ -32,6 +32,8 @@ class TrainerSpec:
     gradient_checkpointing: bool = False
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     micro_batch_size: int = 8
+    head: Literal["lm", "value"] = "lm"
+    """lm: the policy (a causal LM); value: a critic (the backbone with a scalar value head)."""
 
 
 def lr_lambda(spec: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
@@ -70,7 +72,8 @@ class TrainerBackend:
         # FSDP2 loads on the host and moves each shard to the device as it shards, so no rank ever holds
         # the whole model on its GPU; DDP keeps a full replica per rank anyway.
         load_on = "cpu" if self.spec.strategy == "fsdp2" else str(self.device)
-        model = load_causal_lm(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on)
+        load = load_causal_lm if self.spec.head == "lm" else load_value_model
+        model = load(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on)
         if self.spec.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.train()
@@ -114,22 +117,28 @@ class TrainerBackend:
         finally:
             self.model.train()
 
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """Critic values of ``batch`` under the current weights, [B, L] on CPU."""
+        self.model.eval()
+        try:
+            return batch_values(self.model, batch, self.device, self.spec.micro_batch_size, self._autocast_dtype)
+        finally:
+            self.model.train()
+
     # ---- optimisation -------------------------------------------------------------------
     def optimizer_step(self, micro_batches: list[TrainBatch], loss_fn: Callable, metrics: MetricSums) -> float:
         """Accumulate gradients of ``loss_fn`` over ``micro_batches``, then clip and step once.
 
-        ``loss_fn(micro, logprobs, entropy, metrics) -> loss`` returns this micro-batch's share of the
-        step loss (already scaled by the global denominator); it also names the ``temperature`` of the
-        log-probs and whether the entropy needs a gradient. Returns the pre-clip gradient norm.
+        ``loss_fn.compute(model, micro, device, autocast_dtype, metrics) -> loss`` runs the forward pass
+        the loss needs (log-probs, values) and returns this micro-batch's share of the step loss, already
+        scaled by the global denominator. Returns the pre-clip gradient norm.
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         for i, micro in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             with self._no_sync(not last):
-                lp, ent = sequence_logprobs(self.model, micro, self.device, loss_fn.temperature,
-                                            self._autocast_dtype, entropy=True, entropy_grad=loss_fn.entropy_grad)
-                loss = loss_fn(micro, lp, ent, metrics)
+                loss = loss_fn.compute(self.model, micro, self.device, self._autocast_dtype, metrics)
                 loss.backward()
         grad_norm = self._clip_grad()
         self.last_lr = self.lr  # the rate this step uses; the scheduler moves on below

@@ -57,6 +57,22 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: 
     return model.to(device).eval()
 
 
+def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device: str = "cpu"):
+    """A critic: the backbone of the causal LM at ``path`` with a fresh scalar head on every position
+    (a token-classification model with one label), in eval mode."""
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    quiet_transformers()
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(
+            str(path), num_labels=1, dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        raise ValueError(f"cannot build a critic (value head) from {path}: {exc}; this architecture has no "
+                         "token-classification class in transformers") from None
+    return model.to(device).eval()
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a response: the tokenizer's EOS and the generation config's."""
     ids: set[int] = set()

@@ -5,6 +5,7 @@ Layout under ``<output_dir>/checkpoints``::
     step_000040/            a complete checkpoint
         policy/             model + optimizer (torch.distributed.checkpoint, one shard file per rank)
                             and each rank's LR schedule and RNG state
+        critic/             the same for the critic, when the algorithm has one
         driver.json         step, data position, weight version, config fingerprint
     latest                  name of the newest complete checkpoint
 
@@ -43,6 +44,8 @@ class DriverState:
     """Cumulative reward error and timeout counts."""
     val_history: list = field(default_factory=list)
     """Held-out accuracy at each validation so far."""
+    algorithm: dict = field(default_factory=dict)
+    """Algorithm state across steps: running reward moments, the adaptive KL coefficient."""
 
 
 class CheckpointManager:

@@ -130,6 +130,9 @@ def _run(cfg: RLVRConfig, plan: RunPlan, data, resume: bool, echo):
             _sft_warmup(cfg, plan, roles, data, logger)
         p = cfg.policy
         roles.policy.call("configure_optimizer", p.optimizer, p.scheduler, plan.total_optimizer_steps, p.grad_clip)
+        if roles.critic is not None:
+            c = cfg.critic
+            roles.critic.call("configure_optimizer", c.optimizer, c.scheduler, plan.total_optimizer_steps, c.grad_clip)
         pipeline = RLVRPipeline(cfg, plan, roles, data, logger, checkpoints)
         summary = pipeline.run(resume_from=latest, echo=echo)
         if cfg.logging.plot:
@@ -152,3 +155,29 @@ def _sft_warmup(cfg: RLVRConfig, plan: RunPlan, roles, data, logger) -> None:
                 cfg.run.seed, logger, progress)
     finally:
         progress.close()
+
+
+def warm_up(cfg: RLVRConfig, target: Path, echo: Callable[[str], None] = print) -> Path:
+    """Run only ``cfg.sft_warmup`` and save the model in Hugging Face format at ``target`` (a shared
+    starting point for ablations)."""
+    from gyre.cluster.runtime import start_ray
+    from gyre.pipelines.roles import build_roles
+    from gyre.tracking.logger import MetricsLogger
+
+    cfg = resolve_paths(cfg)
+    plan = preflight(cfg, None)
+    data = load_data(cfg)
+    runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, None)
+    try:
+        roles = build_roles(cfg, plan)
+        logger = MetricsLogger(target.parent / "warm_start_logs", False)
+        try:
+            echo(f"SFT warm-up ({cfg.sft_warmup.steps} steps), shared by every run")
+            _sft_warmup(cfg, plan, roles, data, logger)
+            roles.policy.call("save_hf", str(target), cfg.model.tokenizer_path or cfg.model.path)
+        finally:
+            logger.close()
+            roles.kill()
+    finally:
+        runtime.shutdown()
+    return target

@@ -1,8 +1,9 @@
-"""RLVR with GRPO: the single-controller training loop.
+"""RLVR: the single-controller training loop (GRPO and every other configured algorithm).
 
-Each step: take prompts -> generate n samples each (rollout) -> score them (reward) -> group-normalised
-advantages -> old / reference log-probs -> optimizer steps over mini-batches (policy) -> push the new
-weights to the rollout engines. ``train_step`` reads top to bottom; each phase is a named method.
+Each step: take prompts -> generate n samples each (rollout) -> score them (reward) -> old / reference
+log-probs and critic values -> advantages and masks -> optimizer steps over mini-batches (critic, policy)
+-> push the new weights to the rollout engines. ``train_step`` reads top to bottom; each phase is a
+named method.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from gyre.algos import LossDenominator, group_normalized_advantages
+from gyre.algos.aggregation import denominator_for
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, samples_to_batch, split_for_ranks
-from gyre.engines.losses import GRPOLossSpec
+from gyre.engines.losses import PolicyLossSpec
+from gyre.pipelines.advantage import AlgorithmState, correct_mismatch, estimate_advantages
 from gyre.pipelines.checkpoint import CheckpointManager, DriverState, ResumeError
 from gyre.pipelines.rlvr_data import RunData, config_fingerprint
 from gyre.pipelines.roles import Roles
@@ -51,12 +53,14 @@ class RLVRPipeline:
         self.temperature = s.temperature
         self.reward_totals = {"errors": 0, "timeouts": 0}
         self.val_history: list[float] = []
+        self.algo_state = AlgorithmState.create(cfg.algorithm)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, resume_from: Path | None = None, echo=print) -> RunSummary:
         t0 = time.perf_counter()
         start = self.restore(resume_from, echo) if resume_from else self.begin()
-        progress = Progress(self.cfg.run.steps, start=start, enabled=self.cfg.logging.progress, description="GRPO")
+        name = (self.cfg.algorithm.preset or "RL").upper()
+        progress = Progress(self.cfg.run.steps, start=start, enabled=self.cfg.logging.progress, description=name)
         try:
             for step in range(start + 1, self.cfg.run.steps + 1):
                 metrics = self.train_step(step)
@@ -90,12 +94,14 @@ class RLVRPipeline:
             samples = self.generate(prompts, self.sampling, self.cfg.rollout.samples_per_prompt, ("train", step))
         with _phase(timer, "reward"):
             reward_stats = self.score(samples)
-        self.compute_advantages(samples)
         batch = samples_to_batch(samples, self.data.pad_id)
         with _phase(timer, "logprobs"):
             self.compute_logprobs(batch)
+        algo_metrics = self.compute_advantages(samples, batch)
         with _phase(timer, "train"):
-            train_metrics = self.train_policy(batch, step)
+            train_metrics = self.train_critic(batch, step)
+            if step > self.cfg.algorithm.critic_warmup:
+                train_metrics.update(self.train_policy(batch, step))
         with _phase(timer, "weight_sync"):
             self.sync_weights(step)
         timer["step"] = time.perf_counter() - t_start
@@ -103,7 +109,7 @@ class RLVRPipeline:
         sample_version = min(s.result.weight_version for s in samples)
         versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
                     "weight_version": self.version}
-        return {**sample_metrics(samples), **reward_stats, **train_metrics, **versions,
+        return {**sample_metrics(samples), **reward_stats, **algo_metrics, **train_metrics, **versions,
                 **{f"time/{k}": v for k, v in timer.items()}}
 
     # ---- phases -----------------------------------------------------------------------------
@@ -133,50 +139,74 @@ class RLVRPipeline:
                 "reward/errors_total": self.reward_totals["errors"],
                 "reward/timeouts_total": self.reward_totals["timeouts"]}
 
-    def compute_advantages(self, samples: list[Sample]) -> None:
-        """GRPO advantages per prompt group (samples arrive grouped: request order, then sample index)."""
+    def compute_logprobs(self, batch: TrainBatch) -> None:
+        """What the advantage stage and the losses need besides the samples: pi_old, pi_ref, values."""
+        if self.plan.recompute_old_logprobs:
+            self.roles.timeshare.activate("policy")
+            batch.old_logprobs = self._dp_forward(self.roles.policy, "compute_logprobs", batch, self.temperature)
+        if self.roles.reference is not None:
+            self.roles.timeshare.activate("reference")
+            batch.ref_logprobs = self._dp_forward(self.roles.reference, "compute_logprobs", batch, self.temperature)
+        if self.roles.critic is not None:
+            self.roles.timeshare.activate("critic")
+            batch.values = self._dp_forward(self.roles.critic, "compute_values", batch)
+
+    def compute_advantages(self, samples: list[Sample], batch: TrainBatch) -> dict:
+        """Advantages, returns and loss masks (``gyre.pipelines.advantage``); samples arrive grouped by
+        prompt (request order, then sample index)."""
         n = self.cfg.rollout.samples_per_prompt
         groups = [samples[i:i + n] for i in range(0, len(samples), n)]
         if any(len({s.result.request_id for s in g}) != 1 or len(g) != n for g in groups):
             raise RuntimeError("rollout results are not grouped by prompt; advantages would mix groups")
-        rewards = torch.tensor([s.reward.score for s in samples], dtype=torch.float32).view(-1, n)
-        adv = group_normalized_advantages(rewards, self.cfg.algorithm.std_eps, self.cfg.algorithm.std_ddof)
-        for sample, value in zip(samples, adv.flatten().tolist()):
-            sample.advantage = value
+        keep, metrics = correct_mismatch(batch, self.cfg.algorithm.mismatch)
+        metrics.update(estimate_advantages(batch, samples, self.cfg.algorithm, self.plan, self.algo_state, n,
+                                           self.cfg.rollout.sampling.max_new_tokens, keep))
+        return metrics
 
-    def compute_logprobs(self, batch: TrainBatch) -> None:
-        if self.plan.recompute_old_logprobs:
-            self.roles.timeshare.activate("policy")
-            batch.old_logprobs = self._dp_logprobs(self.roles.policy, batch)
-        if self.roles.reference is not None:
-            self.roles.timeshare.activate("reference")
-            batch.ref_logprobs = self._dp_logprobs(self.roles.reference, batch)
-
-    def _dp_logprobs(self, group, batch: TrainBatch) -> torch.Tensor:
+    def _dp_forward(self, group, method: str, batch: TrainBatch, *args) -> torch.Tensor:
         # Trainer ranks (FSDP2 collectives) need equal shards; reference workers do not.
-        shards, index = split_for_ranks(batch, len(group), equal=group is self.roles.policy)
-        parts = group.call_each("compute_logprobs", [(shard, self.temperature) for shard in shards])
+        equal = group is self.roles.policy or group is self.roles.critic
+        shards, index = split_for_ranks(batch, len(group), equal=equal)
+        parts = group.call_each(method, [(shard, *args) for shard in shards])
         return gather_rows(parts, index, len(batch))
 
-    def train_policy(self, batch: TrainBatch, step: int) -> dict:
-        self.roles.timeshare.activate("policy")
-        dp, mini = self.plan.dp_size, self.plan.mini_batch_size
-        per_rank: list[list[TrainBatch]] = [[] for _ in range(dp)]
+    def minibatches(self, batch: TrainBatch, step: int, ranks: int) -> tuple[list[list[TrainBatch]], list]:
+        """Per-rank shards of every optimizer step's mini-batch (epochs x shuffled mini-batches) and each
+        step's global loss denominator. Policy and critic see the same mini-batches."""
+        mini = self.plan.mini_batch_size
+        per_rank: list[list[TrainBatch]] = [[] for _ in range(ranks)]
         denoms = []
         for epoch in range(self.cfg.policy.epochs):
             g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, "minibatch", step, epoch))
             order = torch.randperm(len(batch), generator=g)
             for start in range(0, len(batch), mini):
                 minibatch = select_rows(batch, order[start:start + mini])
-                denoms.append(LossDenominator(tokens=float(minibatch.response_mask.sum()), dp_size=dp))
-                for rank, shard in enumerate(split_for_ranks(minibatch, dp)[0]):
+                denoms.append(denominator_for(minibatch.response_mask, ranks, self.plan.loss_agg_norm))
+                for rank, shard in enumerate(split_for_ranks(minibatch, ranks)[0]):
                     per_rank[rank].append(shard)
+        return per_rank, denoms
+
+    def train_policy(self, batch: TrainBatch, step: int) -> dict:
+        self.roles.timeshare.activate("policy")
+        per_rank, denoms = self.minibatches(batch, step, self.plan.dp_size)
         a = self.cfg.algorithm
         old_source = "recomputed" if self.plan.recompute_old_logprobs else (
             "rollout" if a.old_logprobs == "rollout" else "current")
-        spec = GRPOLossSpec(self.temperature, a.clip_low, a.clip_high, a.kl_coef, a.entropy_coef, old_source)
+        spec = PolicyLossSpec.from_config(a, self.temperature, old_source)
         results = self.roles.policy.call_each("train", [(shards, denoms, spec) for shards in per_rank])
         return TrainStepResult.summarize(results)
+
+    def train_critic(self, batch: TrainBatch, step: int) -> dict:
+        if self.roles.critic is None:
+            return {}
+        self.roles.timeshare.activate("critic")
+        per_rank, denoms = self.minibatches(batch, step, self.plan.critic_dp_size)
+        a = self.cfg.algorithm
+        results = self.roles.critic.call_each("train", [(shards, denoms, a.value_clip, a.loss_agg)
+                                                        for shards in per_rank])
+        out = TrainStepResult.summarize(results)
+        return {**{k: v for k, v in out.items() if k.startswith("critic/")}, "critic/grad_norm": out["grad_norm"],
+                "critic/lr": out["lr"]}
 
     def sync_weights(self, version: int) -> None:
         """Push the trainer's weights to every rollout engine as ``version``; verify they took it.
@@ -204,9 +234,13 @@ class RLVRPipeline:
     def save_checkpoint(self, step: int) -> None:
         tmp = self.checkpoints.begin(step)
         self.roles.policy.call("save_checkpoint", str(tmp / "policy"))
+        if self.roles.critic is not None:
+            (tmp / "critic").mkdir()
+            self.roles.critic.call("save_checkpoint", str(tmp / "critic"))
         state = DriverState(step=step, data=self.data.train_sampler.state_dict(), weight_version=self.version,
                             run_steps=self.cfg.run.steps, config_hash=config_fingerprint(self.cfg),
-                            reward_totals=dict(self.reward_totals), val_history=list(self.val_history))
+                            reward_totals=dict(self.reward_totals), val_history=list(self.val_history),
+                            algorithm=self.algo_state.to_dict())
         self.checkpoints.commit(tmp, state)
 
     def restore(self, path: Path, echo=print) -> int:
@@ -218,6 +252,9 @@ class RLVRPipeline:
             echo(f"note: run.steps changed from {state.run_steps} to {self.cfg.run.steps}: the LR schedule now spans "
                  "the new length")
         self.roles.policy.call("load_checkpoint", str(path / "policy"))
+        if self.roles.critic is not None:
+            self.roles.critic.call("load_checkpoint", str(path / "critic"))
+        self.algo_state.load_dict(state.algorithm)
         try:
             self.data.train_sampler.load_state_dict(state.data)
         except ValueError as exc:

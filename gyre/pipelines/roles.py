@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from gyre.cluster.colocation import TimeShare
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.placement import Placement, create_placement
-from gyre.cluster.workers import HybridRollout, PolicyWorker, ReferenceWorker, RewardWorker, RolloutWorker
+from gyre.cluster.workers import (
+    CriticWorker,
+    HybridRollout,
+    PolicyWorker,
+    ReferenceWorker,
+    RewardWorker,
+    RolloutWorker,
+)
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.engines.trainer import TrainerSpec
@@ -20,6 +27,7 @@ class Roles:
     rollout: RoleGroup
     reward: RoleGroup
     reference: RoleGroup | None
+    critic: RoleGroup | None
     timeshare: TimeShare
     placement: Placement
 
@@ -37,7 +45,7 @@ class Roles:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
-        groups = (self.policy, self.rollout, self.reference, self.reward)
+        groups = (self.policy, self.rollout, self.reference, self.critic, self.reward)
         for group in {id(g): g for g in groups if g is not None}.values():
             group.kill()
         remove_placement_group(self.placement.group)
@@ -86,14 +94,31 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
             (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size,
              off), {}))
         made.append(reference)
+    critic = _build_critic(cfg, plan, placement, made) if plan.use_critic else None
     rw = cfg.reward
     fn = rw.function if rw.type == "function" else BUILTIN[rw.type]
     reward = RoleGroup.create_unplaced("reward", RewardWorker, 1, 1, (fn, rw.kwargs, rw.timeout_s, rw.processes))
     made.append(reward)
-    addr, port = ray.get(policy.actors[0].rendezvous.remote())
-    policy.call("setup", addr, port)
+    for trainer in (policy, critic):
+        if trainer is not None:  # each trainer role is a process group of its own
+            addr, port = ray.get(trainer.actors[0].rendezvous.remote())
+            trainer.call("setup", addr, port)
     groups = {"policy": policy} if hybrid else {"policy": policy, "rollout": rollout}
     if reference is not None:
         groups["reference"] = reference
-    resident = {"policy"} if off else set(groups)
-    return Roles(policy, rollout, reward, reference, TimeShare(plan, groups, resident), placement)
+    if critic is not None:
+        groups["critic"] = critic
+    # Trainer roles load onto their devices at setup; the others start offloaded when the plan offloads.
+    resident = {"policy", "critic"} & set(groups) if off else set(groups)
+    return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement)
+
+
+def _build_critic(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> RoleGroup:
+    m, c = cfg.model, cfg.critic
+    spec = TrainerSpec(model_path=c.model_path or m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
+                       gradient_checkpointing=m.gradient_checkpointing, strategy=c.strategy,
+                       micro_batch_size=c.micro_batch_size, head="value")
+    critic = RoleGroup.create("critic", CriticWorker, placement, lambda r: (
+        (r, plan.critic_dp_size, spec, plan.device_kind, plan.threads_per_worker, cfg.run.seed + 7919), {}))
+    made.append(critic)
+    return critic

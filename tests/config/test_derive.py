@@ -60,7 +60,7 @@ def test_offload_only_on_gpu_by_default():
 
 
 def test_kl_creates_reference_and_says_so():
-    plan = plan_for("algorithm.kl_coef=0.01", "reference.devices=[3]")
+    plan = plan_for("algorithm.kl_loss_coef=0.01", "reference.devices=[3]")
     assert plan.use_reference and plan.roles["reference"] == (3,)
     assert any("reference role" in n for n in plan.notes)
 
@@ -71,7 +71,7 @@ def test_validation_needs_held_out_files():
 
 
 def test_greedy_training_samples_are_rejected():
-    with pytest.raises(ConfigError, match="temperature=0 .* advantages are all 0"):
+    with pytest.raises(ConfigError, match="temperature=0 .* advantages .* are all 0"):
         plan_for("rollout.sampling.temperature=0")
 
 

@@ -8,7 +8,7 @@ BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
 
 def test_minimal_config_fills_neutral_defaults():
     cfg = load_config(None, BASE)
-    assert cfg.algorithm.kl_coef == 0.0  # KL off: no hidden reference model
+    assert cfg.algorithm.kl_loss_coef == 0.0  # KL off: no hidden reference model
     assert cfg.rollout.devices == (0,) and cfg.policy.devices == (0,)
 
 

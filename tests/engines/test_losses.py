@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gyre.algos import LossDenominator
-from gyre.engines.losses import GRPOLoss, GRPOLossSpec, SFTLoss
+from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
@@ -28,9 +28,9 @@ def test_grpo_loss_hand_computed():
     lp = current()
     b.ref_logprobs = lp.detach() - torch.tensor([[0.0, 0.5, -0.5]])  # log pi - log ref = +0.5, -0.5
     entropy = torch.tensor([[0.0, 2.0, 1.0]])
-    spec = GRPOLossSpec(clip_low=0.2, clip_high=0.2, kl_coef=0.1, entropy_coef=0.01, old_source="recomputed")
+    spec = PolicyLossSpec(clip_low=0.2, clip_high=0.2, kl_loss_coef=0.1, entropy_coef=0.01, old_source="recomputed")
     metrics = MetricSums()
-    loss = GRPOLoss(LossDenominator(tokens=2), spec)(b, lp, entropy, metrics)
+    loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, entropy, metrics)
     # PPO: -min(1.5, 1.2) = -1.2 and -min(0.5, 0.5) = -0.5 -> token-mean -0.85
     # KL k3: exp(-0.5) - 0.5 = 0.10653, exp(0.5) - 1.5 = 0.14872 -> mean 0.12763, x 0.1 = 0.012763
     # entropy: mean(2, 1) = 1.5, x 0.01 = 0.015 (subtracted)
@@ -55,7 +55,7 @@ def test_grpo_loss_hand_computed():
 def test_old_logprob_sources(source, expected):
     b = batch()
     lp = current()
-    loss = GRPOLoss(LossDenominator(tokens=2), GRPOLossSpec(old_source=source))(b, lp, None, MetricSums())
+    loss = PolicyLoss(LossDenominator(tokens=2), PolicyLossSpec(old_source=source))(b, lp, None, MetricSums())
     if expected is None:
         # ratios exp(-1 + ln1.5 + 1.1) = 1.6578 -> clipped to 1.2; exp(-2 + ln 0.5 + 2.2) = 0.6107
         expected = -(1.2 + 0.5 * math.exp(0.2)) / 2
@@ -64,8 +64,8 @@ def test_old_logprob_sources(source, expected):
 
 def test_dp_ranks_scale_by_global_tokens():
     b = batch()
-    one = GRPOLoss(LossDenominator(tokens=2), GRPOLossSpec())(b, current(), None, MetricSums())
-    two = GRPOLoss(LossDenominator(tokens=4, dp_size=2), GRPOLossSpec())(b, current(), None, MetricSums())
+    one = PolicyLoss(LossDenominator(tokens=2), PolicyLossSpec())(b, current(), None, MetricSums())
+    two = PolicyLoss(LossDenominator(tokens=4, dp_size=2), PolicyLossSpec())(b, current(), None, MetricSums())
     assert two.item() == pytest.approx(one.item())  # 2 ranks x 2 tokens each: same per-token weight
 
 
@@ -75,3 +75,50 @@ def test_sft_loss_is_token_mean_nll():
     metrics = MetricSums()
     assert SFTLoss(LossDenominator(tokens=2))(b, lp, None, metrics).item() == pytest.approx(2.0)
     assert metrics.means()["sft_loss"] == pytest.approx(2.0)
+
+
+def test_token_weights_scale_each_token_loss():
+    # Mismatch importance weights [2, 0.5] on the PPO token losses -1.2 and -0.5: (-2.4 - 0.25) / 2
+    b = batch()
+    b.token_weights = torch.tensor([[1.0, 2.0, 0.5]])
+    loss = PolicyLoss(LossDenominator(tokens=2), PolicyLossSpec())(b, current(), None, MetricSums())
+    assert loss.item() == pytest.approx((-2.4 - 0.25) / 2, abs=1e-6)
+
+
+def test_topr_splits_on_the_sample_score():
+    # Positive sample: -A logp with no ratio -> -(1 * (-1 + ln1.5) + 1 * (-2 + ln0.5)) / 2 tokens.
+    b = batch()
+    b.scores = torch.tensor([1.0])
+    lp = current()
+    spec = PolicyLossSpec(policy_loss="topr")
+    loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, None, MetricSums())
+    assert loss.item() == pytest.approx(-((-1 + math.log(1.5)) + (-2 + math.log(0.5))) / 2, abs=1e-6)
+    # Non-positive sample: the weight is sg(clip(rho, 0, 1)) = [1, 0.5].
+    b.scores = torch.tensor([0.0])
+    loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, None, MetricSums())
+    assert loss.item() == pytest.approx(-((-1 + math.log(1.5)) + 0.5 * (-2 + math.log(0.5))) / 2, abs=1e-6)
+
+
+def test_sequence_mean_aggregation_in_the_step_loss():
+    # seq-mean-token-mean over one sequence of two tokens equals token-mean; with 2 sequences in the
+    # optimizer step (the other on another micro-batch) this micro-batch contributes half.
+    spec = PolicyLossSpec(loss_agg="seq-mean-token-mean")
+    loss = PolicyLoss(LossDenominator(tokens=2, sequences=2), spec)(batch(), current(), None, MetricSums())
+    assert loss.item() == pytest.approx(-0.85 / 2, abs=1e-6)
+
+
+def test_value_loss_hand_computed():
+    # V = [0.5, 1.0], V_old = [0.0, 0.0], R = [1.0, 0.0], clip 0.2:
+    # token 1: max((0.5-1)^2, (0.2-1)^2) / 2 = 0.32 (clipped term larger); token 2: max(1, 0.04) / 2 = 0.5
+    b = batch()
+    b.values = torch.zeros(1, 3)
+    b.returns = torch.tensor([[0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.0, 0.5, 1.0]], requires_grad=True)
+    metrics = MetricSums()
+    loss = ValueLoss(LossDenominator(tokens=2), clip=0.2)(b, values, metrics)
+    assert loss.item() == pytest.approx((0.32 + 0.5) / 2)
+    m = metrics.means()
+    assert m["critic/value_clip_frac"] == 0.5 and m["critic/values"] == pytest.approx(0.75)
+    loss.backward()
+    # the clipped token's loss does not depend on V; the other's gradient is (V - R) / 2 tokens
+    assert values.grad[0].tolist() == pytest.approx([0.0, 0.0, 0.5])

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from gyre.algos import LossDenominator
 from gyre.config.schema import OptimizerConfig, SchedulerConfig
 from gyre.data.batching import collate, split_for_ranks
-from gyre.engines.losses import GRPOLoss, GRPOLossSpec
+from gyre.engines.losses import PolicyLoss, PolicyLossSpec
 from gyre.engines.trainer import TrainerBackend, TrainerSpec, lr_lambda
 from gyre.tracking.sums import MetricSums
 
@@ -44,7 +44,7 @@ def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu")
     batch = _batch()
     shard = split_for_ranks(batch, world)[0][rank]
     denom = LossDenominator(tokens=float(batch.response_mask.sum()), dp_size=world)
-    loss = GRPOLoss(denom=denom, spec=GRPOLossSpec(old_source="rollout"))
+    loss = PolicyLoss(denom=denom, spec=PolicyLossSpec(old_source="rollout"))
     norm = backend.optimizer_step(backend.split_micro(shard), loss, MetricSums())
     grads = {}
     for name, p in backend.model.named_parameters():
@@ -93,7 +93,7 @@ def _ckpt_worker(rank, model_dir, port, directory):
 
     batch = _batch()
     denom = LossDenominator(tokens=float(batch.response_mask.sum()))
-    loss = GRPOLoss(denom=denom, spec=GRPOLossSpec(old_source="rollout"))
+    loss = PolicyLoss(denom=denom, spec=PolicyLossSpec(old_source="rollout"))
     a = fresh()
     for _ in range(2):
         a.optimizer_step(a.split_micro(batch), loss, MetricSums())
@@ -134,7 +134,8 @@ def _offload_worker(rank, model_dir, port):
         b.setup()
         b.configure_optimizer(OptimizerConfig(lr=1e-3), SchedulerConfig(), 10, 1.0)
         batch = _batch()
-        loss = GRPOLoss(LossDenominator(tokens=float(batch.response_mask.sum())), GRPOLossSpec(old_source="rollout"))
+        loss = PolicyLoss(LossDenominator(tokens=float(batch.response_mask.sum())),
+                          PolicyLossSpec(old_source="rollout"))
         b.optimizer_step(b.split_micro(batch), loss, MetricSums())
         before = torch.cuda.memory_allocated()
         b.offload()

@@ -24,8 +24,9 @@ def quick_config(tmp_path, model_dir, data, *extra):
 
 def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     reward = Path(__file__).with_name("reward_fns.py")
-    cfg = quick_config(tmp_path, tiny_model_dir, arithmetic_data, "algorithm.kl_coef=0.01", "reference.devices=[1]",
-                       "policy.offload=always", "reward.type=function", f"reward.function={reward}:digit_fraction")
+    cfg = quick_config(tmp_path, tiny_model_dir, arithmetic_data, "algorithm.kl_loss_coef=0.01",
+                       "reference.devices=[1]", "policy.offload=always", "reward.type=function",
+                       f"reward.function={reward}:digit_fraction")
     summary = launch.train(cfg)
     out = tmp_path / "run"
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -87,7 +88,7 @@ def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_dat
         "data": {"train_files": [str(arithmetic_data["train"])]},
         "rollout": {"devices": [0], "prompts_per_step": 4, "samples_per_prompt": 4, "sampling": {"max_new_tokens": 4}},
         "policy": {"devices": [0], "strategy": "fsdp2", "micro_batch_size": 4, "mini_batch_size": 8},
-        "algorithm": {"kl_coef": 0.01},
+        "algorithm": {"kl_loss_coef": 0.01},
         "reference": {"devices": [0]},
         "logging": {"progress": False, "tensorboard": False, "plot": False},
     }))
@@ -97,3 +98,26 @@ def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_dat
     assert "time-shared with offload" in proc.stdout
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["weight_version"] for r in records] == [1, 2, 3]
+
+
+def test_ppo_with_a_critic_role_warms_up_checkpoints_and_resumes(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
+    """PPO: a critic (value head on the tiny backbone) trains as its own role; the policy waits one step."""
+    reward = Path(__file__).with_name("reward_fns.py")
+    args = ["algorithm.preset=ppo", "algorithm.critic_warmup=1", "critic.devices=[0,1]", "critic.micro_batch_size=4",
+            "critic.optimizer.lr=0.001", "validation.every=0", "checkpoint.every=1", "reward.type=function",
+            f"reward.function={reward}:digit_fraction"]
+    launch.train(quick_config(tmp_path, tiny_model_dir, arithmetic_data, *args), echo=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        for key in ("critic/value_loss", "critic/grad_norm", "critic/explained_variance", "returns/mean",
+                    "kl_reward/kl", "advantages/std"):
+            assert math.isfinite(r[key]), key
+    assert "pg_loss" not in records[0] and "pg_loss" in records[1]  # critic warm-up: the policy waits
+    assert abs(records[1]["advantages/mean"]) < 1e-5  # whitened advantages
+    assert (tmp_path / "run" / "checkpoints" / "step_000003" / "critic").is_dir()
+    # Resume the critic, the optimizer and the adaptive-KL state for one more step.
+    launch.train(quick_config(tmp_path, tiny_model_dir, arithmetic_data, *args, "run.steps=4"), resume=True,
+                 echo=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and math.isfinite(records[-1]["critic/value_loss"])

@@ -1,0 +1,188 @@
+"""Train-inference mismatch correction: IS weights, filters and metrics (reference ``algorithms.md`` section 7).
+
+The trainer's log-probs of the sampled tokens (``old_logprobs``, log pi_old) differ from the sampler's
+(``behaviour_logprobs``, log mu) because of kernels, precision and asynchronous staleness. With
+``delta_t = log pi_old - log mu`` the log-weight is built at one of four levels:
+
+- token: ``delta_t``;
+- segment: masked mean of delta over the token's segment (a contiguous model span between environment messages);
+- geometric: masked mean of delta over the row;
+- sequence: masked sum of delta over the row.
+
+Source: ROLL ``train_infer_correction`` (code, no paper). Related: Yao et al. 2025 (blog, truncated
+``pi_train / pi_infer``); IPA's chunk mismatch mask ("Let It Flow", arXiv 2512.24873) is the segment level here.
+
+Decisions [gyre]: the diff filter (p_old - p_mu) at segment/geometric/sequence level uses the masked *mean* of the
+per-token differences over the unit (a sum of probability differences is not a probability difference), so the
+geometric and sequence diff filters coincide. Off-mask positions never influence any output: values are selected
+with ``torch.where`` (padding may hold inf or NaN) and off-mask segment ids are ignored.
+
+Shapes: B samples, T response tokens; every tensor argument is [B, T]. All outputs are detached.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+MismatchLevel = Literal["token", "segment", "geometric", "sequence"]
+_LEVELS = ("token", "segment", "geometric", "sequence")
+
+
+def _masked(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``values`` where ``valid``, else 0 (select, not multiply, so NaN/inf padding cannot leak)."""
+    return torch.where(valid, values, torch.zeros_like(values))
+
+
+def _segment_index(valid: torch.Tensor, segments: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Compact id in [0, K) of each token's (row, segment) pair, [B*T], and K.
+
+    Off-mask tokens are mapped to segment 0 of their row; callers give them weight 0. ``torch.unique`` makes
+    sparse or negative segment ids cost nothing extra.
+    """
+    seg = torch.where(valid, segments.long(), torch.zeros_like(segments, dtype=torch.long))
+    rows = torch.arange(seg.shape[0], device=seg.device).unsqueeze(1).expand_as(seg)
+    pairs = torch.stack([rows.reshape(-1), seg.reshape(-1)], dim=1)
+    unique, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    return inverse, unique.shape[0]
+
+
+def _segment_reduce(values: torch.Tensor, valid: torch.Tensor, segments: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-segment masked mean of ``values``, via scatter_add over flattened (row, segment) ids.
+
+    Returns:
+        (per-token segment mean [B, T] (0 off mask), per-segment means [K], per-segment valid counts [K]).
+    """
+    inverse, k = _segment_index(valid, segments)
+    weight = valid.reshape(-1).to(values.dtype)
+    sums = torch.zeros(k, dtype=values.dtype, device=values.device)
+    sums.scatter_add_(0, inverse, _masked(values, valid).reshape(-1))
+    counts = torch.zeros(k, dtype=values.dtype, device=values.device).scatter_add_(0, inverse, weight)
+    means = sums / counts.clamp(min=1)
+    return _masked(means[inverse].view_as(values), valid), means, counts
+
+
+def _unit_reduce(values: torch.Tensor, valid: torch.Tensor, level: MismatchLevel,
+                 segments: torch.Tensor | None) -> torch.Tensor:
+    """Reduce per-token ``values`` over each token's unit at ``level`` and broadcast back; [B, T], 0 off mask."""
+    if level == "token":
+        return _masked(values, valid)
+    if level == "segment" and segments is not None:
+        return _segment_reduce(values, valid, segments)[0]
+    if level in ("segment", "geometric", "sequence"):
+        # segment without ids: the whole response is one segment, i.e. the geometric mean.
+        total = _masked(values, valid).sum(dim=-1, keepdim=True)
+        if level != "sequence":
+            total = total / valid.sum(dim=-1, keepdim=True).clamp(min=1)
+        return _masked(total.expand_as(values), valid)
+    raise ValueError(f"unknown mismatch level {level!r}; use one of {_LEVELS}")
+
+
+def mismatch_log_ratio(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                       level: MismatchLevel, segments: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token log-weight at ``level``: token delta_t, segment or row mean of delta, or row sum.
+
+    Args:
+        old_logprobs: [B, T] log pi_old (trainer). behaviour_logprobs: [B, T] log mu (sampler).
+        mask: [B, T] loss mask. segments: [B, T] int segment id per token (read only where mask = 1), or None
+            for one segment per row.
+
+    Returns:
+        [B, T] detached; 0 where mask = 0.
+    """
+    valid = mask > 0
+    delta = old_logprobs.detach() - behaviour_logprobs.detach()
+    return _unit_reduce(delta, valid, level, segments)
+
+
+def importance_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                       level: MismatchLevel, upper_bound: float = 1.2,
+                       segments: torch.Tensor | None = None) -> torch.Tensor:
+    """Truncated IS weight ``min(exp(log-weight at level), upper_bound)`` multiplying the per-token PG loss.
+
+    Args: as :func:`mismatch_log_ratio`; ``upper_bound`` (> 0) is ROLL ``is_weight.upper_bound``.
+
+    Returns:
+        [B, T] detached; 1.0 where mask = 0.
+    """
+    if upper_bound <= 0:
+        raise ValueError(f"upper_bound must be > 0 (got {upper_bound})")
+    log_w = mismatch_log_ratio(old_logprobs, behaviour_logprobs, mask, level, segments)
+    # Clamp before exp (a long sequence-level sum would overflow to inf), then again after: exp(log(1.2)) can
+    # round above 1.2.
+    weight = torch.exp(log_w.clamp(max=math.log(upper_bound))).clamp(max=upper_bound)
+    return torch.where(mask > 0, weight, torch.ones_like(weight))
+
+
+def mismatch_filter(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                    level: MismatchLevel, ratio_low: float | None = 0.8, ratio_high: float | None = 1.2,
+                    diff_low: float | None = None, diff_high: float | None = None,
+                    segments: torch.Tensor | None = None) -> torch.Tensor:
+    """Keep-mask removing tokens whose unit (token, segment or row at ``level``) is too far off-policy.
+
+    A unit is dropped when its ratio ``exp(log-weight at level)`` is outside [ratio_low, ratio_high], or, for
+    each diff bound given, when its probability difference ``p_old - p_mu`` (per token, or the masked mean of
+    the per-token differences over the segment/row) is outside [diff_low, diff_high]. A bound of None is off.
+
+    Args: as :func:`mismatch_log_ratio`, plus the bounds (ROLL ``filters``: ratio 0.8/1.2, diff -0.2/0.2).
+
+    Returns:
+        [B, T] float keep-mask (old_logprobs' dtype); always 0 where mask = 0.
+    """
+    valid = mask > 0
+    old, behaviour = old_logprobs.detach(), behaviour_logprobs.detach()
+    keep = valid.clone()
+    if ratio_low is not None or ratio_high is not None:
+        ratio = torch.exp(mismatch_log_ratio(old, behaviour, mask, level, segments))
+        if ratio_low is not None:
+            keep &= ratio >= ratio_low
+        if ratio_high is not None:
+            keep &= ratio <= ratio_high
+    if diff_low is not None or diff_high is not None:
+        diff_level = "geometric" if level == "sequence" else level
+        diff = _unit_reduce(torch.exp(old) - torch.exp(behaviour), valid, diff_level, segments)
+        if diff_low is not None:
+            keep &= diff >= diff_low
+        if diff_high is not None:
+            keep &= diff <= diff_high
+    return keep.to(old.dtype)
+
+
+def mismatch_metrics(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                     segments: torch.Tensor | None = None) -> dict[str, float]:
+    """Mismatch statistics for logging (and for a run's mismatch budget).
+
+    ``mismatch/ratio_{token,segment,geometric,sequence}`` is the mean ratio over the *units* of that level
+    (tokens, segments, non-empty rows); segments default to whole rows, so ``ratio_segment`` then equals
+    ``ratio_geometric``. Also ``mismatch/abs_logratio`` (token mean of |delta|), ``mismatch/ratio_max_token``
+    and ``mismatch/prob_diff_token`` (token mean of p_old - p_mu). Computed in float64 so the sequence ratio
+    overflows only past exp(709). Every value is 0.0 when the mask is empty.
+
+    Args:
+        old_logprobs, behaviour_logprobs, mask: [B, T]. segments: optional [B, T] int segment ids.
+    """
+    valid = mask > 0
+    old, behaviour = old_logprobs.detach().double(), behaviour_logprobs.detach().double()
+    delta = _masked(old - behaviour, valid)
+    n_tokens = valid.sum().clamp(min=1)
+    rows = valid.any(dim=-1)
+    n_rows = rows.sum().clamp(min=1)
+    row_sum = delta.sum(dim=-1)
+    row_mean = row_sum / valid.sum(dim=-1).clamp(min=1)
+    segs = segments if segments is not None else torch.zeros_like(delta, dtype=torch.long)
+    _, seg_means, seg_counts = _segment_reduce(delta, valid, segs)
+    seg_valid = seg_counts > 0
+    token_ratio = _masked(torch.exp(delta), valid)
+    out = {
+        "mismatch/ratio_token": token_ratio.sum() / n_tokens,
+        "mismatch/ratio_segment": _masked(torch.exp(seg_means), seg_valid).sum() / seg_valid.sum().clamp(min=1),
+        "mismatch/ratio_geometric": _masked(torch.exp(row_mean), rows).sum() / n_rows,
+        "mismatch/ratio_sequence": _masked(torch.exp(row_sum), rows).sum() / n_rows,
+        "mismatch/abs_logratio": delta.abs().sum() / n_tokens,
+        "mismatch/ratio_max_token": token_ratio.max() if valid.any() else token_ratio.new_zeros(()),
+        "mismatch/prob_diff_token": _masked(torch.exp(old) - torch.exp(behaviour), valid).sum() / n_tokens,
+    }
+    return {k: float(v) for k, v in out.items()}

@@ -1,0 +1,109 @@
+"""Named algorithm presets: each expands to explicit ``algorithm`` knobs, which a user may override.
+
+A preset is only a starting set of values; the resolved config (``gyre check``) shows every knob, and
+any key written next to ``preset`` wins over the preset's value. Sources, with the deviations we chose:
+
+- grpo: DeepSeekMath (arXiv 2402.03300); ROLL's GRPO preset (k3 KL loss 0.001, seq-mean-token-mean).
+- dr_grpo: "Understanding R1-Zero-Like Training" (arXiv 2503.20783): group mean, no std, and a constant
+  length normaliser (seq-mean-token-sum-norm; the constant defaults to rollout.sampling.max_new_tokens).
+- dapo: DAPO (arXiv 2503.14476): clip-higher 0.28, token-mean, overlong filtering and soft punishment
+  (L_cache = 20% of max_new_tokens, the paper's 4096 / 20480). Dynamic sampling is the difficulty mask
+  (0, 1): groups with no reward variance leave the loss; refilling the batch belongs to the scheduler.
+- lite_ppo: "Tricks or Traps" (arXiv 2508.08221): group mean with batch std, token-mean, vanilla clip.
+- ppo: PPO (arXiv 1707.06347) with GAE (arXiv 1506.02438) and a critic; value clip 0.2, whitened
+  advantages, a small k1 KL penalty in the reward (ROLL's 0.2 default suits reward models, not 0/1 rewards).
+- reinforce_pp / reinforce_pp_baseline: REINFORCE++ (arXiv 2501.03262): batch normalisation (or group
+  centring then batch std), k1 KL penalty 0.01 in the reward, PPO clip, token-mean.
+- rloo: "Back to Basics" (arXiv 2402.14740): leave-one-out baseline, no std.
+- gspo: GSPO (arXiv 2507.18071): sequence-level ratio with the paper's clip range 3e-4 / 4e-4.
+- cispo: MiniMax-M1 (arXiv 2506.13585) with ROLL's bounds 0.1 / 0.1 and GRPO advantages.
+- topr: TOPR (arXiv 2503.14286) on group-mean-centred rewards.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "ppo",
+             "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.001},
+    "dr_grpo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "none", "policy_loss": "ppo",
+                "loss_agg": "seq-mean-token-sum-norm"},
+    "dapo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "ppo",
+             "clip_low": 0.2, "clip_high": 0.28, "loss_agg": "token-mean", "overlong_mask": True,
+             "overlong_penalty_frac": 0.2, "difficulty_mask": (0.0, 1.0)},
+    "lite_ppo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "batch", "policy_loss": "ppo",
+                 "loss_agg": "token-mean"},
+    "ppo": {"estimator": "gae", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo",
+            "loss_agg": "token-mean", "whiten_advantages": True, "value_clip": 0.2, "gamma": 1.0, "lam": 0.95,
+            "kl_reward_coef": 0.01, "kl_reward_estimator": "k1"},
+    "reinforce_pp": {"estimator": "reinforce", "norm_mean": "batch", "norm_std": "batch", "policy_loss": "ppo",
+                     "loss_agg": "token-mean", "kl_reward_coef": 0.01, "kl_reward_estimator": "k1"},
+    "reinforce_pp_baseline": {"estimator": "reinforce_pp_baseline", "norm_mean": "none", "norm_std": "none",
+                              "policy_loss": "ppo", "loss_agg": "token-mean", "kl_reward_coef": 0.01,
+                              "kl_reward_estimator": "k1"},
+    "rloo": {"estimator": "rloo", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo",
+             "loss_agg": "token-mean"},
+    "gspo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "ppo",
+             "ratio_level": "sequence", "clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"},
+    "cispo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "cispo",
+              "cispo_low": 0.1, "cispo_high": 0.1, "loss_agg": "token-mean"},
+    "topr": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "none", "policy_loss": "topr",
+             "topr_positive_weight": 1.0, "topr_negative_weight": 1.0, "loss_agg": "token-mean"},
+}
+
+
+def expand_preset(data: Any) -> Any:
+    """``algorithm: NAME`` or ``{preset: NAME, ...}`` -> the preset's knobs, overlaid with the user's keys."""
+    if isinstance(data, str):
+        data = {"preset": data}
+    if not isinstance(data, dict) or data.get("preset") is None:
+        return data
+    name = data["preset"]
+    if name not in PRESETS:
+        close = difflib.get_close_matches(str(name), list(PRESETS), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown algorithm preset {name!r}{hint} (presets: {', '.join(PRESETS)})")
+    return {**PRESETS[name], **data}
+
+
+def preset_report(algorithm) -> list[str]:
+    """Lines for ``gyre check``: what the preset expanded to, and which knobs the user changed."""
+    if algorithm.preset is None:
+        return ["algorithm: no preset; every knob as configured"]
+    lines = [f"algorithm preset {algorithm.preset!r} expands to:"]
+    for key, value in PRESETS[algorithm.preset].items():
+        now = getattr(algorithm, key)
+        mine = tuple(now) if isinstance(now, (list, tuple)) else now
+        tag = "" if mine == value else f"  (overridden: {now!r})"
+        lines.append(f"  {key:<22} {value!r}{tag}")
+    return lines
+
+
+def algorithm_problems(a) -> list[str]:
+    """Knob combinations that make no sense on their own (those that depend on other sections, such as
+    the group size, are checked in ``derive.make_plan``)."""
+    problems = []
+    if a.ratio_level == "sequence" and a.policy_loss != "ppo":
+        problems.append(f"algorithm.ratio_level=sequence (GSPO) clips a sequence ratio inside the ppo loss; "
+                        f"it does not apply to policy_loss={a.policy_loss}")
+    if a.dual_clip_c is not None and a.policy_loss != "ppo":
+        problems.append(f"algorithm.dual_clip_c belongs to the ppo loss, not policy_loss={a.policy_loss}")
+    if a.estimator in ("rloo", "reinforce_pp_baseline") and (a.norm_mean, a.norm_std) != ("none", "none"):
+        problems.append(f"algorithm.estimator={a.estimator} computes its own baseline and scale; set "
+                        "algorithm.norm_mean=none and algorithm.norm_std=none")
+    if a.kl_target is not None and a.kl_reward_coef == 0:
+        problems.append("algorithm.kl_target adapts the KL reward penalty, which is off; set algorithm.kl_reward_coef "
+                        "> 0 (its starting value)")
+    if a.loss_agg_norm is not None and a.loss_agg != "seq-mean-token-sum-norm":
+        problems.append(f"algorithm.loss_agg_norm is the constant of seq-mean-token-sum-norm, not of {a.loss_agg}")
+    needs_trainer_old = {"decoupled_ppo": a.policy_loss == "decoupled_ppo", "mismatch": a.mismatch.enabled}
+    for what, needed in needs_trainer_old.items():
+        if needed and a.old_logprobs == "rollout":
+            problems.append(f"{'policy_loss=decoupled_ppo' if what == 'decoupled_ppo' else 'algorithm.mismatch'} "
+                            "compares the trainer's pi_old with the sampler's log-probs, so pi_old cannot be the "
+                            "sampler's; set algorithm.old_logprobs=auto or recompute")
+    if a.difficulty_mask is not None and a.difficulty_mask[0] >= a.difficulty_mask[1]:
+        problems.append(f"algorithm.difficulty_mask {list(a.difficulty_mask)} keeps nothing: low must be < high")
+    return problems

@@ -1,0 +1,174 @@
+"""The driver's advantage stage: from scored samples and log-probs to per-token advantages and masks.
+
+It runs on the driver, on CPU tensors, in the order the reference notes fix for ROLL (so results match
+its recipes): reward shaping -> sample masks -> response-level normalisation -> reward clip -> token
+rewards (outcome on the last token, minus an optional KL penalty) -> estimator (returns or GAE) ->
+whitening and clip. Every formula is a pure function of ``gyre.algos``; this module only wires them to
+the config and keeps the state that outlives a step (running moments, the adaptive KL coefficient).
+
+Statistics (group means, batch std) are taken over every sample of the batch, masked ones included:
+masks decide which tokens train, not what a prompt's baseline is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gyre.algos.advantages import (
+    discounted_returns,
+    gae_advantages,
+    normalize_rewards,
+    outcome_token_rewards,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
+from gyre.algos.kl import AdaptiveKLController, kl_penalized_rewards
+from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
+from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
+from gyre.algos.stats import RunningMoments, masked_mean, masked_whiten
+from gyre.algos.value import explained_variance
+from gyre.config.derive import RunPlan
+from gyre.config.schema import AlgorithmConfig, MismatchConfig
+from gyre.types import Sample, TrainBatch
+
+
+@dataclass
+class AlgorithmState:
+    """Algorithm state carried from step to step and saved in checkpoints."""
+
+    running: dict[str, RunningMoments] = field(default_factory=dict)
+    """Running reward moments per tag (domain), for the ``running`` normalisation scopes."""
+    kl: AdaptiveKLController | None = None
+
+    @classmethod
+    def create(cls, a: AlgorithmConfig) -> AlgorithmState:
+        kl = AdaptiveKLController(a.kl_reward_coef, a.kl_target, a.kl_horizon) if a.kl_reward_coef > 0 else None
+        return cls(kl=kl)
+
+    def to_dict(self) -> dict:
+        return {"running": {k: v.to_dict() for k, v in self.running.items()},
+                "kl": self.kl.to_dict() if self.kl else None}
+
+    def load_dict(self, d: dict) -> None:
+        self.running = {k: RunningMoments.from_dict(v) for k, v in d.get("running", {}).items()}
+        if d.get("kl") and self.kl is not None:
+            self.kl = AdaptiveKLController.from_dict(d["kl"])
+
+
+def correct_mismatch(batch: TrainBatch, m: MismatchConfig) -> tuple[torch.Tensor, dict]:
+    """Train-inference mismatch: importance weights into ``batch.token_weights`` and a keep-mask [B, L] of
+    the tokens the filter leaves in the loss. Needs recomputed old log-probs."""
+    mask = batch.response_mask
+    keep = torch.ones_like(mask)
+    if batch.old_logprobs is None:
+        return keep, {}
+    metrics = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, mask)
+    if m.weight != "none":
+        batch.token_weights = importance_weights(batch.old_logprobs, batch.rollout_logprobs, mask, m.weight,
+                                                 m.upper_bound)
+    if m.filter != "none":
+        keep = mismatch_filter(batch.old_logprobs, batch.rollout_logprobs, mask, m.filter, m.ratio_low,
+                               m.ratio_high, m.diff_low, m.diff_high)
+        metrics["mismatch/filtered_frac"] = float(1 - masked_mean(keep, mask))
+    return keep, metrics
+
+
+def estimate_advantages(batch: TrainBatch, samples: list[Sample], a: AlgorithmConfig, plan: RunPlan,
+                        state: AlgorithmState, group_size: int, max_new_tokens: int,
+                        token_keep: torch.Tensor | None = None) -> dict:
+    """Fill ``batch.advantages`` (and ``returns`` for a critic, ``scores``) and narrow
+    ``batch.response_mask`` to the tokens that train. Returns the stage's metrics."""
+    raw = torch.tensor([s.reward.score for s in samples], dtype=torch.float32)
+    lengths = torch.tensor([len(s.result.response_ids) for s in samples])
+    truncated = torch.tensor([s.result.finish_reason == "length" for s in samples])
+    metrics: dict[str, float] = {}
+    scores = raw
+    if plan.overlong_cache_tokens:
+        penalty = soft_overlong_penalty(lengths, max_new_tokens, plan.overlong_cache_tokens)
+        scores = raw + penalty
+        metrics["reward/overlong_penalty"] = float(penalty.mean())
+    keep = _sample_keep(raw, truncated, a, group_size, metrics)
+    rewards = _response_rewards(scores, samples, a, state, group_size)
+    if a.reward_clip is not None:
+        rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
+    resp = batch.response_mask
+    token_rewards = outcome_token_rewards(rewards, resp)
+    token_rewards = _kl_penalty(batch, token_rewards, a, state, metrics)
+    if a.estimator == "gae":
+        adv, returns = gae_advantages(token_rewards, batch.values, resp, a.gamma, a.lam)
+        batch.returns = returns
+        metrics["critic/explained_variance"] = explained_variance(batch.values, returns, resp)
+        metrics["returns/mean"] = float(masked_mean(returns, resp))
+    else:
+        adv = discounted_returns(token_rewards, resp, a.gamma)
+    final = resp * keep[:, None] * (token_keep if token_keep is not None else 1.0)
+    if a.whiten_advantages:
+        adv = masked_whiten(adv, final)
+    if a.advantage_clip is not None:
+        adv = adv.clamp(-a.advantage_clip, a.advantage_clip)
+    batch.advantages = adv * final
+    batch.response_mask = final
+    batch.scores = scores
+    metrics.update(_advantage_stats(batch.advantages, final))
+    return metrics
+
+
+def _sample_keep(raw: torch.Tensor, truncated: torch.Tensor, a: AlgorithmConfig, n: int, metrics: dict) -> torch.Tensor:
+    keep = torch.ones_like(raw)
+    if a.overlong_mask:
+        over = overlong_mask(truncated)
+        metrics["mask/overlong_frac"] = float(1 - over.mean())
+        keep = keep * over
+    if a.difficulty_mask is not None:
+        low, high = a.difficulty_mask
+        diff = difficulty_mask(raw.view(-1, n), low, high).flatten()
+        metrics["mask/difficulty_frac"] = float(1 - diff.mean())
+        keep = keep * diff
+    metrics["mask/kept_frac"] = float(keep.mean())
+    return keep
+
+
+def _response_rewards(scores: torch.Tensor, samples: list[Sample], a: AlgorithmConfig, state: AlgorithmState,
+                      n: int) -> torch.Tensor:
+    """Response-level rewards after the estimator's baseline / normalisation, [B]."""
+    rows = scores.view(-1, n)
+    if a.estimator == "rloo":
+        return rloo_advantages(rows).flatten()
+    if a.estimator == "reinforce_pp_baseline":
+        return reinforce_pp_baseline_advantages(rows, a.std_eps, a.std_ddof).flatten()
+    if "running" not in (a.norm_mean, a.norm_std):
+        return normalize_rewards(rows, a.norm_mean, a.norm_std, a.std_eps, a.std_ddof).flatten()
+    # Running moments are kept per tag (domain): rows of one prompt share its tag.
+    tags = [samples[i * n].prompt.tag or "default" for i in range(rows.shape[0])]
+    out = torch.zeros_like(rows)
+    for tag in sorted(set(tags)):
+        idx = torch.tensor([i for i, t in enumerate(tags) if t == tag])
+        moments = state.running.setdefault(tag, RunningMoments())
+        moments.update(rows[idx])
+        out[idx] = normalize_rewards(rows[idx], a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, moments)
+    return out.flatten()
+
+
+def _kl_penalty(batch: TrainBatch, token_rewards: torch.Tensor, a: AlgorithmConfig, state: AlgorithmState,
+                metrics: dict) -> torch.Tensor:
+    """r_t - beta * KL_t (pi_old against the reference), and the adaptive update of beta."""
+    if state.kl is None:
+        return token_rewards
+    policy = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
+    coef = state.kl.coef
+    shaped, kl = kl_penalized_rewards(token_rewards, policy, batch.ref_logprobs, batch.response_mask, coef,
+                                      a.kl_reward_estimator)
+    observed = float(masked_mean(kl, batch.response_mask))
+    state.kl.update(observed, len(batch))
+    metrics.update({"kl_reward/kl": observed, "kl_reward/coef": coef})
+    return shaped
+
+
+def _advantage_stats(adv: torch.Tensor, mask: torch.Tensor) -> dict:
+    if mask.sum() == 0:
+        return {"advantages/mean": 0.0, "advantages/std": 0.0, "advantages/max": 0.0, "advantages/min": 0.0}
+    valid = adv[mask.bool()]
+    return {"advantages/mean": float(valid.mean()), "advantages/std": float(valid.std()) if valid.numel() > 1 else 0.0,
+            "advantages/max": float(valid.max()), "advantages/min": float(valid.min())}
