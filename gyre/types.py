@@ -88,6 +88,10 @@ class RewardResult:
     """"error" (the function raised, returned junk or crashed its process) or "timeout": score is 0."""
     error: str | None = None
     """What went wrong, for the log."""
+    latency_s: float = 0.0
+    """Seconds the reward took (set by the reward runner)."""
+    info: dict = dataclasses.field(default_factory=dict)
+    """Reward-specific details, plain JSON-able values (e.g. a code sandbox's run times per test)."""
 
     @classmethod
     def failed(cls, status: RewardStatus, error: str) -> RewardResult:

@@ -1,15 +1,44 @@
 """Algorithm maths as pure tensor functions (torch and numpy only; no Ray or transformers).
 
-Shapes use B for samples, T for padded response tokens, G for samples per prompt (the group).
+Shapes use B for samples, T for padded response tokens, N for prompt groups of G samples each.
+Modules: ``advantages`` (estimators and reward normalisation), ``policy_loss`` (PPO and its variants),
+``aggregation`` (loss modes with global denominators), ``kl``, ``masks``, ``mismatch`` (train-inference
+correction), ``value`` (critic loss) and ``stats``.
 """
 
-from gyre.algos.advantages import group_normalized_advantages
-from gyre.algos.aggregation import LossDenominator, aggregate_loss
-from gyre.algos.kl import kl_estimate
-from gyre.algos.policy_loss import PolicyLossOutput, ppo_clip_loss
-from gyre.algos.stats import masked_mean, masked_sum
+from gyre.algos.advantages import (
+    discounted_returns,
+    gae_advantages,
+    group_normalized_advantages,
+    normalize_rewards,
+    outcome_token_rewards,
+    rebn_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
+from gyre.algos.aggregation import LossDenominator, aggregate_loss, denominator_for
+from gyre.algos.kl import AdaptiveKLController, kl_estimate, kl_penalized_rewards
+from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
+from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
+from gyre.algos.policy_loss import (
+    PolicyLossOutput,
+    cispo_loss,
+    decoupled_ppo_loss,
+    kimi15_loss,
+    ppo_clip_loss,
+    tis_loss,
+    topr_loss,
+    vanilla_pg_loss,
+)
+from gyre.algos.stats import RunningMoments, masked_mean, masked_sum, masked_whiten
+from gyre.algos.value import explained_variance, value_loss
 
 __all__ = [
-    "LossDenominator", "PolicyLossOutput", "aggregate_loss", "group_normalized_advantages", "kl_estimate",
-    "masked_mean", "masked_sum", "ppo_clip_loss",
+    "AdaptiveKLController", "LossDenominator", "PolicyLossOutput", "RunningMoments", "aggregate_loss",
+    "cispo_loss", "decoupled_ppo_loss", "denominator_for", "difficulty_mask", "discounted_returns",
+    "explained_variance", "gae_advantages", "group_normalized_advantages", "importance_weights", "kimi15_loss",
+    "kl_estimate", "kl_penalized_rewards", "masked_mean", "masked_sum", "masked_whiten", "mismatch_filter",
+    "mismatch_metrics", "normalize_rewards", "outcome_token_rewards", "overlong_mask", "ppo_clip_loss",
+    "rebn_advantages", "reinforce_pp_baseline_advantages", "rloo_advantages", "soft_overlong_penalty", "tis_loss",
+    "topr_loss", "vanilla_pg_loss", "value_loss",
 ]

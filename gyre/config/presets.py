@@ -88,8 +88,6 @@ def algorithm_problems(a) -> list[str]:
     if a.ratio_level == "sequence" and a.policy_loss != "ppo":
         problems.append(f"algorithm.ratio_level=sequence (GSPO) clips a sequence ratio inside the ppo loss; "
                         f"it does not apply to policy_loss={a.policy_loss}")
-    if a.dual_clip_c is not None and a.policy_loss != "ppo":
-        problems.append(f"algorithm.dual_clip_c belongs to the ppo loss, not policy_loss={a.policy_loss}")
     if a.estimator in ("rloo", "reinforce_pp_baseline") and (a.norm_mean, a.norm_std) != ("none", "none"):
         problems.append(f"algorithm.estimator={a.estimator} computes its own baseline and scale; set "
                         "algorithm.norm_mean=none and algorithm.norm_std=none")

@@ -225,8 +225,9 @@ class AlgorithmConfig(StrictModel):
     """sequence: GSPO's length-normalised sequence ratio (ppo loss only)."""
     clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
     clip_high: Annotated[float, Field(ge=0)] = 0.2
-    dual_clip_c: Annotated[float, Field(gt=1)] | None = None
-    """Dual clip for negative advantages (arXiv 1912.09729), usually 3; None turns it off."""
+    dual_clip_c: Annotated[float, Field(gt=1)] | None = 3.0
+    """Dual clip of the ppo loss for negative advantages (arXiv 1912.09729): the loss is capped at c * |A|.
+    An independent constant (ROLL ties it to 1 + 2 * clip, 1.4, far tighter); None turns it off."""
     tis_low: Annotated[float, Field(ge=0)] = 0.0
     tis_high: PositiveFloat = 1.0
     topr_positive_weight: Annotated[float, Field(ge=0)] = 1.0

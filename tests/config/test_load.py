@@ -74,3 +74,23 @@ def test_device_syntax(text, expected):
 def test_device_syntax_rejects(bad):
     with pytest.raises(ValueError):
         parse_devices(bad)
+
+
+def test_every_declared_config_field_is_read_somewhere():
+    """A declared knob that no code reads is a silent no-op for users (ROLL's dead keys): forbid it."""
+    import re
+    from pathlib import Path
+
+    from pydantic import BaseModel
+
+    import gyre.config.schema as schema
+
+    root = Path(schema.__file__).parents[1]
+    sources = "\n".join(p.read_text() for p in root.rglob("*.py") if p.name not in ("schema.py",))
+    unread = []
+    for model in vars(schema).values():
+        if isinstance(model, type) and issubclass(model, BaseModel) and model.__module__ == schema.__name__:
+            for name in model.model_fields:
+                if not re.search(rf"(\.|\b){name}\b(?!\s*[:=]\s*Annotated)", sources):
+                    unread.append(f"{model.__name__}.{name}")
+    assert not unread, unread

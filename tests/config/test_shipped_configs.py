@@ -18,8 +18,9 @@ def test_there_are_shipped_configs():
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_shipped_config_loads_and_plans(path):
     cfg = load_config(path)
-    devices = 1 + max(max(d) for d in (cfg.policy.devices, cfg.rollout.devices, cfg.reference.devices))
-    plan = make_plan(cfg, "cuda" if "gpu" in path.name else "cpu", devices)
+    devices = 1 + max(max(d) for d in (cfg.policy.devices, cfg.rollout.devices, cfg.reference.devices,
+                                          cfg.critic.devices))
+    plan = make_plan(cfg, "cuda" if "gpu" in path.name or "ppo" in path.name else "cpu", devices)
     assert "placement:" in format_plan(cfg, plan)
     # The resolved YAML round-trips to the same config.
     import yaml

@@ -122,3 +122,28 @@ def test_value_loss_hand_computed():
     loss.backward()
     # the clipped token's loss does not depend on V; the other's gradient is (V - R) / 2 tokens
     assert values.grad[0].tolist() == pytest.approx([0.0, 0.0, 0.5])
+
+
+@pytest.mark.parametrize("variant", ["ppo", "vanilla", "tis", "topr", "cispo", "kimi15", "decoupled_ppo"])
+def test_every_policy_loss_variant_dispatches(variant):
+    b = batch()
+    b.scores = torch.tensor([1.0])
+    lp = current()
+    metrics = MetricSums()
+    spec = PolicyLossSpec(policy_loss=variant, ratio_level="token", dual_clip_c=3.0 if variant == "ppo" else None)
+    loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, None, metrics)
+    loss.backward()
+    assert math.isfinite(loss.item()) and lp.grad is not None and lp.grad[0, 1:].abs().sum() > 0
+    assert {"pg_loss", "clip_frac", "ratio_mean", "approx_kl"} <= set(metrics.means())
+
+
+def test_gspo_sequence_ratio_in_the_step_loss():
+    # log-ratios ln1.5 and ln0.5 -> s = exp((ln1.5 + ln0.5) / 2) = sqrt(0.75) = 0.8660, inside [0.8, 1.2]:
+    # token-mean of -s * A = -0.8660; each token's gradient is -s * A / 2 tokens.
+    b = batch()
+    lp = current()
+    spec = PolicyLossSpec(ratio_level="sequence")
+    loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, None, MetricSums())
+    assert loss.item() == pytest.approx(-math.sqrt(0.75), abs=1e-6)
+    loss.backward()
+    assert lp.grad[0, 1:].tolist() == pytest.approx([-math.sqrt(0.75) / 2] * 2, abs=1e-6)

@@ -8,6 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 from gyre.algos import LossDenominator
+from gyre.algos.aggregation import denominator_for
 from gyre.config.schema import OptimizerConfig, SchedulerConfig
 from gyre.data.batching import collate, split_for_ranks
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec
@@ -29,7 +30,7 @@ def _batch():
                    rollout_logprobs=[[-1.0] * len(r) for r in responses])
 
 
-def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu"):
+def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu", agg="token-mean"):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -43,8 +44,8 @@ def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu")
     backend.configure_optimizer(OptimizerConfig(lr=1e-9), SchedulerConfig(), 1, grad_clip=None)
     batch = _batch()
     shard = split_for_ranks(batch, world)[0][rank]
-    denom = LossDenominator(tokens=float(batch.response_mask.sum()), dp_size=world)
-    loss = PolicyLoss(denom=denom, spec=PolicyLossSpec(old_source="rollout"))
+    denom = denominator_for(batch.response_mask, world, norm_length=8)
+    loss = PolicyLoss(denom=denom, spec=PolicyLossSpec(old_source="rollout", loss_agg=agg))
     norm = backend.optimizer_step(backend.split_micro(shard), loss, MetricSums())
     grads = {}
     for name, p in backend.model.named_parameters():
@@ -55,9 +56,9 @@ def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu")
     dist.destroy_process_group()
 
 
-def _grads(world, strategy, model_dir, tmp_path, device_kind="cpu"):
-    out = tmp_path / f"{strategy}{world}{device_kind}.pt"
-    mp.spawn(_grad_worker, args=(world, strategy, model_dir, _free_port(), str(out), device_kind), nprocs=world,
+def _grads(world, strategy, model_dir, tmp_path, device_kind="cpu", agg="token-mean"):
+    out = tmp_path / f"{strategy}{world}{device_kind}{agg}.pt"
+    mp.spawn(_grad_worker, args=(world, strategy, model_dir, _free_port(), str(out), device_kind, agg), nprocs=world,
              join=True)
     return torch.load(out)
 
@@ -77,6 +78,15 @@ def test_two_ranks_give_the_single_rank_gradient(tiny_model_dir, tmp_path, strat
     for name, g in single["grads"].items():
         assert torch.allclose(g, double["grads"][name], atol=1e-5, rtol=1e-4), name
     assert double["norm"] == pytest.approx(single["norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_sequence_level_aggregation_is_split_invariant_too(tiny_model_dir, tmp_path, agg):
+    """Global sequence counts (and the constant length) make the sequence-level modes DP-invariant as well."""
+    single = _grads(1, "ddp", tiny_model_dir, tmp_path, agg=agg)
+    double = _grads(2, "ddp", tiny_model_dir, tmp_path, agg=agg)
+    for name, g in single["grads"].items():
+        assert torch.allclose(g, double["grads"][name], atol=1e-5, rtol=1e-4), name
 
 
 def _ckpt_worker(rank, model_dir, port, directory):

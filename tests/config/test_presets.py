@@ -1,0 +1,96 @@
+"""Algorithm presets expand to explicit knobs; overrides win; combinations that make no sense fail early."""
+
+import pytest
+import yaml
+
+from gyre.config import ConfigError, load_config, make_plan, validate_config
+from gyre.config.presets import PRESETS
+from gyre.config.report import format_plan, resolved_yaml
+
+BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
+
+
+def cfg_for(*overrides):
+    return load_config(None, BASE + list(overrides))
+
+
+def plan_for(*overrides, devices=4):
+    return make_plan(cfg_for(*overrides), "cpu", devices)
+
+
+def test_the_issue_presets_exist():
+    wanted = {"grpo", "dr_grpo", "dapo", "lite_ppo", "ppo", "reinforce_pp", "rloo", "gspo", "cispo", "topr"}
+    assert wanted <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_plans_and_round_trips(name):
+    cfg = cfg_for(f"algorithm.preset={name}")
+    for key, value in PRESETS[name].items():
+        got = getattr(cfg.algorithm, key)
+        assert (tuple(got) if isinstance(got, (list, tuple)) else got) == value, key
+    plan = make_plan(cfg, "cpu", 4)
+    assert f"algorithm preset {name!r} expands to" in format_plan(cfg, plan)
+    # The resolved YAML (preset + every explicit knob) loads back to the same config.
+    assert validate_config(yaml.safe_load(resolved_yaml(cfg))) == cfg
+
+
+def test_shorthand_and_overrides():
+    cfg = load_config(None, BASE + ["algorithm=lite_ppo"])
+    assert (cfg.algorithm.norm_mean, cfg.algorithm.norm_std, cfg.algorithm.loss_agg) == ("group", "batch", "token-mean")
+    cfg = cfg_for("algorithm.preset=dapo", "algorithm.clip_high=0.32")
+    assert cfg.algorithm.clip_high == 0.32 and cfg.algorithm.overlong_mask
+    report = format_plan(cfg, make_plan(cfg, "cpu", 4))
+    assert "clip_high" in report and "(overridden: 0.32)" in report
+
+
+def test_unknown_preset_names_the_closest():
+    with pytest.raises(ConfigError, match="unknown algorithm preset 'lite_pp'; did you mean 'lite_ppo'"):
+        cfg_for("algorithm.preset=lite_pp")
+
+
+def test_misspelt_knob_names_the_closest():
+    with pytest.raises(ConfigError, match="did you mean 'algorithm.kl_loss_coef'"):
+        cfg_for("algorithm.kl_los_coef=0.1")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["algorithm.preset=rloo", "algorithm.norm_mean=group"], "computes its own baseline"),
+    (["algorithm.policy_loss=cispo", "algorithm.ratio_level=sequence"], "ratio_level=sequence"),
+    (["algorithm.kl_target=0.1"], "kl_target adapts the KL reward penalty, which is off"),
+    (["algorithm.loss_agg_norm=100"], "loss_agg_norm is the constant of seq-mean-token-sum-norm"),
+    (["algorithm.policy_loss=decoupled_ppo", "algorithm.old_logprobs=rollout"], "cannot be the sampler's"),
+    (["algorithm.mismatch.weight=token", "algorithm.old_logprobs=rollout"], "cannot be the sampler's"),
+    (["algorithm.difficulty_mask=[0.5, 0.5]"], "keeps nothing"),
+    (["algorithm.dual_clip_c=1.0"], "greater than 1"),
+])
+def test_nonsense_combinations_are_rejected(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        cfg_for(*overrides)
+
+
+def test_group_normalisation_needs_a_group():
+    with pytest.raises(ConfigError, match="compares the samples of each prompt.*samples_per_prompt must be >= 2"):
+        plan_for("rollout.samples_per_prompt=1")  # the default norm is per group (GRPO)
+    with pytest.raises(ConfigError, match="estimator=rloo"):
+        plan_for("algorithm=rloo", "rollout.samples_per_prompt=1")
+    # Batch-level estimators work with one sample per prompt.
+    assert plan_for("algorithm=reinforce_pp", "rollout.samples_per_prompt=1").rollout_batch == 8
+    assert plan_for("algorithm=ppo", "rollout.samples_per_prompt=1").use_critic
+
+
+def test_derived_activations_are_reported():
+    plan = plan_for("algorithm=ppo", "critic.devices=[2,3]", "policy.devices=[0,1]", "rollout.devices=[0,1]")
+    assert plan.use_critic and plan.critic_dp_size == 2 and plan.roles["critic"] == (2, 3)
+    assert plan.use_reference  # the ppo preset's KL reward penalty needs the reference
+    plan = plan_for("algorithm.mismatch.filter=sequence")
+    assert plan.recompute_old_logprobs and any("mismatch" in n for n in plan.notes)
+    plan = plan_for("algorithm=dr_grpo", "rollout.sampling.max_new_tokens=64")
+    assert plan.loss_agg_norm == 64
+    plan = plan_for("algorithm=dapo", "rollout.sampling.max_new_tokens=100")
+    assert plan.overlong_cache_tokens == 20
+
+
+def test_critic_ranks_must_divide_the_mini_batch():
+    with pytest.raises(ConfigError, match="divisible by the 3 critic devices"):
+        plan_for("algorithm=ppo", "critic.devices=[0,1,2]")

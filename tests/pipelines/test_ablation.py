@@ -1,0 +1,30 @@
+"""The ablation runner's pieces: variant parsing, per-run configs, the summary table."""
+
+import pytest
+
+from gyre.config import ConfigError, load_config
+from gyre.pipelines.ablation import RunResult, Variant, summary_table, variant_config
+
+
+def test_variant_parsing():
+    assert Variant.parse("lite_ppo") == Variant("lite_ppo", "lite_ppo")
+    assert Variant.parse("nokl=grpo") == Variant("nokl", "grpo")
+    with pytest.raises(ConfigError, match="unknown preset 'gpro'"):
+        Variant.parse("gpro")
+
+
+def test_variant_config_starts_from_the_shared_model(tmp_path):
+    base = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", "algorithm.clip_high=0.28",
+                              "sft_warmup.train_files=[s.jsonl]"])
+    v = Variant("ppo", "ppo", ["critic.optimizer.lr=0.001"])
+    cfg = variant_config(base, v, seed=2, steps=50, model="warm", out=tmp_path / "x")
+    assert cfg.sft_warmup is None and cfg.model.path == "warm" and cfg.run.seed == 2 and cfg.run.steps == 50
+    # The variant's preset replaces the base algorithm section entirely; its own overrides apply on top.
+    assert cfg.algorithm.preset == "ppo" and cfg.algorithm.clip_high == 0.2 and cfg.critic.optimizer.lr == 0.001
+
+
+def test_summary_table():
+    results = [RunResult("grpo", 0, [(0, 0.1), (10, 0.5)], 1.0), RunResult("grpo", 1, [(0, 0.1), (10, 0.7)], 1.0)]
+    table = summary_table(results)
+    # final mean 60%, sample std of (50, 70) = 14.1%; best mean 60%
+    assert "| grpo | 2 | 10.0% | 60.0% ± 14.1% | 60.0% | 50.0%, 70.0% | 1.0 |" in table

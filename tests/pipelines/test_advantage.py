@@ -1,0 +1,103 @@
+"""The driver's advantage stage on hand-made samples: order of operations, masks, KL penalty, GAE."""
+
+import pytest
+import torch
+
+from gyre.config import load_config, make_plan
+from gyre.data.batching import samples_to_batch
+from gyre.pipelines.advantage import AlgorithmState, correct_mismatch, estimate_advantages
+from gyre.types import GenerationResult, PromptRecord, RewardResult, Sample
+
+
+def stage(*overrides, n=2, max_new=4):
+    cfg = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", f"rollout.samples_per_prompt={n}",
+                             f"rollout.sampling.max_new_tokens={max_new}", *overrides])
+    return cfg, make_plan(cfg, "cpu", 4)
+
+
+def sample(group, index, score, length, finish="eos", tag=None):
+    prompt = PromptRecord(f"p{group}", "q", [1, 2], "0", tag)
+    result = GenerationResult(f"r{group}", index, [1, 2], [5] * length, "x", [-1.0] * length, finish, 0)
+    return Sample(prompt, result, RewardResult(score))
+
+
+def run(cfg, plan, samples, n, batch=None, state=None, keep=None):
+    batch = batch if batch is not None else samples_to_batch(samples, 0)
+    state = state or AlgorithmState.create(cfg.algorithm)
+    metrics = estimate_advantages(batch, samples, cfg.algorithm, plan, state, n, cfg.rollout.sampling.max_new_tokens,
+                                  keep)
+    return batch, metrics, state
+
+
+def test_grpo_with_overlong_and_difficulty_masks():
+    cfg, plan = stage("algorithm.overlong_mask=true", "algorithm.difficulty_mask=[0, 1]")
+    samples = [sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 4, "length"), sample(1, 0, 1.0, 3), sample(1, 1, 1.0, 1)]
+    batch, metrics, _ = run(cfg, plan, samples, 2)
+    # Group 0: rewards [1, 0], mean 0.5, std 0.7071 (ddof 1) -> advantages 0.5 / 0.7071 = +-0.7071. Sample 1 was
+    # truncated (overlong mask); group 1 has no reward variance (difficulty mask): only sample 0 trains.
+    assert batch.response_mask.sum(dim=1).tolist() == [2.0, 0.0, 0.0, 0.0]
+    assert batch.advantages[0, 2:4].tolist() == pytest.approx([0.70711, 0.70711], abs=1e-5)
+    assert batch.advantages[1:].abs().sum() == 0
+    assert metrics["mask/overlong_frac"] == 0.25 and metrics["mask/difficulty_frac"] == 0.5
+    assert metrics["mask/kept_frac"] == 0.25
+
+
+def test_kl_penalty_in_the_reward_then_returns():
+    # Reference example: r = [0, 0, 1], beta 0.1, k1 = [0.2, -0.1, 0.3] -> r' = [-0.02, 0.01, 0.97],
+    # returns (gamma 1) = [0.96, 0.98, 0.97]. One sample per prompt: batch-level estimator, no normalisation.
+    cfg, plan = stage("algorithm.norm_mean=none", "algorithm.norm_std=none", "algorithm.kl_reward_coef=0.1", n=1)
+    samples = [sample(0, 0, 1.0, 3)]
+    batch = samples_to_batch(samples, 0)
+    batch.old_logprobs = torch.tensor([[0.0, 0.0, -1.0, -1.0, -1.0]])
+    batch.ref_logprobs = batch.old_logprobs - torch.tensor([[0.0, 0.0, 0.2, -0.1, 0.3]])
+    batch, metrics, state = run(cfg, plan, samples, 1, batch)
+    assert batch.advantages[0, 2:].tolist() == pytest.approx([0.96, 0.98, 0.97], abs=1e-6)
+    assert metrics["kl_reward/kl"] == pytest.approx(0.4 / 3) and metrics["kl_reward/coef"] == 0.1
+
+
+def test_gae_with_critic_values():
+    # Reference example: r = [0, 0, 1], V = [0.5, 0.6, 0.7], gamma 1, lambda 0.95 -> A = [0.46575, 0.385, 0.3],
+    # returns [0.96575, 0.985, 1.0].
+    cfg, plan = stage("algorithm.estimator=gae", "algorithm.norm_mean=none", "algorithm.norm_std=none", n=1)
+    samples = [sample(0, 0, 1.0, 3)]
+    batch = samples_to_batch(samples, 0)
+    batch.values = torch.tensor([[0.0, 0.0, 0.5, 0.6, 0.7]])
+    batch, metrics, _ = run(cfg, plan, samples, 1, batch)
+    assert batch.advantages[0, 2:].tolist() == pytest.approx([0.46575, 0.385, 0.3], abs=1e-6)
+    assert batch.returns[0, 2:].tolist() == pytest.approx([0.96575, 0.985, 1.0], abs=1e-6)
+    assert "critic/explained_variance" in metrics
+
+
+def test_soft_overlong_penalty_enters_the_reward():
+    # max_new_tokens 10, L_cache = 0.2 x 10 = 2: a 9-token answer gets (8 - 9) / 2 = -0.5 added.
+    cfg, plan = stage("algorithm.overlong_penalty_frac=0.2", "algorithm.norm_mean=none", "algorithm.norm_std=none",
+                      n=1, max_new=10)
+    samples = [sample(0, 0, 1.0, 9), sample(1, 0, 1.0, 8)]
+    batch, metrics, _ = run(cfg, plan, samples, 1)
+    assert batch.scores.tolist() == [0.5, 1.0]
+    assert batch.advantages[0, 2:11].tolist() == pytest.approx([0.5] * 9)
+
+
+def test_running_moments_are_kept_per_tag_and_checkpointed():
+    cfg, plan = stage("algorithm.norm_mean=running", "algorithm.norm_std=none")
+    samples = [sample(0, 0, 1.0, 1, tag="math"), sample(0, 1, 0.0, 1, tag="math"),
+               sample(1, 0, 4.0, 1, tag="code"), sample(1, 1, 2.0, 1, tag="code")]
+    batch, _, state = run(cfg, plan, samples, 2)
+    # Each tag is centred on its own running mean: math 0.5, code 3.0.
+    assert batch.advantages[:, 2].tolist() == pytest.approx([0.5, -0.5, 1.0, -1.0])
+    restored = AlgorithmState.create(cfg.algorithm)
+    restored.load_dict(state.to_dict())
+    assert restored.running["code"].mean == pytest.approx(3.0) and restored.running["math"].count == 2
+
+
+def test_mismatch_filter_drops_tokens_and_weights_the_rest():
+    cfg, plan = stage("algorithm.mismatch.weight=token", "algorithm.mismatch.filter=token")
+    samples = [sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 2)]
+    batch = samples_to_batch(samples, 0)
+    batch.old_logprobs = batch.rollout_logprobs.clone()
+    batch.old_logprobs[0, 3] += 0.5  # ratio e^0.5 = 1.65 > 1.2: filtered; weight capped at 1.2
+    keep, metrics = correct_mismatch(batch, cfg.algorithm.mismatch)
+    assert keep[0].tolist() == [0.0, 0.0, 1.0, 0.0] and metrics["mismatch/filtered_frac"] == 0.25  # prompt: 0
+    assert batch.token_weights[0, 3].item() == pytest.approx(1.2)
+    batch, _, _ = run(cfg, plan, samples, 2, batch, keep=keep)
+    assert batch.response_mask[0].tolist() == [0.0, 0.0, 1.0, 0.0]
