@@ -35,6 +35,7 @@ $(VENV)/.gyre-bench: $(STAMP)
 bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/step_breakdown.py
 	$(BIN)/python bench/vs_trl.py
+	$(BIN)/python bench/code_sandbox.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -49,6 +49,8 @@ class PromptRecord:
     prompt_ids: list[int]
     ground_truth: str
     tag: str | None = None
+    domain: str = "default"
+    """The reward domain that scores it (from its tag; see ``gyre.data.domains``)."""
 
 
 @dataclass

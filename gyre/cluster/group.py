@@ -32,11 +32,13 @@ class RoleGroup:
         return cls(name, actors, devices)
 
     @classmethod
-    def create_unplaced(cls, name: str, worker_cls: type, count: int, num_cpus: float, args: tuple) -> RoleGroup:
-        """Actors that hold no device (reward workers): Ray schedules them on any node with free CPUs."""
+    def create_unplaced(cls, name: str, worker_cls: type, count: int, num_cpus: float, args: tuple,
+                        max_restarts: int = 0) -> RoleGroup:
+        """Actors that hold no device (reward workers): Ray schedules them on any node with free CPUs, and
+        restarts a dead one up to ``max_restarts`` times."""
         import ray
 
-        remote_cls = ray.remote(worker_cls).options(num_cpus=num_cpus)
+        remote_cls = ray.remote(worker_cls).options(num_cpus=num_cpus, max_restarts=max_restarts)
         return cls(name, [remote_cls.remote(*args) for _ in range(count)], ())
 
     def __len__(self) -> int:

@@ -32,7 +32,8 @@ def resolve_address(cfg: RLVRConfig, cli_address: str | None = None) -> str | No
     return cli_address or cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
 
 
-def start_ray(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int, address: str | None) -> RayRuntime:
+def start_ray(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int, address: str | None,
+              reward_workers: int = 1) -> RayRuntime:
     """Join ``address`` (devices counted from the cluster), or start a local Ray sized for the plan."""
     import ray
 
@@ -43,11 +44,11 @@ def start_ray(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int, addres
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return _describe_existing(cfg, owned=True, address=address)
     if device_kind == "cuda":
-        ray.init(num_gpus=num_devices, num_cpus=max(os.cpu_count() or 1, num_devices + 2),
+        ray.init(num_gpus=num_devices, num_cpus=max(os.cpu_count() or 1, num_devices + 1 + reward_workers),
                  include_dashboard=False, runtime_env=env)
     else:
-        # One logical CPU per device slot, plus one for the reward worker (outside the slots).
-        ray.init(num_cpus=num_devices + 1, include_dashboard=False, runtime_env=env)
+        # One logical CPU per device slot, plus one per reward worker (outside the slots).
+        ray.init(num_cpus=num_devices + reward_workers, include_dashboard=False, runtime_env=env)
     return RayRuntime(None, device_kind, num_devices, owned=True)
 
 

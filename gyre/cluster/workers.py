@@ -108,6 +108,9 @@ class PolicyWorker(TrainerRank):
 
     # ---- hybrid rollout: sampling with the training weights themselves --------------------------
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return [res for part in self.generate_stream(requests) for res in part]
+
+    def generate_stream(self, requests: list[GenerationRequest]):
         if self._engine is None:
             from gyre.engines.hf_rollout import HFRolloutEngine
             from gyre.models.loading import load_tokenizer
@@ -119,7 +122,7 @@ class PolicyWorker(TrainerRank):
         self._engine.set_version(self._version)
         self.backend.hf_model.eval()
         try:
-            return self._engine.generate(requests)
+            yield from self._engine.generate_stream(requests)
         finally:
             self.backend.model.train()
 
@@ -188,6 +191,10 @@ class RolloutWorker:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return self.engine.generate(requests)
 
+    def generate_stream(self, requests: list[GenerationRequest]):
+        """Ray streams each yielded list to the driver as soon as it is ready (finished samples first)."""
+        yield from self.engine.generate_stream(requests)
+
     def load_weights(self, bundle_refs: list) -> int:
         import ray
 
@@ -236,3 +243,21 @@ class RewardWorker:
 
     def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         return self.runner.score(requests)
+
+
+class ModelRewardWorker:
+    """A reward scored by a model on its own device share: a local LLM judge or a reward model."""
+
+    def __init__(self, kind: str, cfg, device_kind: str, threads: int):
+        _set_threads(threads)
+        if kind == "judge":
+            from gyre.rewards.judge import LocalJudge
+
+            self.scorer = LocalJudge(cfg, _device(device_kind))
+        else:
+            from gyre.rewards.reward_model import RewardModel
+
+            self.scorer = RewardModel(cfg, _device(device_kind))
+
+    def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
+        return self.scorer.score(requests)

@@ -42,6 +42,8 @@ class RunPlan:
     use_reference: bool
     use_critic: bool
     """algorithm.estimator gae: a critic role (value model) trains beside the policy."""
+    reward_workers: int
+    """CPU reward-worker actors over all function domains (each takes one CPU outside the device slots)."""
     critic_dp_size: int
     loss_agg_norm: int | None
     """The constant of seq-mean-token-sum-norm (None for the other modes)."""
@@ -99,6 +101,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         roles["reference"] = cfg.reference.devices
     if use_critic:
         roles["critic"] = cfg.critic.devices
+    roles.update(_reward_model_roles(cfg, device_kind, notes))
     if num_devices is not None:
         _check_devices_exist(roles, device_kind, num_devices)
     shared = _shared_devices(roles)
@@ -142,10 +145,30 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
         total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
         use_reference=use_reference, use_critic=use_critic,
+        reward_workers=sum(d.workers for d in cfg.reward.domains.values() if not _model_scored(d)),
         critic_dp_size=len(cfg.critic.devices) if use_critic else 0,
         loss_agg_norm=agg_norm, overlong_cache_tokens=cache, threads_per_worker=cfg.cluster.threads_per_slot,
         sft_steps=sft_steps,
         notes=notes)
+
+
+def _model_scored(domain) -> bool:
+    return domain.type == "reward_model" or (domain.type == "judge" and domain.judge.backend == "local")
+
+
+def _reward_model_roles(cfg: RLVRConfig, device_kind: str, notes: list[str]) -> dict[str, tuple[int, ...]]:
+    """Device roles of local judges and reward models; they stay resident (never offloaded)."""
+    roles = {}
+    for name, domain in cfg.reward.domains.items():
+        if domain.type == "judge" and domain.judge.backend == "local":
+            roles[f"judge.{name}"] = domain.judge.devices
+        elif domain.type == "reward_model":
+            roles[f"reward_model.{name}"] = domain.reward_model.devices
+    for role, devices in roles.items():
+        if device_kind == "cuda" and set(devices) & set(cfg.rollout.devices):
+            notes.append(f"warning: {role} shares GPUs {sorted(set(devices) & set(cfg.rollout.devices))} with the "
+                         "rollout and stays resident there: leave room for it in the rollout's memory")
+    return roles
 
 
 def _check_devices_exist(roles: dict[str, tuple[int, ...]], kind: str, num_devices: int) -> None:

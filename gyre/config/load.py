@@ -71,11 +71,22 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
+_SHORT_REWARD = ("reward", "domains", "default")
+
+
+def _shown(path: str) -> str:
+    """The single reward domain is written ``reward.type``, stored as ``reward.domains.default.type``."""
+    full = ".".join(_SHORT_REWARD)
+    if path == full:
+        return "reward"
+    return "reward." + path[len(full) + 1:] if path.startswith(full + ".") else path
+
+
 def format_validation_error(exc: ValidationError, root: type[BaseModel], source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
-        dotted = ".".join(loc) or "(top level)"
+        dotted = _shown(".".join(loc)) or "(top level)"
         if err["type"] == "extra_forbidden":
             valid = _valid_keys(root, loc[:-1])
             hint = _suggest(root, loc)
@@ -84,7 +95,10 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel], source:
             lines.append(f"  - missing required key {dotted!r}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"  - {dotted}: {msg} (got {err.get('input')!r})")
+            got = err.get("input")
+            # A whole section as the input (a cross-field check) would bury the message: leave it out.
+            shown = "" if isinstance(got, (dict, list)) else f" (got {str(got)[:120]!r})"
+            lines.append(f"  - {dotted}: {msg}{shown}")
     return "\n".join(lines)
 
 
@@ -94,11 +108,11 @@ def _suggest(root: type[BaseModel], loc: tuple[str, ...]) -> str:
     valid = _valid_keys(root, parent)
     guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6) or [k for k in valid if k.startswith(key)][:1]
     if guess:
-        return f"; did you mean {'.'.join(parent + (guess[0],))!r}?"
+        return f"; did you mean {_shown('.'.join(parent + (guess[0],)))!r}?"
     model = _model_at(root, parent)
     nested = [p for p in _all_paths(model) if p[-1] == key] if model else []
     if nested:
-        return f"; did you mean {'.'.join(parent + nested[0])!r}?"
+        return f"; did you mean {_shown('.'.join(parent + nested[0]))!r}?"
     return ""
 
 
@@ -119,11 +133,16 @@ def _valid_keys(root: type[BaseModel], loc: tuple[str, ...]) -> list[str]:
 
 def _model_at(root: type[BaseModel], loc: tuple[str, ...]) -> type[BaseModel] | None:
     model: type[BaseModel] | None = root
-    for part in loc:
+    parts = iter(loc)
+    for part in parts:
         field = model.model_fields.get(part) if model else None
         if field is None:
             return None
-        model = _model_in(field.annotation)
+        if typing.get_origin(field.annotation) is dict:  # dict[str, Model]: the next part is a free key
+            model = _model_in(typing.get_args(field.annotation)[1])
+            next(parts, None)
+        else:
+            model = _model_in(field.annotation)
     return model
 
 

@@ -8,62 +8,14 @@ coefficient asks for one, and anything the loader derives from these fields is c
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from gyre.config.base import DeviceList, NonNegInt, PositiveFloat, PositiveInt, StrictModel, UnitFloat
 from gyre.config.presets import algorithm_problems, expand_preset
-
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
-
-
-def parse_devices(value: object) -> tuple[int, ...]:
-    """Accept ``[0, 1]``, ``3`` or the declarative range syntax ``"0-3,6"`` (no ``eval``)."""
-    if isinstance(value, bool):
-        raise ValueError("a device list must be integers, not a boolean")
-    if isinstance(value, int):
-        items: list[int] = [value]
-    elif isinstance(value, str):
-        items = []
-        for part in value.split(","):
-            match = _RANGE.match(part)
-            if not match:
-                raise ValueError(f"cannot read device list {value!r}: use a list like [0, 1] or ranges like '0-3,6'")
-            lo = int(match.group(1))
-            hi = int(match.group(2)) if match.group(2) is not None else lo
-            if hi < lo:
-                raise ValueError(f"device range {part.strip()!r} runs backwards")
-            items.extend(range(lo, hi + 1))
-    elif isinstance(value, (list, tuple)):
-        items = []
-        for item in value:
-            if isinstance(item, bool) or not isinstance(item, int):
-                raise ValueError(f"device {item!r} is not an integer index")
-            items.append(item)
-    else:
-        raise ValueError(f"cannot read device list {value!r}")
-    if not items:
-        raise ValueError("a device list cannot be empty")
-    if any(i < 0 for i in items):
-        raise ValueError(f"device indices must be >= 0, got {items}")
-    if len(set(items)) != len(items):
-        raise ValueError(f"device list {items} names a device twice")
-    return tuple(items)
-
-
-DeviceList = Annotated[tuple[int, ...], BeforeValidator(parse_devices)]
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-UnitFloat = Annotated[float, Field(ge=0, le=1)]
-
-
-class StrictModel(BaseModel):
-    """Base for every config section: unknown keys are errors, values are validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from gyre.config.reward_schema import RewardConfig
 
 
 class RunConfig(StrictModel):
@@ -308,25 +260,6 @@ class CriticConfig(StrictModel):
 class ReferenceConfig(StrictModel):
     devices: DeviceList = (0,)
     micro_batch_size: PositiveInt = 16
-
-
-class RewardConfig(StrictModel):
-    type: Literal["math", "function"] = "math"
-    function: str | None = None
-    """For type "function": "package.module:function" or "path/to/file.py:function"."""
-    kwargs: dict[str, object] = {}
-    """Extra keyword arguments passed to the reward function."""
-    timeout_s: PositiveFloat = 10.0
-    processes: PositiveInt = 1
-    """Worker processes the reward role evaluates samples in (isolation from hangs and crashes)."""
-
-    @model_validator(mode="after")
-    def _function_named(self) -> RewardConfig:
-        if self.type == "function" and not self.function:
-            raise ValueError('reward.type "function" needs reward.function: "module:function"')
-        if self.function and ":" not in self.function:
-            raise ValueError(f'reward.function {self.function!r} must look like "module:function"')
-        return self
 
 
 class ValidationConfig(StrictModel):

@@ -7,7 +7,7 @@ paying for rows that are done.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +18,9 @@ from gyre.types import GenerationRequest, GenerationResult, SamplingParams, Weig
 
 # Compact the decoding batch once at least this fraction of its rows has finished.
 _COMPACT_FRACTION = 0.25
+# Parts a chunk's finished samples are streamed in: enough to overlap rewards, few enough that each
+# part's transfer (one Ray object) costs little.
+_STREAM_PARTS = 8
 
 
 @dataclass
@@ -156,12 +159,16 @@ class HFRolloutEngine:
 
     # ---- generation ---------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        results: list[GenerationResult] = []
-        for chunk in self._chunks(requests):
-            results.extend(self._generate_chunk(chunk))
+        results = [res for part in self.generate_stream(requests) for res in part]
         order = {r.request_id: i for i, r in enumerate(requests)}
         results.sort(key=lambda res: (order[res.request_id], res.sample_index))
         return results
+
+    def generate_stream(self, requests: Sequence[GenerationRequest]) -> Iterator[list[GenerationResult]]:
+        """The same samples as ``generate``, handed out in parts as they finish (a few parts per chunk),
+        so rewards can start on early finishers while the rest still decode."""
+        for chunk in self._chunks(requests):
+            yield from self._generate_chunk(chunk)
 
     def _chunks(self, requests: Sequence[GenerationRequest]):
         """Requests with equal sampling params, at most ``max_batch_size`` sequences per chunk."""
@@ -182,11 +189,13 @@ class HFRolloutEngine:
                 yield chunk
 
     @torch.inference_mode()
-    def _generate_chunk(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def _generate_chunk(self, requests: list[GenerationRequest]) -> Iterator[list[GenerationResult]]:
         params = requests[0].params
         batch, logits = self._prefill(requests)
         noise = _RowNoise(requests, self.device, logits.shape[-1]) if params.temperature > 0 else None
         stop_check = _StopChecker(self.tokenizer, params.stop, self.eos_ids)
+        emit_every = max(1, len(batch.rows) // _STREAM_PARTS)
+        done: list[_Row] = []
         for step in range(params.max_new_tokens):
             active_rows = [batch.rows[i] for i in batch.active]
             tokens, logps = sample_tokens(logits, params, noise.draw(active_rows) if noise else None)
@@ -197,13 +206,19 @@ class HFRolloutEngine:
                 row.tokens.append(tok)
                 row.logprobs.append(lp)
                 row.finish = stop_check(row.tokens) or ("length" if last else None)
+                if row.finish is not None:
+                    done.append(row)
+            if len(done) >= emit_every:
+                yield [self._result(row) for row in done]
+                done = []
             keep = [j for j, row in enumerate(active_rows) if row.finish is None]
             if not keep:
                 break
             if len(keep) <= (1 - _COMPACT_FRACTION) * len(active_rows):
                 tokens = batch.select(keep, tokens)
             logits = self._decode(batch, tokens)
-        return [self._result(row) for row in batch.rows]
+        if done:
+            yield [self._result(row) for row in done]
 
     def _prefill(self, requests: list[GenerationRequest]) -> tuple[_Batch, torch.Tensor]:
         """Run each distinct prompt once, then give each of its n samples its own copy of the cache."""

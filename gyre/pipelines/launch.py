@@ -15,7 +15,7 @@ from gyre.config.derive import RunPlan, detect_local_devices, make_plan
 from gyre.config.report import format_plan, resolved_yaml
 from gyre.config.schema import RLVRConfig
 from gyre.models.loading import check_model_dir
-from gyre.rewards.base import BUILTIN, load_function
+from gyre.rewards.registry import check_functions
 
 
 def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
@@ -33,10 +33,15 @@ def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
     cfg.run.output_dir = Path(absolute(str(cfg.run.output_dir)))
     if cfg.sft_warmup is not None:
         cfg.sft_warmup.train_files = [absolute(f) for f in cfg.sft_warmup.train_files]
-    fn = cfg.reward.function
-    if fn and fn.rpartition(":")[0].endswith(".py"):
-        target, _, name = fn.rpartition(":")
-        cfg.reward.function = f"{absolute(target)}:{name}"
+    for domain in cfg.reward.domains.values():
+        fn = domain.function
+        if fn and fn.rpartition(":")[0].endswith(".py"):
+            target, _, name = fn.rpartition(":")
+            domain.function = f"{absolute(target)}:{name}"
+        for model in (domain.judge, domain.reward_model):
+            path_key = "model_path" if model is domain.judge else "path"
+            if model is not None and getattr(model, path_key):
+                setattr(model, path_key, absolute(getattr(model, path_key)))
     return cfg
 
 
@@ -46,7 +51,12 @@ def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
     check_model_dir(cfg.model.path)
     if cfg.model.tokenizer_path:
         check_model_dir(cfg.model.tokenizer_path, key="model.tokenizer_path")
-    load_function(cfg.reward.function if cfg.reward.type == "function" else BUILTIN[cfg.reward.type])
+    for name, domain in cfg.reward.domains.items():
+        check_functions(domain)
+        if domain.judge is not None and domain.judge.backend == "local":
+            check_model_dir(domain.judge.model_path, key=f"reward.domains.{name}.judge.model_path")
+        if domain.reward_model is not None:
+            check_model_dir(domain.reward_model.path, key=f"reward.domains.{name}.reward_model.path")
     if address:
         return make_plan(cfg, "cuda" if cfg.cluster.device == "cuda" else "cpu", None)
     kind, count = detect_local_devices(cfg)
@@ -54,18 +64,19 @@ def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
 
 
 def load_data(cfg: RLVRConfig):
-    """Every prompt row, tokenised and validated (ground truths too, for the math reward)."""
+    """Every prompt row, tokenised, routed to its reward domain and validated (each domain checks its
+    ground truths: math answers, code tests, constraint lists...)."""
     from gyre.data.prompts import DataError
     from gyre.pipelines.rlvr_data import RunData
+    from gyre.rewards.registry import bad_ground_truths
 
     data = RunData.load(cfg)
-    if cfg.reward.type == "math":
-        from gyre.rewards.math import unparseable_ground_truths
-
-        bad = unparseable_ground_truths(data.train + data.val_prompts)
+    for name, domain in cfg.reward.domains.items():
+        records = [r for r in data.train + data.val_prompts if r.domain == name]
+        bad = bad_ground_truths(domain, records)
         if bad:
-            raise DataError(f"{len(bad)} ground truths are not math answers the math reward can check, e.g. "
-                            + "; ".join(f"{r.uid}: {r.ground_truth!r}" for r in bad[:3]))
+            raise DataError(f"{len(bad)} ground truths of reward domain {name!r} ({domain.type}) cannot be used, "
+                            "e.g. " + "; ".join(f"{r.uid}: {r.ground_truth[:80]!r} ({why})" for r, why in bad[:3]))
     return data
 
 
@@ -99,7 +110,7 @@ def train(cfg: RLVRConfig, address: str | None = None, resume: bool = False, ech
     cfg = resolve_paths(cfg)
     plan = preflight(cfg, address)
     data = load_data(cfg)
-    runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, address)
+    runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, address, plan.reward_workers)
     try:
         if address:
             plan = make_plan(cfg, runtime.device_kind, runtime.num_devices)
@@ -167,7 +178,7 @@ def warm_up(cfg: RLVRConfig, target: Path, echo: Callable[[str], None] = print) 
     cfg = resolve_paths(cfg)
     plan = preflight(cfg, None)
     data = load_data(cfg)
-    runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, None)
+    runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, None, plan.reward_workers)
     try:
         roles = build_roles(cfg, plan)
         logger = MetricsLogger(target.parent / "warm_start_logs", False)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from gyre.algos.aggregation import denominator_for
+from gyre.cluster.reward_pool import RewardPool
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, samples_to_batch, split_for_ranks
@@ -23,12 +24,20 @@ from gyre.engines.losses import PolicyLossSpec
 from gyre.pipelines.advantage import AlgorithmState, correct_mismatch, estimate_advantages
 from gyre.pipelines.checkpoint import CheckpointManager, DriverState, ResumeError
 from gyre.pipelines.rlvr_data import RunData, config_fingerprint
-from gyre.pipelines.roles import Roles
-from gyre.rewards.base import RewardRequest
+from gyre.pipelines.roles import Roles, reward_scorers
 from gyre.rollout.coordinator import RolloutCoordinator
 from gyre.seeding import derive_seed
 from gyre.tracking.progress import Progress
-from gyre.types import GenerationRequest, PromptRecord, Sample, SamplingParams, TrainBatch, TrainStepResult, select_rows
+from gyre.types import (
+    GenerationRequest,
+    GenerationResult,
+    PromptRecord,
+    Sample,
+    SamplingParams,
+    TrainBatch,
+    TrainStepResult,
+    select_rows,
+)
 
 
 @dataclass
@@ -46,6 +55,7 @@ class RLVRPipeline:
         self.cfg, self.plan, self.roles, self.data = cfg, plan, roles, data
         self.logger, self.checkpoints = logger, checkpoints
         self.rollout = RolloutCoordinator(roles.rollout)
+        self.rewards = RewardPool(reward_scorers(cfg, roles))
         self.version = 0
         s = cfg.rollout.sampling
         self.sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop))
@@ -90,9 +100,9 @@ class RLVRPipeline:
         timer: dict[str, float] = {}
         t_start = time.perf_counter()
         prompts = self.data.next_train_prompts(self.cfg.rollout.prompts_per_step)
-        with _phase(timer, "generate"):
+        with _phase(timer, "generate"):  # rewards start on each part of the rollout as it arrives
             samples = self.generate(prompts, self.sampling, self.cfg.rollout.samples_per_prompt, ("train", step))
-        with _phase(timer, "reward"):
+        with _phase(timer, "reward"):  # only what is still being scored once generation ends
             reward_stats = self.score(samples)
         batch = samples_to_batch(samples, self.data.pad_id)
         with _phase(timer, "logprobs"):
@@ -109,35 +119,42 @@ class RLVRPipeline:
         sample_version = min(s.result.weight_version for s in samples)
         versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
                     "weight_version": self.version}
-        return {**sample_metrics(samples), **reward_stats, **algo_metrics, **train_metrics, **versions,
+        return {**sample_metrics(samples), **domain_metrics(samples, self.cfg.reward), **reward_stats, **algo_metrics,
+                **train_metrics, **versions,
                 **{f"time/{k}": v for k, v in timer.items()}}
 
     # ---- phases -----------------------------------------------------------------------------
     def generate(self, prompts: list[PromptRecord], params: SamplingParams, n: int, stream: tuple) -> list[Sample]:
+        """Samples of every prompt, grouped by prompt; each part of the rollout is sent to the reward
+        workers as soon as it arrives."""
         self.roles.timeshare.activate(self.roles.rollout_role)
         requests = [GenerationRequest(f"{stream[0]}-{stream[1]}-{i}", p.prompt_ids, params, n=n,
                                       seed=derive_seed(self.cfg.run.seed, *stream, i)) for i, p in enumerate(prompts)]
-        results = self.rollout.generate(requests)
         by_request = {r.request_id: p for r, p in zip(requests, prompts)}
-        return [Sample(prompt=by_request[res.request_id], result=res, reward=None) for res in results]  # type: ignore[arg-type]
+        samples: list[Sample] = []
+
+        def arrived(results: list[GenerationResult]) -> None:
+            part = [Sample(prompt=by_request[r.request_id], result=r, reward=None) for r in results]  # type: ignore[arg-type]
+            samples.extend(part)
+            self.rewards.submit(part)
+
+        self.rollout.generate(requests, on_results=arrived)
+        order = {r.request_id: i for i, r in enumerate(requests)}
+        samples.sort(key=lambda s: (order[s.result.request_id], s.result.sample_index))
+        return samples
 
     def score(self, samples: list[Sample]) -> dict:
-        """Attach a RewardResult to every sample; failed rewards score 0 and are counted."""
-        requests = [RewardRequest(s.result.response_text, s.prompt.ground_truth, s.prompt.prompt_text, s.prompt.tag)
-                    for s in samples]
-        workers = len(self.roles.reward)
-        parts = [requests[i::workers] for i in range(workers)]
-        scored = self.roles.reward.call_each("score", [(part,) for part in parts])
-        for i, results in enumerate(scored):
-            for sample, result in zip(samples[i::workers], results):
-                sample.reward = result
+        """Wait for every sample's RewardResult; failed rewards score 0 and are counted."""
+        self.rewards.wait()
         errors = sum(s.reward.status == "error" for s in samples)
         timeouts = sum(s.reward.status == "timeout" for s in samples)
         self.reward_totals["errors"] += errors
         self.reward_totals["timeouts"] += timeouts
+        latency = [s.reward.latency_s for s in samples]
         return {"reward/errors": errors, "reward/timeouts": timeouts,
                 "reward/errors_total": self.reward_totals["errors"],
-                "reward/timeouts_total": self.reward_totals["timeouts"]}
+                "reward/timeouts_total": self.reward_totals["timeouts"],
+                "reward/latency_mean": sum(latency) / len(latency), "reward/latency_max": max(latency)}
 
     def compute_logprobs(self, batch: TrainBatch) -> None:
         """What the advantage stage and the losses need besides the samples: pi_old, pi_ref, values."""
@@ -226,7 +243,8 @@ class RLVRPipeline:
         params = SamplingParams(v.temperature, 1.0, 0, self.sampling.max_new_tokens, self.sampling.stop)
         samples = self.generate(self.data.val_prompts, params, v.samples_per_prompt, ("val", 0))
         self.score(samples)
-        metrics = {f"val/{k}": val for k, val in sample_metrics(samples).items()}
+        metrics = {f"val/{k}": val for k, val in {**sample_metrics(samples),
+                                                   **domain_metrics(samples, self.cfg.reward)}.items()}
         self.val_history.append(metrics["val/accuracy"])
         return metrics
 
@@ -240,7 +258,7 @@ class RLVRPipeline:
         state = DriverState(step=step, data=self.data.train_sampler.state_dict(), weight_version=self.version,
                             run_steps=self.cfg.run.steps, config_hash=config_fingerprint(self.cfg),
                             reward_totals=dict(self.reward_totals), val_history=list(self.val_history),
-                            algorithm=self.algo_state.to_dict())
+                            algorithm={**self.algo_state.to_dict(), "rewards": self.rewards.state_dict()})
         self.checkpoints.commit(tmp, state)
 
     def restore(self, path: Path, echo=print) -> int:
@@ -255,6 +273,7 @@ class RLVRPipeline:
         if self.roles.critic is not None:
             self.roles.critic.call("load_checkpoint", str(path / "critic"))
         self.algo_state.load_dict(state.algorithm)
+        self.rewards.load_state_dict(state.algorithm.get("rewards", {}))
         try:
             self.data.train_sampler.load_state_dict(state.data)
         except ValueError as exc:
@@ -269,6 +288,22 @@ class RLVRPipeline:
         tok = self.cfg.model.tokenizer_path or self.cfg.model.path
         self.roles.policy.call("save_hf", str(out), tok)
         return out
+
+
+def domain_metrics(samples: list[Sample], reward) -> dict:
+    """Per-domain reward, accuracy, share of the batch and reward latency (multi-domain runs only)."""
+    if reward.single:
+        return {}
+    out = {}
+    for name in reward.domains:
+        mine = [s for s in samples if s.prompt.domain == name]
+        if not mine:
+            continue
+        stats = sample_metrics(mine)
+        out.update({f"{name}/reward_mean": stats["reward/mean"], f"{name}/accuracy": stats["accuracy"],
+                    f"{name}/share": len(mine) / len(samples),
+                    f"{name}/reward_latency": sum(s.reward.latency_s for s in mine) / len(mine)})
+    return out
 
 
 def sample_metrics(samples: list[Sample]) -> dict:

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 
 from gyre.config.schema import RLVRConfig
+from gyre.data.domains import DomainSampler, route_domains
 from gyre.data.prompts import PromptRenderer, load_prompts
 from gyre.data.sampler import EpochSampler
 from gyre.models.loading import load_tokenizer
@@ -19,7 +20,8 @@ class RunData:
     renderer: PromptRenderer
     train: list[PromptRecord]
     val_prompts: list[PromptRecord]
-    train_sampler: EpochSampler
+    train_sampler: EpochSampler | DomainSampler
+    """Plain epochs over all prompts, or per-domain epochs mixed by the configured ratios."""
     pad_id: int
     dropped_long: int
 
@@ -33,7 +35,13 @@ class RunData:
             val, more = load_prompts(cfg.data.val_files, renderer, cfg.data.max_prompt_tokens)
             dropped += more
             val = val[:cfg.data.max_val_prompts] if cfg.data.max_val_prompts else val
-        sampler = EpochSampler(len(train), seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+        for records in (train, val):
+            route_domains(records, cfg.reward)
+        shares = {name: d.ratio for name, d in cfg.reward.domains.items() if d.ratio is not None}
+        if shares:
+            sampler = DomainSampler(train, shares, cfg.run.seed, cfg.data.shuffle)
+        else:
+            sampler = EpochSampler(len(train), seed=cfg.run.seed, shuffle=cfg.data.shuffle)
         return cls(tokenizer, renderer, train, val, sampler, int(tokenizer.pad_token_id), dropped)
 
     def next_train_prompts(self, k: int) -> list[PromptRecord]:

@@ -10,6 +10,7 @@ from gyre.cluster.placement import Placement, create_placement
 from gyre.cluster.workers import (
     CriticWorker,
     HybridRollout,
+    ModelRewardWorker,
     PolicyWorker,
     ReferenceWorker,
     RewardWorker,
@@ -18,14 +19,15 @@ from gyre.cluster.workers import (
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.engines.trainer import TrainerSpec
-from gyre.rewards.base import BUILTIN
+from gyre.rewards.registry import function_spec, runs_as_function
 
 
 @dataclass
 class Roles:
     policy: RoleGroup
     rollout: RoleGroup
-    reward: RoleGroup
+    reward: dict[str, RoleGroup]
+    """The reward workers of each domain (function workers, a judge or a reward model)."""
     reference: RoleGroup | None
     critic: RoleGroup | None
     timeshare: TimeShare
@@ -45,7 +47,7 @@ class Roles:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
-        groups = (self.policy, self.rollout, self.reference, self.critic, self.reward)
+        groups = (self.policy, self.rollout, self.reference, self.critic, *self.reward.values())
         for group in {id(g): g for g in groups if g is not None}.values():
             group.kill()
         remove_placement_group(self.placement.group)
@@ -95,10 +97,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
              off), {}))
         made.append(reference)
     critic = _build_critic(cfg, plan, placement, made) if plan.use_critic else None
-    rw = cfg.reward
-    fn = rw.function if rw.type == "function" else BUILTIN[rw.type]
-    reward = RoleGroup.create_unplaced("reward", RewardWorker, 1, 1, (fn, rw.kwargs, rw.timeout_s, rw.processes))
-    made.append(reward)
+    reward = _build_rewards(cfg, plan, placement, made)
     for trainer in (policy, critic):
         if trainer is not None:  # each trainer role is a process group of its own
             addr, port = ray.get(trainer.actors[0].rendezvous.remote())
@@ -113,6 +112,24 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement)
 
 
+def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> dict:
+    """Function domains: ``workers`` CPU actors each (restarted if they die). A local judge or a reward
+    model: one actor per device of its role, placed like any model role."""
+    groups = {}
+    for name, domain in cfg.reward.domains.items():
+        if runs_as_function(domain):
+            spec, kwargs = function_spec(domain)
+            group = RoleGroup.create_unplaced(f"reward.{name}", RewardWorker, domain.workers, 1,
+                                              (spec, kwargs, domain.timeout_s, domain.processes), max_restarts=3)
+        else:
+            kind, model = ("judge", domain.judge) if domain.type == "judge" else ("reward_model", domain.reward_model)
+            group = RoleGroup.create(f"{kind}.{name}", ModelRewardWorker, placement, lambda r, k=kind, m=model: (
+                (k, m, plan.device_kind, plan.threads_per_worker), {}))
+        made.append(group)
+        groups[name] = group
+    return groups
+
+
 def _build_critic(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> RoleGroup:
     m, c = cfg.model, cfg.critic
     spec = TrainerSpec(model_path=c.model_path or m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
@@ -122,3 +139,19 @@ def _build_critic(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: li
         (r, plan.critic_dp_size, spec, plan.device_kind, plan.threads_per_worker, cfg.run.seed + 7919), {}))
     made.append(critic)
     return critic
+
+
+def reward_scorers(cfg: RLVRConfig, roles: Roles) -> dict:
+    """The reward pool's view of each domain: its workers, retries and (code) adaptive timeout."""
+    from gyre.cluster.reward_pool import DomainScorer
+
+    scorers = {}
+    for name, domain in cfg.reward.domains.items():
+        adaptive = None
+        if domain.adaptive_timeout is not None:
+            from gyre.rewards.code import AdaptiveTimeout
+
+            a = domain.adaptive_timeout
+            adaptive = AdaptiveTimeout(a.t_min, a.t_max, a.lam)
+        scorers[name] = DomainScorer(name, roles.reward[name], domain.retries, adaptive)
+    return scorers

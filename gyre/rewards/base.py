@@ -14,15 +14,12 @@ import math
 import numbers
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre.types import RewardResult
 
 RewardFn = Callable[..., object]
-
-BUILTIN = {"math": "gyre.rewards.math:math_reward"}
-
 
 @dataclass
 class RewardRequest:
@@ -32,6 +29,8 @@ class RewardRequest:
     ground_truth: str
     prompt: str = ""
     tag: str | None = None
+    options: dict = field(default_factory=dict)
+    """Per-request keyword arguments on top of the domain's (e.g. an adaptive code timeout)."""
 
 
 class RewardSpecError(ValueError):
@@ -68,7 +67,7 @@ def load_function(spec: str) -> RewardFn:
 
 def call_reward(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardResult:
     """Call ``fn`` with the arguments it accepts and normalise its return value."""
-    extra = dict(kwargs)
+    extra = {**kwargs, **request.options}
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for key in ("prompt", "tag"):

@@ -40,11 +40,13 @@ def _serve(conn: Connection, spec: str, kwargs: dict) -> None:
         if chunk is None:
             return
         for index, request in chunk:
+            start = time.perf_counter()
             try:
                 fn = fn or load_function(spec)
                 result = call_reward(fn, request, kwargs)
             except BaseException as exc:  # noqa: BLE001 - the sample fails, never the loop
                 result = RewardResult.failed("error", f"{type(exc).__name__}: {exc}")
+            result.latency_s = time.perf_counter() - start
             conn.send((index, result))
 
 
@@ -139,7 +141,9 @@ class RewardRunner:
         child.process.join(timeout=5)
         child.conn.close()
         if alive:
-            return RewardResult.failed("timeout", f"timeout after {self.timeout_s}s")
+            result = RewardResult.failed("timeout", f"timeout after {self.timeout_s}s")
+            result.latency_s = self.timeout_s
+            return result
         return RewardResult.failed("error", f"reward process exited with code {child.process.exitcode}")
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ Requests are assigned greedily to the least-loaded worker by estimated token wor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gyre.cluster.group import RoleGroup
 from gyre.types import GenerationRequest, GenerationResult
@@ -28,14 +28,26 @@ class RolloutCoordinator:
     def __init__(self, group: RoleGroup):
         self.group = group
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """All results, ordered by request then sample index."""
+    def generate(self, requests: Sequence[GenerationRequest],
+                 on_results: Callable[[list[GenerationResult]], None] | None = None) -> list[GenerationResult]:
+        """All results, ordered by request then sample index. Workers stream finished samples back as they
+        decode; ``on_results`` sees each part as it arrives (e.g. to start scoring it)."""
         import ray
 
         plan = assign_requests(requests, len(self.group))
-        refs = [actor.generate.remote([requests[i] for i in idx])
-                for actor, idx in zip(self.group.actors, plan) if idx]
-        results = [res for part in ray.get(refs) for res in part]
+        streams = [actor.generate_stream.remote([requests[i] for i in idx])
+                   for actor, idx in zip(self.group.actors, plan) if idx]
+        results: list[GenerationResult] = []
+        while streams:
+            ready, _ = ray.wait(streams, num_returns=1)
+            try:
+                part = ray.get(next(ready[0]))
+            except StopIteration:
+                streams.remove(ready[0])
+                continue
+            results.extend(part)
+            if on_results is not None:
+                on_results(part)
         order = {r.request_id: i for i, r in enumerate(requests)}
         results.sort(key=lambda res: (order[res.request_id], res.sample_index))
         return results

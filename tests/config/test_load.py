@@ -1,7 +1,7 @@
 import pytest
 
 from gyre.config import ConfigError, load_config, validate_config
-from gyre.config.schema import parse_devices
+from gyre.config.base import parse_devices
 
 BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
 
@@ -61,7 +61,7 @@ def test_bad_value_message_names_the_key():
 
 
 def test_reward_function_must_be_named():
-    with pytest.raises(ConfigError, match="reward.function"):
+    with pytest.raises(ConfigError, match=r"reward: reward type \"function\" needs function"):
         load_config(None, BASE + ["reward.type=function"])
 
 
@@ -94,3 +94,27 @@ def test_every_declared_config_field_is_read_somewhere():
                 if not re.search(rf"(\.|\b){name}\b(?!\s*[:=]\s*Annotated)", sources):
                     unread.append(f"{model.__name__}.{name}")
     assert not unread, unread
+
+
+def test_reward_short_form_and_domains():
+    base = ["model.path=m", "data.train_files=[t]"]
+    cfg = load_config(None, [*base, "reward.type=code", "reward.timeout_s=3"])
+    assert list(cfg.reward.domains) == ["default"] and cfg.reward.domains["default"].type == "code"
+    assert cfg.reward.single
+    cfg = load_config(None, [*base, "reward.domains.math.ratio=0.6", "reward.domains.code.type=code",
+                             "reward.domains.code.ratio=0.4"])
+    assert cfg.reward.tags_of("code") == ["code"] and not cfg.reward.single
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["reward.domains.math.ratio=0.6", "reward.domains.code.type=code"], "set it on every domain or none"),
+    (["reward.domains.math.ratio=0.6", "reward.domains.code.ratio=0.6"], "ratios sum to 1.2, not 1"),
+    (["reward.domains.a.tags=[x]", "reward.domains.b.tags=[x]"], "tag 'x' is claimed by reward domains"),
+    (["reward.domains.j.type=judge"], "needs a judge section"),
+    (["reward.domains.j.type=judge", "reward.domains.j.judge.backend=openai"], "needs judge.url"),
+    (["reward.domains.m.type=math", "reward.timeout_s=3"], "put timeout_s inside a domain"),
+    (["reward.type=math", "reward.adaptive_timeout.t_max=3"], "adaptive_timeout applies to the code reward only"),
+])
+def test_reward_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["model.path=m", "data.train_files=[t]", *overrides])

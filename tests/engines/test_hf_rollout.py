@@ -126,3 +126,21 @@ def test_bf16_engine_on_gpu_matches_a_forward_and_offloads(tiny_model_dir, tok):
     assert next(engine.model.parameters()).device.type == "cpu"
     engine.reload()
     assert len(engine.generate([req(tok, "1+1=", params, n=2)])) == 2
+
+
+def test_streamed_parts_are_the_batched_samples(tiny_model_dir):
+    """generate_stream hands out finished samples in parts; together they are exactly generate's."""
+    from gyre.engines.hf_rollout import HFRolloutEngine
+    from gyre.models.loading import load_causal_lm, load_tokenizer
+    from gyre.types import GenerationRequest, SamplingParams
+
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir), "cpu")
+    # Stop strings on common characters make the (untrained) rows finish at different steps.
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, stop=tuple("aeiou0123"))
+    requests = [GenerationRequest(f"r{i}", [3 + i, 7, 9], params, n=8, seed=i) for i in range(4)]
+    parts = list(engine.generate_stream(requests))
+    batched = engine.generate(requests)
+    assert len(parts) > 1  # the early finishers come out before the rest are decoded
+    streamed = sorted((r for p in parts for r in p), key=lambda r: (r.request_id, r.sample_index))
+    assert [(r.request_id, r.sample_index, r.response_ids) for r in streamed] == \
+        [(r.request_id, r.sample_index, r.response_ids) for r in batched]

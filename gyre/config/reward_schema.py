@@ -1,0 +1,178 @@
+"""The ``reward`` section: one reward domain, or several routed by each prompt's ``tag``.
+
+A single-domain config keeps the short form (``reward: {type: math}``); it is read as
+``reward: {domains: {default: {type: math}}}``, the form the resolved config prints. Several domains
+each name the tags they score and, optionally, their share of every training batch (``ratio``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from gyre.config.base import DeviceList, NonNegInt, PositiveFloat, PositiveInt, StrictModel
+
+RewardType = Literal["math", "code", "ifeval", "choice", "function", "judge", "reward_model"]
+
+DEFAULT_JUDGE_TEMPLATE = (
+    "You are grading an answer to a question.\nQuestion: {prompt}\nReference answer: {ground_truth}\n"
+    "Answer to grade: {response}\nReply with 'Score: N' where N is an integer from 0 (wrong) to 10 (perfect).\n")
+
+
+class ShapingTerm(StrictModel):
+    """A term added to a domain's reward: ``weight * function(response, ground_truth, **kwargs)``."""
+
+    function: str
+    """"module:function", e.g. gyre.rewards.shaping:format_reward or gyre.rewards.shaping:length_penalty."""
+    kwargs: dict[str, object] = {}
+    weight: float = 1.0
+
+
+class AdaptiveTimeoutConfig(StrictModel):
+    """RollPacker's adaptive sandbox timeout: min(max(t_min, lam * slowest correct run), t_max) per problem."""
+
+    t_min: PositiveFloat = 2.0
+    t_max: PositiveFloat = 30.0
+    lam: Annotated[float, Field(ge=1)] = 1.5
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AdaptiveTimeoutConfig:
+        if self.t_min > self.t_max:
+            raise ValueError(f"adaptive_timeout.t_min={self.t_min} exceeds t_max={self.t_max}")
+        return self
+
+
+class JudgeConfig(StrictModel):
+    """An LLM judge: a local HF model served by gyre's rollout engine as a role, or an OpenAI-compatible
+    endpoint."""
+
+    backend: Literal["local", "openai"] = "local"
+    model_path: str | None = None
+    """local: a Hugging Face causal-LM directory."""
+    devices: DeviceList = (0,)
+    """local: devices of the judge role (it stays resident; it is not time-shared)."""
+    max_batch_size: PositiveInt | None = None
+    url: str | None = None
+    """openai: the API base URL, e.g. http://localhost:8000/v1 (a vLLM or SGLang server, or a provider)."""
+    model: str | None = None
+    """openai: the model name sent with each request."""
+    api_key_env: str | None = None
+    """openai: environment variable holding the API key (never the key itself in a config)."""
+    retries: NonNegInt = 3
+    rate_limit_per_s: PositiveFloat | None = None
+    """openai: most requests per second from each reward process."""
+    request_timeout_s: PositiveFloat = 30.0
+    template: str = DEFAULT_JUDGE_TEMPLATE
+    """Prompt for the judge, with {prompt}, {response} and {ground_truth} filled in."""
+    score_pattern: str = r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)"
+    """Regex whose first group is the score in the judge's reply (the last match counts)."""
+    max_score: PositiveFloat = 10.0
+    """The judge's scale: the reward is score / max_score, clamped to [0, 1]."""
+    pass_score: Annotated[float, Field(ge=0)] = 0.5
+    """Rewards at or above this count as correct for accuracy metrics."""
+    max_new_tokens: PositiveInt = 32
+
+    @model_validator(mode="after")
+    def _backend_needs(self) -> JudgeConfig:
+        if self.backend == "local" and not self.model_path:
+            raise ValueError("a local judge needs judge.model_path (a Hugging Face model directory)")
+        if self.backend == "openai" and not (self.url and self.model):
+            raise ValueError("an openai judge needs judge.url (e.g. http://host:8000/v1) and judge.model")
+        return self
+
+
+class RewardModelConfig(StrictModel):
+    """A scalar reward model: a local sequence-classification model scoring prompt + response."""
+
+    path: str
+    devices: DeviceList = (0,)
+    micro_batch_size: PositiveInt = 16
+    pass_score: float = 0.0
+    """Scores above this count as correct for accuracy metrics."""
+
+
+class DomainConfig(StrictModel):
+    """How the samples of one domain are scored."""
+
+    type: RewardType = "math"
+    function: str | None = None
+    """For type "function": "package.module:function" or "path/to/file.py:function"."""
+    kwargs: dict[str, object] = {}
+    """Extra keyword arguments of the reward function (e.g. answer_pattern for math, partial_credit)."""
+    tags: list[str] | None = None
+    """Prompt tags this domain scores; default: the domain's name. The single-domain form scores every tag."""
+    ratio: Annotated[float, Field(gt=0)] | None = None
+    """Share of each training batch's prompts drawn from this domain (set it on every domain or none)."""
+    timeout_s: PositiveFloat = 10.0
+    """Wall-clock limit per sample; past it the sample scores 0 with status timeout."""
+    processes: PositiveInt = 1
+    """Child processes per reward worker (isolation from hangs and crashes)."""
+    workers: PositiveInt = 1
+    """Reward worker actors of this domain, each on one CPU."""
+    retries: NonNegInt = 1
+    """Re-runs of a sample whose worker died (not of a reward that raised: that is deterministic)."""
+    shaping: list[ShapingTerm] = []
+    adaptive_timeout: AdaptiveTimeoutConfig | None = None
+    """type code: per-problem timeouts from the slowest correct run (RollPacker); None keeps timeout_s."""
+    judge: JudgeConfig | None = None
+    reward_model: RewardModelConfig | None = None
+
+    @model_validator(mode="after")
+    def _type_needs(self) -> DomainConfig:
+        if self.type == "function" and not self.function:
+            raise ValueError('reward type "function" needs function: "module:function"')
+        if self.function and ":" not in self.function:
+            raise ValueError(f'reward function {self.function!r} must look like "module:function"')
+        if self.type == "judge" and self.judge is None:
+            raise ValueError('reward type "judge" needs a judge section (backend local or openai)')
+        if self.type == "reward_model" and self.reward_model is None:
+            raise ValueError('reward type "reward_model" needs a reward_model section (path, devices)')
+        if self.adaptive_timeout is not None and self.type != "code":
+            raise ValueError("adaptive_timeout applies to the code reward only")
+        return self
+
+
+class RewardConfig(StrictModel):
+    domains: dict[str, DomainConfig] = {"default": DomainConfig()}
+    """Reward domains by name. The short form ``reward: {type: ..., ...}`` is the single domain "default"."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: object) -> object:
+        if not isinstance(data, dict) or "domains" not in data:
+            return {"domains": {"default": data if isinstance(data, dict) else {}}}
+        extra = sorted(set(data) - {"domains"})
+        if extra:
+            raise ValueError(f"with reward.domains, put {', '.join(extra)} inside a domain "
+                             f"(reward.domains.<name>.{extra[0]})")
+        return data
+
+    @model_validator(mode="after")
+    def _routing(self) -> RewardConfig:
+        if not self.domains:
+            raise ValueError("reward.domains is empty: name at least one domain")
+        owner: dict[str, str] = {}
+        for name in self.domains:
+            for tag in self.tags_of(name):
+                if tag in owner:
+                    raise ValueError(f"tag {tag!r} is claimed by reward domains {owner[tag]!r} and {name!r}")
+                owner[tag] = name
+        with_ratio = [n for n, d in self.domains.items() if d.ratio is not None]
+        if with_ratio and len(with_ratio) != len(self.domains):
+            missing = sorted(set(self.domains) - set(with_ratio))
+            raise ValueError(f"ratio is set on {with_ratio} but not on {missing}: set it on every domain or none")
+        if with_ratio and abs(sum(d.ratio for d in self.domains.values()) - 1.0) > 1e-6:
+            raise ValueError(f"reward domain ratios sum to {sum(d.ratio for d in self.domains.values()):g}, not 1")
+        return self
+
+    def tags_of(self, name: str) -> list[str]:
+        """Tags a domain scores; the single default domain of the short form scores every tag (empty list)."""
+        domain = self.domains[name]
+        if domain.tags is not None:
+            return domain.tags
+        return [] if list(self.domains) == ["default"] else [name]
+
+    @property
+    def single(self) -> bool:
+        return list(self.domains) == ["default"] and self.domains["default"].tags is None

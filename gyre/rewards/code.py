@@ -1,0 +1,238 @@
+"""Code rewards: run the program in a response against a problem's tests, in the sandbox.
+
+Ground truth is a JSON string in one of two forms (the two common shapes of code RL data sets):
+
+- stdin/stdout tests (APPS, TACO, CodeContests, LiveCodeBench): ``{"inputs": [...], "outputs": [...]}``.
+  Each input is fed to the program as stdin; its stdout must equal the output once trailing whitespace
+  is stripped from every line and trailing blank lines are dropped.
+- assert tests (MBPP, HumanEval, KodCode): ``{"asserts": ["assert f(1) == 2", ...], "setup": "..."}``.
+  Each assert runs in its own process after ``setup`` (imports, helpers) and the response's code, so
+  one failing or crashing assert does not hide the others (needed for ``partial_credit``) and tests
+  cannot leak state into each other. ``__name__`` is not ``"__main__"`` while the response's code runs,
+  so a demo ``if __name__ == "__main__":`` block that reads stdin does not turn a correct function
+  into a failure.
+
+A test passes only when the program exits normally. For asserts, the test program then prints a
+random per-run token that the parent checks: a response that calls ``sys.exit(0)`` or ``os._exit(0)``
+before the asserts run does not pass. Known gaps of assert tests (the usual ones of such harnesses):
+an object whose ``__eq__`` always returns True, or a response that rebinds a builtin the assert uses,
+passes; so could a program that digs the token out of its own code object. Stdin/stdout tests have
+none of these: the expected output never enters the sandbox.
+
+``AdaptiveTimeout`` is RollPacker's adaptive sandbox timeout ("RollPacker: Mitigating Long-Tail Rollouts
+for Fast, Synchronous RL Post-Training", arXiv 2509.21009, NSDI '26; its reward scheduler, sec. 3.2 of
+the project's systems reference). A test case's timeout is ``min(max(T_min, lam * T_anchor), T_max)``,
+with T_anchor the longest run time among correct responses to that case, and T_max until a correct
+response has been seen. Wrong programs that loop forever then cost ~lam times a correct run instead
+of T_max (RollPacker reports rewards 1.6x faster). It is sans-IO: the caller observes results and
+passes the state (``to_dict()``) to ``code_reward``. Run times include the interpreter's start-up
+(~20-50 ms), like the timeouts they are compared with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import textwrap
+from dataclasses import dataclass
+
+from gyre.rewards.sandbox import RunOutcome, SandboxLimits, run_python
+from gyre.types import RewardResult
+
+DEFAULT_TIMEOUT_S = 10.0
+_PYTHON_FENCES = ("", "python", "py", "python3", "py3")
+
+
+def extract_code(response: str) -> str:
+    """The last fenced ``python`` (or ``py``, or bare) code block of ``response``, else all of it.
+
+    A block left open at the end (the response hit its token limit) counts as a block: the text after
+    the fence is the program, and the fence line itself would only be a syntax error.
+    """
+    blocks: list[tuple[str, list[str]]] = []
+    current: list[str] | None = None
+    lang = ""
+    for line in response.splitlines():
+        stripped = line.strip()
+        if current is None:
+            if stripped.startswith("```"):
+                info = stripped[3:].strip().lower().split()
+                lang, current = (info[0] if info else ""), []
+        elif stripped.startswith("```"):
+            blocks.append((lang, current))
+            current = None
+        else:
+            current.append(line)
+    if current is not None:
+        blocks.append((lang, current))
+    python = [body for lang, body in blocks if lang in _PYTHON_FENCES]
+    if not python:
+        return response
+    return textwrap.dedent("\n".join(python[-1]))  # a fence indented inside a list indents its code too
+
+
+@dataclass
+class _Tests:
+    inputs: list[str]
+    outputs: list[str]
+    asserts: list[str]
+    setup: str = ""
+
+    def __len__(self) -> int:
+        return len(self.asserts) if self.asserts else len(self.inputs)
+
+
+def _str_list(data: dict, key: str) -> list[str]:
+    value = data.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"code ground truth: {key!r} must be a non-empty list of strings")
+    return value
+
+
+def _parse(ground_truth: str | dict) -> _Tests:
+    if isinstance(ground_truth, dict):
+        data = ground_truth
+    else:
+        try:
+            data = json.loads(ground_truth)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"code ground truth is not valid JSON ({exc}): {str(ground_truth)[:200]!r}") from None
+    if not isinstance(data, dict) or ("asserts" in data) == ("inputs" in data or "outputs" in data):
+        raise ValueError('code ground truth must be a JSON object with either "inputs" and "outputs" '
+                         f'or "asserts" (and optional "setup"): {str(ground_truth)[:200]!r}')
+    if "asserts" in data:
+        setup = data.get("setup") or ""
+        if not isinstance(setup, str):
+            raise ValueError('code ground truth: "setup" must be a string')
+        tests = _Tests([], [], _str_list(data, "asserts"), setup)
+        for i, source in enumerate([setup, *tests.asserts]):
+            try:
+                compile(source, "<test>", "exec")
+            except SyntaxError as exc:
+                what = "setup" if i == 0 else f"asserts[{i - 1}]"
+                raise ValueError(f"code ground truth: {what} is not valid Python: {exc}") from None
+        return tests
+    inputs, outputs = _str_list(data, "inputs"), _str_list(data, "outputs")
+    if len(inputs) != len(outputs):
+        raise ValueError(f"code ground truth: {len(inputs)} inputs but {len(outputs)} outputs")
+    return _Tests(inputs, outputs, [])
+
+
+def check_ground_truth(gt: str) -> None:
+    """Raise ValueError when ``gt`` is not a usable code ground truth (call when a data set loads: a
+    malformed row would otherwise score 0 on every sample for the whole run)."""
+    _parse(gt)
+
+
+def _normalize(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
+
+
+def _assert_program(code: str, setup: str, test: str, token: str) -> str:
+    return "\n".join([setup, "__name__ = 'solution'", code, "__name__ = '__main__'", test, f"print({token!r})"])
+
+
+def _run_case(tests: _Tests, i: int, code: str, limits: SandboxLimits) -> tuple[bool, RunOutcome]:
+    if tests.asserts:
+        token = secrets.token_hex(16)
+        outcome = run_python(_assert_program(code, tests.setup, tests.asserts[i], token), "", limits)
+        return outcome.status == "ok" and token in outcome.stdout.splitlines(), outcome
+    outcome = run_python(code, tests.inputs[i], limits)
+    return outcome.status == "ok" and _normalize(outcome.stdout) == _normalize(tests.outputs[i]), outcome
+
+
+def _timeout_for(timeout_s: float | None, adaptive: dict | None, key: str) -> float:
+    if adaptive is not None:
+        t = AdaptiveTimeout.from_dict(adaptive).timeout_for(key)
+        t = t if timeout_s is None else min(t, timeout_s)
+    else:
+        t = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if not t > 0:
+        raise ValueError(f"code reward timeout must be positive, got {t}")
+    return float(t)
+
+
+def case_key_of(ground_truth: str) -> str:
+    """The default test-case key for adaptive timeouts: a hash of the ground truth."""
+    return hashlib.sha1(str(ground_truth).encode()).hexdigest()[:16]
+
+
+def code_reward(response: str, ground_truth: str, *, timeout_s: float | None = None, memory_mb: int = 512,
+                partial_credit: bool = False, case_key: str | None = None,
+                adaptive: dict | None = None) -> RewardResult:
+    """Score the program in ``response`` (see ``extract_code``) on the tests in ``ground_truth``.
+
+    Each test runs in its own sandboxed process with a wall-clock limit of ``timeout_s`` seconds
+    (default 10). With ``adaptive`` (an ``AdaptiveTimeout.to_dict()``), the limit is that state's
+    ``timeout_for(case_key)`` instead, capped by ``timeout_s`` when both are given; ``case_key``
+    defaults to a hash of the ground truth. Score: 1.0 when every test passes, else 0.0, or with
+    ``partial_credit`` the fraction passed. Without partial credit the tests stop at the first failure.
+    ``info``: passed, total, runtimes (seconds per test run), statuses ("pass", "wrong" or the sandbox
+    status), timeout_s, case_key and, on a failure, the tail of its stderr.
+    """
+    tests = _parse(ground_truth)
+    key = case_key or case_key_of(ground_truth)
+    timeout = _timeout_for(timeout_s, adaptive, key)
+    code = extract_code(response)
+    runtimes: list[float] = []
+    statuses: list[str] = []
+    detail = ""
+    for i in range(len(tests) if code.strip() else 0):  # no code at all fails every test without a run
+        expected = len(tests.outputs[i]) if tests.outputs else 0
+        # processes=1: one extra thread, for the common `threading.stack_size(...)` deep-recursion trick
+        # (process creation is still refused by the Python layer); the wall clock is the binding limit.
+        limits = SandboxLimits(cpu_s=timeout + 1.0, wall_s=timeout, memory_mb=memory_mb, processes=1,
+                               output_bytes=max(1_000_000, 4 * expected + 4096))
+        passed, outcome = _run_case(tests, i, code, limits)
+        runtimes.append(round(outcome.seconds, 4))
+        statuses.append("pass" if passed else "wrong" if outcome.status == "ok" else outcome.status)
+        if not passed:
+            detail = detail or outcome.stderr[-300:]
+            if not partial_credit:
+                break
+    n_pass, total = statuses.count("pass"), len(tests)
+    info = {"passed": n_pass, "total": total, "runtimes": runtimes, "statuses": statuses, "timeout_s": timeout,
+            "case_key": key}
+    if detail:
+        info["detail"] = detail
+    score = n_pass / total if partial_credit else float(n_pass == total)
+    return RewardResult(score=score, correct=n_pass == total, info=info)
+
+
+class AdaptiveTimeout:
+    """RollPacker's per-test-case sandbox timeout, as a pure state machine (it starts no process).
+
+    ``timeout_for(key)`` is ``t_max`` until ``observe`` has seen a correct result for ``key``; then
+    ``min(max(t_min, lam * anchor), t_max)``, where anchor is the longest run time among the correct
+    results seen for the key. A correct result's run time is the slowest of its per-test runs
+    (``info["runtimes"]``), since the timeout applies to each test run. Anchors only grow: a case's
+    timeout never drops below what an earlier correct program needed.
+    """
+
+    def __init__(self, t_min: float = 2.0, t_max: float = 30.0, lam: float = 1.5):
+        if not 0 < t_min <= t_max or lam <= 0:
+            raise ValueError(f"AdaptiveTimeout needs 0 < t_min <= t_max and lam > 0, got {t_min}, {t_max}, {lam}")
+        self.t_min, self.t_max, self.lam = float(t_min), float(t_max), float(lam)
+        self.anchors: dict[str, float] = {}
+
+    def timeout_for(self, key: str) -> float:
+        anchor = self.anchors.get(key)
+        if anchor is None:
+            return self.t_max
+        return min(max(self.t_min, self.lam * anchor), self.t_max)
+
+    def observe(self, key: str, result: RewardResult) -> None:
+        """Update from one scored sample of case ``key``; only fully correct results move the anchor."""
+        runtimes = result.info.get("runtimes") or []
+        if result.correct and result.status == "ok" and runtimes:
+            self.anchors[key] = max(self.anchors.get(key, 0.0), max(runtimes))
+
+    def to_dict(self) -> dict:
+        return {"t_min": self.t_min, "t_max": self.t_max, "lam": self.lam, "anchors": dict(self.anchors)}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> AdaptiveTimeout:
+        out = cls(state.get("t_min", 2.0), state.get("t_max", 30.0), state.get("lam", 1.5))
+        out.anchors = {str(k): float(v) for k, v in state.get("anchors", {}).items()}
+        return out
