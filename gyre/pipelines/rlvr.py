@@ -28,6 +28,7 @@ from gyre.pipelines.roles import Roles, reward_scorers
 from gyre.rollout.coordinator import RolloutCoordinator
 from gyre.seeding import derive_seed
 from gyre.tracking.progress import Progress
+from gyre.tracking.tables import write_validation_table
 from gyre.types import (
     GenerationRequest,
     GenerationResult,
@@ -74,9 +75,12 @@ class RLVRPipeline:
         try:
             for step in range(start + 1, self.cfg.run.steps + 1):
                 metrics = self.train_step(step)
-                if self._due(self.cfg.validation.every, step):
+                validated = self._due(self.cfg.validation.every, step)
+                if validated:
                     metrics.update(self.validate())
                 self.logger.log(step, metrics)
+                if validated:
+                    self.write_validation_table()
                 progress.update(step, {**metrics, "val/accuracy": self.val_history[-1] if self.val_history else None})
                 if self._due(self.cfg.checkpoint.every, step):
                     self.save_checkpoint(step)
@@ -247,6 +251,12 @@ class RLVRPipeline:
                                                    **domain_metrics(samples, self.cfg.reward)}.items()}
         self.val_history.append(metrics["val/accuracy"])
         return metrics
+
+    def write_validation_table(self) -> None:
+        """validation.md: held-out accuracy at every validation so far, overall and per domain."""
+        domains = [] if self.cfg.reward.single else list(self.cfg.reward.domains)
+        out = Path(self.cfg.run.output_dir)
+        write_validation_table(out / "metrics.jsonl", out / "validation.md", domains)
 
     # ---- persistence --------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:

@@ -60,3 +60,38 @@ def test_a_reward_model_role_scores_through_the_pool(ray_local, tiny_model_dir):
     assert all(s.reward.status == "ok" and isinstance(s.reward.score, float) for s in batch)
     assert len({round(s.reward.score, 6) for s in batch}) > 1  # responses of different lengths score differently
     ray_local.kill(rm)
+
+
+HOSTILE = {
+    "loop": "while True:\n    pass",
+    "fork_bomb": "import os\nwhile True:\n    os.fork()",
+    "allocation": "x = bytearray(10**10)",
+    "socket": "import socket\nsocket.create_connection(('127.0.0.1', 22))",
+    "host_file": "print(open('/etc/hostname').read())",
+    "escape_dir": "open('/tmp/gyre_escape_test', 'w').write('x')",
+}
+
+
+def test_hostile_programs_are_contained_and_scoring_goes_on(ray_local):
+    """Code responses that attack the sandbox fail alone; correct programs in the same batch still pass."""
+    import json
+    import os
+
+    tests = json.dumps({"inputs": ["2 3\n"], "outputs": ["5"]})
+    worker = RoleGroup.create_unplaced("code", RewardWorker, 2, 0.5,
+                                       ("gyre.rewards.code:code_reward", {"timeout_s": 1.0}, 20.0, 1))
+    pool = RewardPool({"code": DomainScorer("code", worker)})
+    good = "a, b = map(int, input().split())\nprint(a + b)"
+    responses = [good, *HOSTILE.values(), f"```python\n{good}\n```"]
+    batch = samples("code", len(responses))
+    for sample, response in zip(batch, responses):
+        sample.prompt.ground_truth = tests
+        sample.result.response_text = response
+    pool.score(batch)
+    assert batch[0].reward.correct and batch[-1].reward.correct
+    assert all(s.reward.score == 0.0 and not s.reward.correct for s in batch[1:-1])
+    assert not os.path.exists("/tmp/gyre_escape_test")
+    again = samples("code", 1)  # the workers are still healthy
+    again[0].prompt.ground_truth, again[0].result.response_text = tests, good
+    pool.score(again)
+    assert again[0].reward.correct

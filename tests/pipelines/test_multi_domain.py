@@ -46,3 +46,6 @@ def test_math_code_and_judge_domains_in_one_run(ray_local, tiny_model_dir, tmp_p
         assert r["reward/latency_max"] >= 0
     final = train_records[-1]
     assert "val/math/accuracy" in final and "val/code/accuracy" in final and "val/chat/accuracy" in final
+    table = (tmp_path / "run" / "validation.md").read_text()
+    assert "| step | accuracy | reward | math accuracy | code accuracy | chat accuracy |" in table
+    assert table.count("\n| 2 |") == 1  # the row of the validation after step 2
