@@ -51,6 +51,8 @@ class PromptRecord:
     tag: str | None = None
     domain: str = "default"
     """The reward domain that scores it (from its tag; see ``gyre.data.domains``)."""
+    question: str = ""
+    """What was asked, without any chat template (the text a judge or a reward function reads)."""
 
 
 @dataclass

@@ -90,7 +90,8 @@ class RewardPool:
         options = {}
         if scorer.adaptive is not None:
             options = {"timeout_s": scorer.adaptive.timeout_for(p.uid), "case_key": p.uid}
-        return RewardRequest(sample.result.response_text, p.ground_truth, p.prompt_text, p.tag, options)
+        # Rewards read the question as written; the chat-templated text is what the policy saw.
+        return RewardRequest(sample.result.response_text, p.ground_truth, p.question or p.prompt_text, p.tag, options)
 
     def _send(self, scorer: DomainScorer, samples: list[Sample], requests: list[RewardRequest], attempt: int,
               avoid: int | None = None) -> None:

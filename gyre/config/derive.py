@@ -102,6 +102,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     if use_critic:
         roles["critic"] = cfg.critic.devices
     roles.update(_reward_model_roles(cfg, device_kind, notes))
+    _note_judge_budgets(cfg, notes)
     if num_devices is not None:
         _check_devices_exist(roles, device_kind, num_devices)
     shared = _shared_devices(roles)
@@ -169,6 +170,16 @@ def _reward_model_roles(cfg: RLVRConfig, device_kind: str, notes: list[str]) -> 
             notes.append(f"warning: {role} shares GPUs {sorted(set(devices) & set(cfg.rollout.devices))} with the "
                          "rollout and stays resident there: leave room for it in the rollout's memory")
     return roles
+
+
+def _note_judge_budgets(cfg: RLVRConfig, notes: list[str]) -> None:
+    """An endpoint judge retries inside the sample's reward timeout; say so when it cannot finish them."""
+    for name, domain in cfg.reward.domains.items():
+        j = domain.judge
+        if j is not None and j.backend == "openai" and domain.timeout_s < (j.retries + 1) * j.request_timeout_s:
+            notes.append(f"reward.domains.{name}.timeout_s={domain.timeout_s:g} is below the judge's "
+                         f"{j.retries + 1} attempts x request_timeout_s={j.request_timeout_s:g}: a slow endpoint "
+                         "becomes a reward timeout before its retries run out")
 
 
 def _check_devices_exist(roles: dict[str, tuple[int, ...]], kind: str, num_devices: int) -> None:

@@ -94,6 +94,14 @@ class PromptRenderer:
         return list(self.tokenizer(text, add_special_tokens=not self.use_template)["input_ids"])
 
 
+def _question(row: RawRow) -> str:
+    """What was asked, without the chat template: the prompt text, or the last user message."""
+    if "messages" in row.data:
+        users = [m["content"] for m in row.data["messages"] if m.get("role") == "user"]
+        return users[-1] if users else row.data["messages"][-1]["content"]
+    return row.data["prompt"]
+
+
 def _text_field(row: RawRow, key: str) -> str:
     value = row.data.get(key)
     if value is None:
@@ -122,7 +130,7 @@ def load_prompts(files: list[str], renderer: PromptRenderer, max_prompt_tokens: 
                 dropped += 1
                 continue
             records.append(PromptRecord(uid=row.where, prompt_text=text, prompt_ids=ids, ground_truth=truth,
-                                        tag=_tag(row)))
+                                        tag=_tag(row), question=_question(row)))
     if not records:
         raise DataError(f"no usable prompts in {files}" + (f" ({dropped} longer than data.max_prompt_tokens="
                                                            f"{max_prompt_tokens})" if dropped else ""))

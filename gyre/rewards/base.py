@@ -28,6 +28,7 @@ class RewardRequest:
     response: str
     ground_truth: str
     prompt: str = ""
+    """The question as written in the data (the user's text, without the chat template)."""
     tag: str | None = None
     options: dict = field(default_factory=dict)
     """Per-request keyword arguments on top of the domain's (e.g. an adaptive code timeout)."""

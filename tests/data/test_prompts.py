@@ -79,6 +79,8 @@ def test_chat_template_is_applied(tmp_path, tiny_model_dir):
     records, _ = load_prompts([f], r, 64)
     assert records[0].prompt_text == "<user>2+2=<a>"
     assert records[1].prompt_text == "<user>3+3=<a>"
+    # Rewards (judges above all) read the question as written, not the templated text.
+    assert [rec.question for rec in records] == ["2+2=", "3+3="]
     assert PromptRenderer(tok, "never").render.__self__.use_template is False
 
 
