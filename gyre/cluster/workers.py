@@ -110,7 +110,7 @@ class PolicyWorker(TrainerRank):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return [res for part in self.generate_stream(requests) for res in part]
 
-    def generate_stream(self, requests: list[GenerationRequest]):
+    def generate_stream(self, requests: list[GenerationRequest], parts: int = 8):
         if self._engine is None:
             from gyre.engines.hf_rollout import HFRolloutEngine
             from gyre.models.loading import load_tokenizer
@@ -122,7 +122,7 @@ class PolicyWorker(TrainerRank):
         self._engine.set_version(self._version)
         self.backend.hf_model.eval()
         try:
-            yield from self._engine.generate_stream(requests)
+            yield from self._engine.generate_stream(requests, parts)
         finally:
             self.backend.model.train()
 
@@ -191,9 +191,9 @@ class RolloutWorker:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return self.engine.generate(requests)
 
-    def generate_stream(self, requests: list[GenerationRequest]):
+    def generate_stream(self, requests: list[GenerationRequest], parts: int = 8):
         """Ray streams each yielded list to the driver as soon as it is ready (finished samples first)."""
-        yield from self.engine.generate_stream(requests)
+        yield from self.engine.generate_stream(requests, parts)
 
     def load_weights(self, bundle_refs: list) -> int:
         import ray

@@ -88,6 +88,9 @@ class RolloutConfig(StrictModel):
     samples_per_prompt: PositiveInt = 8
     max_batch_size: PositiveInt | None = None
     """Most sequences one engine decodes at once; None decodes a worker's whole share together."""
+    stream_parts: PositiveInt = 8
+    """Parts each engine streams a batch's finished samples back in, so rewards start on early finishers
+    while the rest decode; 1 sends each batch whole (best when rewards are cheap and cores are few)."""
     sampling: SamplingConfig = SamplingConfig()
 
 

@@ -18,9 +18,6 @@ from gyre.types import GenerationRequest, GenerationResult, SamplingParams, Weig
 
 # Compact the decoding batch once at least this fraction of its rows has finished.
 _COMPACT_FRACTION = 0.25
-# Parts a chunk's finished samples are streamed in: enough to overlap rewards, few enough that each
-# part's transfer (one Ray object) costs little.
-_STREAM_PARTS = 8
 
 
 @dataclass
@@ -164,11 +161,12 @@ class HFRolloutEngine:
         results.sort(key=lambda res: (order[res.request_id], res.sample_index))
         return results
 
-    def generate_stream(self, requests: Sequence[GenerationRequest]) -> Iterator[list[GenerationResult]]:
-        """The same samples as ``generate``, handed out in parts as they finish (a few parts per chunk),
-        so rewards can start on early finishers while the rest still decode."""
+    def generate_stream(self, requests: Sequence[GenerationRequest],
+                        parts: int = 8) -> Iterator[list[GenerationResult]]:
+        """The same samples as ``generate``, handed out as they finish in up to ``parts`` parts per chunk,
+        so rewards can start on early finishers while the rest still decode (1: one part per chunk)."""
         for chunk in self._chunks(requests):
-            yield from self._generate_chunk(chunk)
+            yield from self._generate_chunk(chunk, parts)
 
     def _chunks(self, requests: Sequence[GenerationRequest]):
         """Requests with equal sampling params, at most ``max_batch_size`` sequences per chunk."""
@@ -189,12 +187,12 @@ class HFRolloutEngine:
                 yield chunk
 
     @torch.inference_mode()
-    def _generate_chunk(self, requests: list[GenerationRequest]) -> Iterator[list[GenerationResult]]:
+    def _generate_chunk(self, requests: list[GenerationRequest], parts: int = 1) -> Iterator[list[GenerationResult]]:
         params = requests[0].params
         batch, logits = self._prefill(requests)
         noise = _RowNoise(requests, self.device, logits.shape[-1]) if params.temperature > 0 else None
         stop_check = _StopChecker(self.tokenizer, params.stop, self.eos_ids)
-        emit_every = max(1, len(batch.rows) // _STREAM_PARTS)
+        emit_every = max(1, len(batch.rows) // parts)
         done: list[_Row] = []
         for step in range(params.max_new_tokens):
             active_rows = [batch.rows[i] for i in batch.active]

@@ -55,7 +55,7 @@ class RLVRPipeline:
                  checkpoints: CheckpointManager):
         self.cfg, self.plan, self.roles, self.data = cfg, plan, roles, data
         self.logger, self.checkpoints = logger, checkpoints
-        self.rollout = RolloutCoordinator(roles.rollout)
+        self.rollout = RolloutCoordinator(roles.rollout, cfg.rollout.stream_parts)
         self.rewards = RewardPool(reward_scorers(cfg, roles))
         self.version = 0
         s = cfg.rollout.sampling

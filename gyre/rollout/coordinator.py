@@ -25,8 +25,9 @@ def assign_requests(requests: Sequence[GenerationRequest], workers: int) -> list
 
 
 class RolloutCoordinator:
-    def __init__(self, group: RoleGroup):
+    def __init__(self, group: RoleGroup, stream_parts: int = 8):
         self.group = group
+        self.stream_parts = stream_parts
 
     def generate(self, requests: Sequence[GenerationRequest],
                  on_results: Callable[[list[GenerationResult]], None] | None = None) -> list[GenerationResult]:
@@ -35,7 +36,7 @@ class RolloutCoordinator:
         import ray
 
         plan = assign_requests(requests, len(self.group))
-        streams = [actor.generate_stream.remote([requests[i] for i in idx])
+        streams = [actor.generate_stream.remote([requests[i] for i in idx], self.stream_parts)
                    for actor, idx in zip(self.group.actors, plan) if idx]
         results: list[GenerationResult] = []
         while streams:

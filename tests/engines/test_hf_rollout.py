@@ -141,6 +141,7 @@ def test_streamed_parts_are_the_batched_samples(tiny_model_dir):
     parts = list(engine.generate_stream(requests))
     batched = engine.generate(requests)
     assert len(parts) > 1  # the early finishers come out before the rest are decoded
+    assert len(list(engine.generate_stream(requests, parts=1))) == 1  # one part per chunk
     streamed = sorted((r for p in parts for r in p), key=lambda r: (r.request_id, r.sample_index))
     assert [(r.request_id, r.sample_index, r.response_ids) for r in streamed] == \
         [(r.request_id, r.sample_index, r.response_ids) for r in batched]
