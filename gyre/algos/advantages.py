@@ -64,12 +64,8 @@ def group_normalized_advantages(rewards: torch.Tensor, eps: float = 1e-6, ddof: 
     Returns:
         [num_groups, G] advantages; each row sums to zero.
     """
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rewards must be [num_groups, G>=2], got shape {tuple(rewards.shape)}")
-    rewards = _float(rewards)
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True, correction=ddof)
-    return (rewards - mean) / (std + eps)
+    _check_groups(rewards, "GRPO")
+    return normalize_rewards(rewards, "group", "group", eps, ddof)
 
 
 def normalize_rewards(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float = 1e-6,

@@ -18,7 +18,7 @@ from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.rewards.base import RewardRequest
 from gyre.tracking.sums import MetricSums
-from gyre.types import GenerationRequest, GenerationResult, RewardResult, TrainBatch, TrainStepResult
+from gyre.types import GenerationRequest, RewardResult, TrainBatch, TrainStepResult
 
 
 def _device(kind: str) -> torch.device:
@@ -107,9 +107,6 @@ class PolicyWorker(TrainerRank):
         return self.backend.compute_logprobs(shard, temperature)
 
     # ---- hybrid rollout: sampling with the training weights themselves --------------------------
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return [res for part in self.generate_stream(requests) for res in part]
-
     def generate_stream(self, requests: list[GenerationRequest], parts: int = 8):
         if self._engine is None:
             from gyre.engines.hf_rollout import HFRolloutEngine
@@ -187,9 +184,6 @@ class RolloutWorker:
         # A colocated engine starts in host memory; the time-share reloads it when rollout runs.
         model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device))
         self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path, trust_remote_code), device, max_batch_size)
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return self.engine.generate(requests)
 
     def generate_stream(self, requests: list[GenerationRequest], parts: int = 8):
         """Ray streams each yielded list to the driver as soon as it is ready (finished samples first)."""

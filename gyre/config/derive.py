@@ -146,25 +146,17 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
         total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
         use_reference=use_reference, use_critic=use_critic,
-        reward_workers=sum(d.workers for d in cfg.reward.domains.values() if not _model_scored(d)),
+        reward_workers=sum(d.workers for d in cfg.reward.domains.values() if d.model_role is None),
         critic_dp_size=len(cfg.critic.devices) if use_critic else 0,
         loss_agg_norm=agg_norm, overlong_cache_tokens=cache, threads_per_worker=cfg.cluster.threads_per_slot,
         sft_steps=sft_steps,
         notes=notes)
 
 
-def _model_scored(domain) -> bool:
-    return domain.type == "reward_model" or (domain.type == "judge" and domain.judge.backend == "local")
-
-
 def _reward_model_roles(cfg: RLVRConfig, device_kind: str, notes: list[str]) -> dict[str, tuple[int, ...]]:
     """Device roles of local judges and reward models; they stay resident (never offloaded)."""
-    roles = {}
-    for name, domain in cfg.reward.domains.items():
-        if domain.type == "judge" and domain.judge.backend == "local":
-            roles[f"judge.{name}"] = domain.judge.devices
-        elif domain.type == "reward_model":
-            roles[f"reward_model.{name}"] = domain.reward_model.devices
+    roles = {f"{d.model_role}.{name}": d.scoring_model.devices for name, d in cfg.reward.domains.items()
+             if d.model_role is not None}
     for role, devices in roles.items():
         if device_kind == "cuda" and set(devices) & set(cfg.rollout.devices):
             notes.append(f"warning: {role} shares GPUs {sorted(set(devices) & set(cfg.rollout.devices))} with the "
@@ -208,11 +200,10 @@ def _recompute_old_logprobs(cfg: RLVRConfig, steps_per_batch: int, notes: list[s
     a = cfg.algorithm
     if a.old_logprobs != "auto":
         return a.old_logprobs == "recompute"
-    needs = [why for why, used in (("policy_loss=decoupled_ppo needs the proximal policy", a.policy_loss ==
-                                    "decoupled_ppo"), ("algorithm.mismatch compares pi_old with the sampler",
-                                                       a.mismatch.enabled)) if used]
+    needs = a.needs_trainer_old_logprobs
     if needs:
-        notes.append(f"old log-probs recomputed by the trainer: {'; '.join(needs)}")
+        notes.append(f"old log-probs recomputed by the trainer: {', '.join(needs)} compare(s) pi_old with the "
+                     "sampler's log-probs")
         return True
     recompute = steps_per_batch > 1
     notes.append(

@@ -96,12 +96,10 @@ def algorithm_problems(a) -> list[str]:
                         "> 0 (its starting value)")
     if a.loss_agg_norm is not None and a.loss_agg != "seq-mean-token-sum-norm":
         problems.append(f"algorithm.loss_agg_norm is the constant of seq-mean-token-sum-norm, not of {a.loss_agg}")
-    needs_trainer_old = {"decoupled_ppo": a.policy_loss == "decoupled_ppo", "mismatch": a.mismatch.enabled}
-    for what, needed in needs_trainer_old.items():
-        if needed and a.old_logprobs == "rollout":
-            problems.append(f"{'policy_loss=decoupled_ppo' if what == 'decoupled_ppo' else 'algorithm.mismatch'} "
-                            "compares the trainer's pi_old with the sampler's log-probs, so pi_old cannot be the "
-                            "sampler's; set algorithm.old_logprobs=auto or recompute")
+    if a.old_logprobs == "rollout":
+        for knob in a.needs_trainer_old_logprobs:
+            problems.append(f"{knob} compares the trainer's pi_old with the sampler's log-probs, so pi_old cannot "
+                            "be the sampler's; set algorithm.old_logprobs=auto or recompute")
     if a.difficulty_mask is not None and a.difficulty_mask[0] >= a.difficulty_mask[1]:
         problems.append(f"algorithm.difficulty_mask {list(a.difficulty_mask)} keeps nothing: low must be < high")
     return problems

@@ -25,8 +25,8 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
     for name, d in cfg.reward.domains.items():
         routed = "every prompt" if cfg.reward.single else f"tags {cfg.reward.tags_of(name)}"
         share = f", {d.ratio:.0%} of each batch" if d.ratio is not None else ""
-        where = (f"{d.workers} CPU worker(s) x {d.processes} process(es)" if f"judge.{name}" not in plan.roles
-                 and f"reward_model.{name}" not in plan.roles else "a model role (above)")
+        where = (f"{d.workers} CPU worker(s) x {d.processes} process(es)" if d.model_role is None
+                 else f"the {d.model_role}.{name} role (above)")
         lines.append(f"  reward     {name}: {d.type} on {routed}{share}; {where}")
     for (a, b), devices in plan.shared_devices.items():
         how = "time-shared with offload" if plan.offload else "time-shared"

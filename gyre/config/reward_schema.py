@@ -132,6 +132,21 @@ class DomainConfig(StrictModel):
             raise ValueError("adaptive_timeout applies to the code reward only")
         return self
 
+    @property
+    def model_role(self) -> Literal["judge", "reward_model"] | None:
+        """The kind of model role that scores this domain (a local judge or a reward model); None when
+        reward workers run a function (an endpoint judge included)."""
+        if self.type == "reward_model":
+            return "reward_model"
+        if self.type == "judge" and self.judge.backend == "local":
+            return "judge"
+        return None
+
+    @property
+    def scoring_model(self) -> JudgeConfig | RewardModelConfig | None:
+        """The config of that model role (it names the role's devices)."""
+        return {"judge": self.judge, "reward_model": self.reward_model}.get(self.model_role)
+
 
 class RewardConfig(StrictModel):
     domains: dict[str, DomainConfig] = {"default": DomainConfig()}

@@ -241,6 +241,12 @@ class AlgorithmConfig(StrictModel):
         return self.kl_loss_coef > 0 or self.kl_reward_coef > 0
 
     @property
+    def needs_trainer_old_logprobs(self) -> list[str]:
+        """Knobs that compare the trainer's pi_old with the sampler's log-probs (so pi_old is recomputed)."""
+        return [knob for knob, on in (("policy_loss=decoupled_ppo", self.policy_loss == "decoupled_ppo"),
+                                      ("algorithm.mismatch", self.mismatch.enabled)) if on]
+
+    @property
     def uses_groups(self) -> bool:
         """Whether advantages or masks compare the samples of one prompt with each other."""
         return ("group" in (self.norm_mean, self.norm_std) or self.estimator in ("rloo", "reinforce_pp_baseline")
@@ -300,7 +306,7 @@ class SFTConfig(StrictModel):
 
 
 class RLVRConfig(StrictModel):
-    """A full RLVR run: GRPO on verifiable rewards, optionally after an SFT warm-up."""
+    """A full RLVR run: RL on verifiable rewards with the configured algorithm, optionally after an SFT warm-up."""
 
     pipeline: Literal["rlvr"] = "rlvr"
     run: RunConfig = RunConfig()

@@ -3,12 +3,13 @@
 Requests carry ids, so the same protocol extends to per-request scheduling: a continuous-batching
 engine adds ``add_request(request)``, ``abort(request_ids)`` and ``step() -> finished results``
 between decoding steps, and ``generate`` becomes "add all, step until done". The batched ``generate``
-below is what the synchronous RLVR pipeline needs.
+and its streaming form ``generate_stream`` (finished samples first, so rewards overlap decoding) are
+what the synchronous RLVR pipeline needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -25,6 +26,11 @@ class RolloutEngine(Protocol):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Sample ``request.n`` responses for every request; results in request order, then sample index."""
+        ...
+
+    def generate_stream(self, requests: Sequence[GenerationRequest],
+                        parts: int = 8) -> Iterator[list[GenerationResult]]:
+        """The same results as ``generate``, yielded in parts as samples finish (what the actors serve)."""
         ...
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: WeightVersion) -> None:

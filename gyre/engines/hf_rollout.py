@@ -156,7 +156,7 @@ class HFRolloutEngine:
 
     # ---- generation ---------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        results = [res for part in self.generate_stream(requests) for res in part]
+        results = [res for part in self.generate_stream(requests, parts=1) for res in part]
         order = {r.request_id: i for i, r in enumerate(requests)}
         results.sort(key=lambda res: (order[res.request_id], res.sample_index))
         return results
@@ -187,7 +187,7 @@ class HFRolloutEngine:
                 yield chunk
 
     @torch.inference_mode()
-    def _generate_chunk(self, requests: list[GenerationRequest], parts: int = 1) -> Iterator[list[GenerationResult]]:
+    def _generate_chunk(self, requests: list[GenerationRequest], parts: int) -> Iterator[list[GenerationResult]]:
         params = requests[0].params
         batch, logits = self._prefill(requests)
         noise = _RowNoise(requests, self.device, logits.shape[-1]) if params.temperature > 0 else None

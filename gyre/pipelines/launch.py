@@ -38,10 +38,10 @@ def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
         if fn and fn.rpartition(":")[0].endswith(".py"):
             target, _, name = fn.rpartition(":")
             domain.function = f"{absolute(target)}:{name}"
-        for model in (domain.judge, domain.reward_model):
-            path_key = "model_path" if model is domain.judge else "path"
-            if model is not None and getattr(model, path_key):
-                setattr(model, path_key, absolute(getattr(model, path_key)))
+        if domain.judge is not None and domain.judge.model_path:
+            domain.judge.model_path = absolute(domain.judge.model_path)
+        if domain.reward_model is not None:
+            domain.reward_model.path = absolute(domain.reward_model.path)
     return cfg
 
 
@@ -53,7 +53,7 @@ def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
         check_model_dir(cfg.model.tokenizer_path, key="model.tokenizer_path")
     for name, domain in cfg.reward.domains.items():
         check_functions(domain)
-        if domain.judge is not None and domain.judge.backend == "local":
+        if domain.model_role == "judge":
             check_model_dir(domain.judge.model_path, key=f"reward.domains.{name}.judge.model_path")
         if domain.reward_model is not None:
             check_model_dir(domain.reward_model.path, key=f"reward.domains.{name}.reward_model.path")

@@ -19,7 +19,7 @@ from gyre.cluster.workers import (
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.engines.trainer import TrainerSpec
-from gyre.rewards.registry import function_spec, runs_as_function
+from gyre.rewards.registry import function_spec
 
 
 @dataclass
@@ -117,12 +117,12 @@ def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: l
     model: one actor per device of its role, placed like any model role."""
     groups = {}
     for name, domain in cfg.reward.domains.items():
-        if runs_as_function(domain):
+        if domain.model_role is None:
             spec, kwargs = function_spec(domain)
             group = RoleGroup.create_unplaced(f"reward.{name}", RewardWorker, domain.workers, 1,
                                               (spec, kwargs, domain.timeout_s, domain.processes), max_restarts=3)
         else:
-            kind, model = ("judge", domain.judge) if domain.type == "judge" else ("reward_model", domain.reward_model)
+            kind, model = domain.model_role, domain.scoring_model
             group = RoleGroup.create(f"{kind}.{name}", ModelRewardWorker, placement, lambda r, k=kind, m=model: (
                 (k, m, plan.device_kind, plan.threads_per_worker), {}))
         made.append(group)

@@ -28,11 +28,6 @@ CHECKERS = {
 JUDGE_FUNCTION = "gyre.rewards.judge:openai_judge_reward"
 
 
-def runs_as_function(domain: DomainConfig) -> bool:
-    """Scored by a function in reward processes (not by a model role)."""
-    return domain.type not in ("reward_model",) and not (domain.type == "judge" and domain.judge.backend == "local")
-
-
 def function_spec(domain: DomainConfig) -> tuple[str, dict]:
     """The "module:function" spec and keyword arguments a reward worker of ``domain`` runs, shaping
     terms included (composed in ``gyre.rewards.compose``)."""
@@ -51,7 +46,7 @@ def function_spec(domain: DomainConfig) -> tuple[str, dict]:
 
 def check_functions(domain: DomainConfig) -> None:
     """Import every function the domain names, so a typo fails before Ray starts."""
-    if runs_as_function(domain):
+    if domain.model_role is None:
         spec, kwargs = function_spec(domain)
         load_function(spec)
         for name in [kwargs.get("base")] + [t.function for t in domain.shaping]:
