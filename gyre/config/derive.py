@@ -168,8 +168,8 @@ def _note_judge_budgets(cfg: RLVRConfig, notes: list[str]) -> None:
     """An endpoint judge retries inside the sample's reward timeout; say so when it cannot finish them."""
     for name, domain in cfg.reward.domains.items():
         j = domain.judge
-        if j is not None and j.backend == "openai" and domain.timeout_s < (j.retries + 1) * j.request_timeout_s:
-            notes.append(f"reward.domains.{name}.timeout_s={domain.timeout_s:g} is below the judge's "
+        if j is not None and j.backend == "openai" and domain.sample_timeout_s < (j.retries + 1) * j.request_timeout_s:
+            notes.append(f"reward.domains.{name}.timeout_s={domain.sample_timeout_s:g} is below the judge's "
                          f"{j.retries + 1} attempts x request_timeout_s={j.request_timeout_s:g}: a slow endpoint "
                          "becomes a reward timeout before its retries run out")
 

@@ -43,6 +43,22 @@ class AdaptiveTimeoutConfig(StrictModel):
         return self
 
 
+class SandboxConfig(StrictModel):
+    """How a code domain runs the policy's programs (``gyre.rewards.sandbox``)."""
+
+    url: str | None = None
+    """A remote sandbox (``gyre sandbox-serve``) at this base URL, e.g. http://sandbox-host:8765, so that
+    untrusted code leaves the training nodes; None runs programs on the reward workers' machine."""
+    token_env: str | None = None
+    """Environment variable holding the remote sandbox's access token (sent as a bearer token)."""
+    allow_weak: bool = False
+    """Accept running untrusted code where the kernel gives no namespaces (only rlimits, a process group
+    and the Python audit hook: the program can read what the reward worker's user can read). Off:
+    gyre refuses to start such a domain and says why."""
+    disk_mb: PositiveInt = 64
+    """Size of each program's work directory (a tmpfs: all its files together)."""
+
+
 class JudgeConfig(StrictModel):
     """An LLM judge: a local HF model served by gyre's rollout engine as a role, or an OpenAI-compatible
     endpoint."""
@@ -104,8 +120,10 @@ class DomainConfig(StrictModel):
     """Prompt tags this domain scores; default: the domain's name. The single-domain form scores every tag."""
     ratio: Annotated[float, Field(gt=0)] | None = None
     """Share of each training batch's prompts drawn from this domain (set it on every domain or none)."""
-    timeout_s: PositiveFloat = 10.0
-    """Wall-clock limit per sample; past it the sample scores 0 with status timeout."""
+    timeout_s: PositiveFloat | None = None
+    """Wall-clock limit per sample; past it the sample scores 0 with status timeout. None: 10 s, except
+    for code domains, which derive each sample's limit from its tests (tests x per-test timeout +
+    margins; set the per-test timeout with kwargs.timeout_s or adaptive_timeout) and refuse this key."""
     processes: PositiveInt = 1
     """Child processes per reward worker (isolation from hangs and crashes)."""
     workers: PositiveInt = 1
@@ -114,7 +132,9 @@ class DomainConfig(StrictModel):
     """Re-runs of a sample whose worker died (not of a reward that raised: that is deterministic)."""
     shaping: list[ShapingTerm] = []
     adaptive_timeout: AdaptiveTimeoutConfig | None = None
-    """type code: per-problem timeouts from the slowest correct run (RollPacker); None keeps timeout_s."""
+    """type code: per-problem timeouts from the slowest correct run (RollPacker); None keeps kwargs.timeout_s."""
+    sandbox: SandboxConfig | None = None
+    """type code: where and how programs run (default: the local sandbox, refusing weak containment)."""
     judge: JudgeConfig | None = None
     reward_model: RewardModelConfig | None = None
 
@@ -130,7 +150,18 @@ class DomainConfig(StrictModel):
             raise ValueError('reward type "reward_model" needs a reward_model section (path, devices)')
         if self.adaptive_timeout is not None and self.type != "code":
             raise ValueError("adaptive_timeout applies to the code reward only")
+        if self.sandbox is not None and self.type != "code":
+            raise ValueError("sandbox applies to the code reward only")
+        if self.type == "code" and self.timeout_s is not None:
+            raise ValueError("a code domain derives each sample's time limit from its tests (tests x per-test "
+                             "timeout + margins); remove timeout_s and set the per-test timeout with "
+                             "kwargs.timeout_s (default 10) or adaptive_timeout")
         return self
+
+    @property
+    def sample_timeout_s(self) -> float:
+        """The per-sample limit of reward workers where the reward function does not derive its own."""
+        return 10.0 if self.timeout_s is None else self.timeout_s
 
     @property
     def model_role(self) -> Literal["judge", "reward_model"] | None:

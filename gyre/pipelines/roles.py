@@ -120,7 +120,7 @@ def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: l
         if domain.model_role is None:
             spec, kwargs = function_spec(domain)
             group = RoleGroup.create_unplaced(f"reward.{name}", RewardWorker, domain.workers, 1,
-                                              (spec, kwargs, domain.timeout_s, domain.processes), max_restarts=3)
+                                              (spec, kwargs, domain.sample_timeout_s, domain.processes), max_restarts=3)
         else:
             kind, model = domain.model_role, domain.scoring_model
             group = RoleGroup.create(f"{kind}.{name}", ModelRewardWorker, placement, lambda r, k=kind, m=model: (

@@ -6,18 +6,24 @@ Ground truth is a JSON string in one of two forms (the two common shapes of code
   Each input is fed to the program as stdin; its stdout must equal the output once trailing whitespace
   is stripped from every line and trailing blank lines are dropped.
 - assert tests (MBPP, HumanEval, KodCode): ``{"asserts": ["assert f(1) == 2", ...], "setup": "..."}``.
-  Each assert runs in its own process after ``setup`` (imports, helpers) and the response's code, so
-  one failing or crashing assert does not hide the others (needed for ``partial_credit``) and tests
+  Each test (one or more ``assert`` statements, or HumanEval's ``def check(candidate): ...`` followed
+  by ``check(f)``) runs in its own process after ``setup`` (imports, helpers) and the response's code,
+  so one failing or crashing test does not hide the others (needed for ``partial_credit``) and tests
   cannot leak state into each other. ``__name__`` is not ``"__main__"`` while the response's code runs,
   so a demo ``if __name__ == "__main__":`` block that reads stdin does not turn a correct function
   into a failure.
 
-A test passes only when the program exits normally. For asserts, the test program then prints a
-random per-run token that the parent checks: a response that calls ``sys.exit(0)`` or ``os._exit(0)``
-before the asserts run does not pass. Known gaps of assert tests (the usual ones of such harnesses):
-an object whose ``__eq__`` always returns True, or a response that rebinds a builtin the assert uses,
-passes; so could a program that digs the token out of its own code object. Stdin/stdout tests have
-none of these: the expected output never enters the sandbox.
+Assert tests are compared outside the sandbox (``code_asserts.py``): the sandbox returns the values of
+the program's calls as plain data, and the comparison runs in this process, so an object whose
+``__eq__`` always holds, a rebound builtin, or a program that reads the expected values from its own
+source gains nothing: the expected values never enter the sandbox. A test that cannot be split (a
+comparison inside a comprehension, arbitrary statements) runs whole inside the sandbox and passes when
+it prints a random per-run token; such tests are counted in ``info["unsplit"]`` because they keep the
+old gaps. Stdin/stdout tests have none of these gaps: the expected output never enters the sandbox.
+
+Each sample's deadline in the reward worker (``code_reward.deadline_s``) is derived from the sandbox's
+own limits: tests x (per-test timeout + start-up margin) + a margin, so the sandbox's clock always fires
+first and cleans up after itself.
 
 ``AdaptiveTimeout`` is RollPacker's adaptive sandbox timeout ("RollPacker: Mitigating Long-Tail Rollouts
 for Fast, Synchronous RL Post-Training", arXiv 2509.21009, NSDI '26; its reward scheduler, sec. 3.2 of
@@ -33,14 +39,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import textwrap
 from dataclasses import dataclass
 
+from gyre.rewards import code_asserts
 from gyre.rewards.sandbox import RunOutcome, SandboxLimits, run_python
 from gyre.types import RewardResult
 
 DEFAULT_TIMEOUT_S = 10.0
+_RUN_MARGIN_S = 2.0
+"""Per test run on top of its timeout: interpreter start-up, namespace set-up, draining output."""
+_SAMPLE_MARGIN_S = 5.0
+"""Per sample on top of its test runs: parsing, the reward process's own overhead."""
 _PYTHON_FENCES = ("", "python", "py", "python3", "py3")
 
 
@@ -133,13 +145,41 @@ def _assert_program(code: str, setup: str, test: str, token: str) -> str:
     return "\n".join([setup, "__name__ = 'solution'", code, "__name__ = '__main__'", test, f"print({token!r})"])
 
 
-def _run_case(tests: _Tests, i: int, code: str, limits: SandboxLimits) -> tuple[bool, RunOutcome]:
-    if tests.asserts:
+@dataclass(frozen=True)
+class _Runner:
+    """How one sample's programs run: limits and the sandbox options of the domain."""
+
+    limits: SandboxLimits
+    allow_weak: bool = False
+    url: str | None = None
+    token: str | None = None
+
+    def run(self, source: str, stdin: str = "", channels: int = 0) -> RunOutcome:
+        if self.url:
+            from gyre.rewards.sandbox.remote import run_remote
+
+            return run_remote(self.url, source, stdin, self.limits, channels=channels, token=self.token)
+        return run_python(source, stdin, self.limits, channels=channels, allow_weak=self.allow_weak)
+
+
+def _run_case(tests: _Tests, i: int, code: str, runner: _Runner) -> tuple[bool, RunOutcome, bool]:
+    """(passed, outcome, split): split is False for an assert test compared inside the sandbox."""
+    if not tests.asserts:
+        outcome = runner.run(code, tests.inputs[i])
+        return outcome.status == "ok" and _normalize(outcome.stdout) == _normalize(tests.outputs[i]), outcome, True
+    try:
+        plan = code_asserts.plan_test(tests.asserts[i], tests.setup, code)
+    except code_asserts.Unsplittable:
         token = secrets.token_hex(16)
-        outcome = run_python(_assert_program(code, tests.setup, tests.asserts[i], token), "", limits)
-        return outcome.status == "ok" and token in outcome.stdout.splitlines(), outcome
-    outcome = run_python(code, tests.inputs[i], limits)
-    return outcome.status == "ok" and _normalize(outcome.stdout) == _normalize(tests.outputs[i]), outcome
+        outcome = runner.run(_assert_program(code, tests.setup, tests.asserts[i], token))
+        return outcome.status == "ok" and token in outcome.stdout.splitlines(), outcome, False
+    outcome = runner.run(code_asserts.harness_program(plan, tests.setup, code), channels=2)
+    if outcome.status != "ok":
+        return False, outcome, True
+    passed, why = code_asserts.judge(plan, outcome.channels)
+    if not passed:
+        outcome.stderr = (outcome.stderr + "\n" + why).strip()
+    return passed, outcome, True
 
 
 def _timeout_for(timeout_s: float | None, adaptive: dict | None, key: str) -> float:
@@ -159,32 +199,38 @@ def case_key_of(ground_truth: str) -> str:
 
 
 def code_reward(response: str, ground_truth: str, *, timeout_s: float | None = None, memory_mb: int = 512,
-                partial_credit: bool = False, case_key: str | None = None,
-                adaptive: dict | None = None) -> RewardResult:
+                partial_credit: bool = False, case_key: str | None = None, adaptive: dict | None = None,
+                sandbox: dict | None = None) -> RewardResult:
     """Score the program in ``response`` (see ``extract_code``) on the tests in ``ground_truth``.
 
     Each test runs in its own sandboxed process with a wall-clock limit of ``timeout_s`` seconds
     (default 10). With ``adaptive`` (an ``AdaptiveTimeout.to_dict()``), the limit is that state's
     ``timeout_for(case_key)`` instead, capped by ``timeout_s`` when both are given; ``case_key``
-    defaults to a hash of the ground truth. Score: 1.0 when every test passes, else 0.0, or with
+    defaults to a hash of the ground truth. ``sandbox``: the domain's sandbox options (``allow_weak``,
+    ``url`` of a remote sandbox, ``disk_mb``). Score: 1.0 when every test passes, else 0.0, or with
     ``partial_credit`` the fraction passed. Without partial credit the tests stop at the first failure.
     ``info``: passed, total, runtimes (seconds per test run), statuses ("pass", "wrong" or the sandbox
-    status), timeout_s, case_key and, on a failure, the tail of its stderr.
+    status), timeout_s, case_key, unsplit (assert tests compared inside the sandbox) and, on a failure,
+    the tail of its stderr.
     """
     tests = _parse(ground_truth)
     key = case_key or case_key_of(ground_truth)
     timeout = _timeout_for(timeout_s, adaptive, key)
     code = extract_code(response)
+    options = dict(sandbox or {})
     runtimes: list[float] = []
     statuses: list[str] = []
-    detail = ""
+    detail, unsplit = "", 0
     for i in range(len(tests) if code.strip() else 0):  # no code at all fails every test without a run
         expected = len(tests.outputs[i]) if tests.outputs else 0
         # processes=1: one extra thread, for the common `threading.stack_size(...)` deep-recursion trick
         # (process creation is still refused by the Python layer); the wall clock is the binding limit.
         limits = SandboxLimits(cpu_s=timeout + 1.0, wall_s=timeout, memory_mb=memory_mb, processes=1,
-                               output_bytes=max(1_000_000, 4 * expected + 4096))
-        passed, outcome = _run_case(tests, i, code, limits)
+                               output_bytes=max(1_000_000, 4 * expected + 4096), disk_mb=options.get("disk_mb", 64))
+        token = os.environ.get(options["token_env"]) if options.get("token_env") else None
+        runner = _Runner(limits, bool(options.get("allow_weak")), options.get("url"), token)
+        passed, outcome, split = _run_case(tests, i, code, runner)
+        unsplit += not split
         runtimes.append(round(outcome.seconds, 4))
         statuses.append("pass" if passed else "wrong" if outcome.status == "ok" else outcome.status)
         if not passed:
@@ -194,10 +240,28 @@ def code_reward(response: str, ground_truth: str, *, timeout_s: float | None = N
     n_pass, total = statuses.count("pass"), len(tests)
     info = {"passed": n_pass, "total": total, "runtimes": runtimes, "statuses": statuses, "timeout_s": timeout,
             "case_key": key}
+    if unsplit:
+        info["unsplit"] = unsplit
     if detail:
         info["detail"] = detail
     score = n_pass / total if partial_credit else float(n_pass == total)
     return RewardResult(score=score, correct=n_pass == total, info=info)
+
+
+def code_deadline_s(ground_truth: str, *, timeout_s: float | None = None, adaptive: dict | None = None,
+                    case_key: str | None = None, **_) -> float | None:
+    """How long the reward worker may wait for one sample: every test at its sandbox timeout plus
+    margins, so the sandbox's own clock fires first (it kills and cleans up; the worker's deadline
+    kills the reward process instead). None for a ground truth that does not parse (it fails fast)."""
+    try:
+        tests = _parse(ground_truth)
+    except ValueError:
+        return None
+    per_test = _timeout_for(timeout_s, adaptive, case_key or case_key_of(ground_truth))
+    return len(tests) * (per_test + _RUN_MARGIN_S) + _SAMPLE_MARGIN_S
+
+
+code_reward.deadline_s = code_deadline_s  # the reward runner's per-sample deadline protocol
 
 
 class AdaptiveTimeout:

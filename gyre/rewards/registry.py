@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gyre.config.reward_schema import DomainConfig
+from gyre.config.reward_schema import DomainConfig, SandboxConfig
 from gyre.rewards.base import load_function
 from gyre.types import PromptRecord
 
@@ -38,6 +38,8 @@ def function_spec(domain: DomainConfig) -> tuple[str, dict]:
                                                                              "max_batch_size"}), **domain.kwargs}
     else:
         spec, kwargs = BUILTIN[domain.type], dict(domain.kwargs)
+    if domain.type == "code":
+        kwargs["sandbox"] = (domain.sandbox or SandboxConfig()).model_dump()
     if not domain.shaping:
         return spec, kwargs
     terms = [{"function": t.function, "kwargs": dict(t.kwargs), "weight": t.weight} for t in domain.shaping]

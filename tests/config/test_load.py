@@ -98,7 +98,7 @@ def test_every_declared_config_field_is_read_somewhere():
 
 def test_reward_short_form_and_domains():
     base = ["model.path=m", "data.train_files=[t]"]
-    cfg = load_config(None, [*base, "reward.type=code", "reward.timeout_s=3"])
+    cfg = load_config(None, [*base, "reward.type=code", "reward.kwargs.timeout_s=3"])
     assert list(cfg.reward.domains) == ["default"] and cfg.reward.domains["default"].type == "code"
     assert cfg.reward.single
     cfg = load_config(None, [*base, "reward.domains.math.ratio=0.6", "reward.domains.code.type=code",

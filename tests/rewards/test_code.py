@@ -70,7 +70,7 @@ def test_io_adversarial_programs_score_zero():
     loop = code_reward(fenced("while True:\n    pass"), IO, timeout_s=0.5)
     assert loop.score == 0.0 and loop.info["statuses"] == ["timeout"] and loop.info["runtimes"][0] < 1.5
     snoop = code_reward(fenced("import glob\nprint(glob.glob('/tmp/**', recursive=True))"), IO, **FAST)
-    assert snoop.score == 0.0 and snoop.info["statuses"] == ["blocked"]
+    assert snoop.score == 0.0 and snoop.info["statuses"] == ["wrong"]  # its /tmp is its own, empty work dir
     flood = code_reward(fenced("while True:\n    print(3)"), IO, **FAST)
     assert flood.score == 0.0 and flood.info["statuses"] == ["error"]
 
@@ -91,11 +91,14 @@ def test_asserts_correct_wrong_and_partial():
     good = code_reward(fenced("def add(a: int, b: int) -> int:\n    return a + b"), ASSERTS, **FAST)
     assert (good.score, good.correct, good.info["passed"]) == (1.0, True, 3)
     wrong = code_reward(fenced("def add(a, b):\n    return a - b"), ASSERTS, **FAST)
-    assert (wrong.score, wrong.info["statuses"]) == (0.0, ["error"])
-    assert "AssertionError" in wrong.info["detail"]
+    assert (wrong.score, wrong.info["statuses"]) == (0.0, ["wrong"])
+    assert "assert add(1, 2) == 3: failed with add(1, 2) = -1" in wrong.info["detail"]
     partial = code_reward(fenced("def add(a, b):\n    return a + b if b > 0 else 0"), ASSERTS, partial_credit=True,
                           **FAST)
-    assert partial.score == pytest.approx(2 / 3) and partial.info["statuses"] == ["pass", "pass", "error"]
+    assert partial.score == pytest.approx(2 / 3) and partial.info["statuses"] == ["pass", "pass", "wrong"]
+    crash = code_reward(fenced("def add(a, b):\n    raise ValueError('no')"), ASSERTS, **FAST)
+    assert crash.score == 0.0 and "ValueError: no" in crash.info["detail"]
+    assert "unsplit" not in good.info  # every assert was compared outside the sandbox
 
 
 def test_asserts_ignore_a_main_block_and_use_setup():
@@ -116,10 +119,63 @@ def test_asserts_syntax_error_scores_zero():
     "def add(a, b):\n    return 0\nraise SystemExit",
     "import atexit, os\natexit.register(os._exit, 0)\ndef add(a, b):\n    return 0",
     "import os\nprint(open(os.path.join(os.path.dirname(os.getcwd()), 'solution.py')).read())\nos._exit(0)",
-], ids=["sys.exit", "os._exit", "exit", "SystemExit", "atexit", "read-own-source"])
-def test_asserts_cannot_be_skipped(cheat):
+    # the classic hacks of asserts compared inside the sandbox
+    "class A:\n    def __eq__(self, o):\n        return True\n    __ne__ = lambda s, o: False\n"
+    "def add(a, b):\n    return A()",
+    "import builtins\nbuiltins.AssertionError = type('Never', (BaseException,), {})\ndef add(a, b):\n    return 0",
+    "class I(int):\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return I(0)",
+    # forging the result channel: it still has to contain the right values
+    "import os, json\nos.write(4, json.dumps([{'v': ['b', True]}] * 3).encode())\nos._exit(0)",
+    # reading the expected value from its own program: it is not there
+    "import sys, re\nsrc = open('/sandbox/solution.py').read()\n"
+    "def add(a, b):\n    return int((re.findall(r'== (\\d+)', src) or ['0'])[0])",
+], ids=["sys.exit", "os._exit", "exit", "SystemExit", "atexit", "read-own-source", "always-equal", "rebind-builtin",
+        "int-subclass-eq", "forge-channel", "expected-from-source"])
+def test_asserts_cannot_be_gamed(cheat):
     result = code_reward(fenced(cheat), ASSERTS, partial_credit=True, **FAST)
-    assert result.score == 0.0 and result.correct is False and "pass" not in result.info["statuses"]
+    assert result.score == 0.0 and result.correct is False and "pass" not in result.info["statuses"], result.info
+
+
+def test_asserts_against_a_setup_reference_cannot_be_changed_by_the_program():
+    gt = json.dumps({"setup": "def ref(n):\n    return n * n", "asserts": ["assert square(3) == ref(3)",
+                                                                            "assert abs(square(2) - ref(2)) < 1e-9"]})
+    assert code_reward(fenced("def square(n):\n    return n ** 2"), gt, **FAST).score == 1.0
+    cheat = "def ref(n):\n    return 0\ndef square(n):\n    return 0"  # rebinds the reference
+    assert code_reward(fenced(cheat), gt, partial_credit=True, **FAST).score == 0.0
+
+
+@pytest.mark.parametrize("test, passes", [
+    ("assert sorted(evens(6)) == [0, 2, 4]", True),
+    ("assert list(evens(6)) == [0, 2, 4] and len(evens(4)) == 2", True),
+    ("assert math.isclose(half(3), 1.5) and not evens(0)", True),
+    ("assert evens(6)[1:] == [2, 4]\nassert set(evens(3)) == {0, 2}", True),
+    ("assert half(1) == 0.5 if evens(2) else False", True),
+    ("assert isinstance(evens(2), list) and type(half(2)) is float", True),
+    ("assert evens(6) == [0, 2, 4, 6]", False),
+    ("assert all(x % 2 == 0 for x in evens(6))", True),  # unsplittable: compared inside the sandbox
+    ("def check(candidate):\n    assert candidate(4) == [0, 2]\n    assert candidate(0) == []\ncheck(evens)", True),
+])
+def test_assert_forms(test, passes):
+    gt = json.dumps({"setup": "import math", "asserts": [test]})
+    code = "def evens(n):\n    return [i for i in range(n) if i % 2 == 0]\ndef half(x):\n    return x / 2"
+    result = code_reward(fenced(code), gt, **FAST)
+    assert result.correct is passes, result.info
+    assert result.info.get("unsplit", 0) == (1 if "for x in" in test else 0)
+
+
+def test_results_that_are_not_plain_data_fail():
+    gt = json.dumps({"asserts": ["assert gen(2) == [0, 1]", "assert list(gen(2)) == [0, 1]"]})
+    result = code_reward(fenced("def gen(n):\n    yield from range(n)"), gt, partial_credit=True, **FAST)
+    assert result.info["statuses"] == ["wrong", "pass"]  # a generator is not data; list() of it is
+    assert "cannot be compared outside the sandbox" in result.info["detail"]
+
+
+def test_sample_deadline_is_derived_from_the_sandbox_limits():
+    assert code_reward.deadline_s(ASSERTS, timeout_s=2.0) == pytest.approx(3 * (2.0 + 2.0) + 5.0)
+    assert code_reward.deadline_s(IO) == pytest.approx(3 * (10.0 + 2.0) + 5.0)
+    adaptive = AdaptiveTimeout(t_min=1.0, t_max=4.0).to_dict()
+    assert code_reward.deadline_s(IO, adaptive=adaptive) == pytest.approx(3 * (4.0 + 2.0) + 5.0)
+    assert code_reward.deadline_s("not json") is None
 
 
 # --- ground truth --------------------------------------------------------------------------------------
