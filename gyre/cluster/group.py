@@ -1,8 +1,9 @@
 """A role group: the Ray actors of one role, called together.
 
 ``call`` sends the same arguments to every worker, ``call_each`` one argument tuple per worker; both
-block and return results in rank order. ``submit``/``submit_each`` return the object refs instead, so
-the driver can overlap groups.
+block and return results in rank order, or raise ``RoleFault`` (a worker died, hung past its deadline,
+or raised: see ``gyre.cluster.faults``). ``submit``/``submit_each`` return the object refs instead, so
+the driver can overlap groups; ``gather`` waits on them with the same deadlines.
 """
 
 from __future__ import annotations
@@ -10,19 +11,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gyre.cluster.faults import Watchdog, gather
+
+PROBE_GROUP = {"probe": 1}
+"""Every role actor has a thread for liveness probes besides the one running its methods."""
+
 
 class RoleGroup:
-    def __init__(self, name: str, actors: list, devices: Sequence[int]):
+    def __init__(self, name: str, actors: list, devices: Sequence[int], watchdog: Watchdog | None = None):
         self.name = name
         self.actors = actors
         self.devices = tuple(devices)
+        self.watchdog = watchdog
+        """Deadlines for this group's calls (shared by a run's groups); None waits without a deadline."""
 
     @classmethod
     def create(cls, name: str, worker_cls: type, placement, args_for_rank) -> RoleGroup:
         """One actor per device of ``name`` in the plan; ``args_for_rank(rank) -> (args, kwargs)``."""
         import ray
 
-        remote_cls = ray.remote(worker_cls)
+        remote_cls = ray.remote(concurrency_groups=PROBE_GROUP)(worker_cls)
         devices = placement.plan.roles.get(name)
         actors = []
         for rank, device in enumerate(devices):
@@ -53,14 +61,14 @@ class RoleGroup:
         return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_worker)]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list:
-        import ray
-
-        return ray.get(self.submit(method, *args, **kwargs))
+        return self.gather(self.submit(method, *args, **kwargs), method)
 
     def call_each(self, method: str, per_worker: Sequence[tuple]) -> list:
-        import ray
+        return self.gather(self.submit_each(method, per_worker), method)
 
-        return ray.get(self.submit_each(method, per_worker))
+    def gather(self, refs: Sequence, method: str) -> list:
+        """Results of one ref per worker, in rank order, within the watchdog's deadline."""
+        return gather(refs, self.name, method, self.actors, self.watchdog)
 
     def kill(self) -> None:
         import ray

@@ -24,6 +24,25 @@ class RunConfig(StrictModel):
     seed: NonNegInt = 0
     steps: PositiveInt = 100
     """Number of RL training steps; each consumes one rollout batch."""
+    max_restarts: NonNegInt = 3
+    """In-run recoveries: when a role's worker dies or hangs, the run rebuilds its roles, reloads the last
+    checkpoint (one is saved before the first step) and continues, at most this many times; 0 stops at
+    the first fault with the command that resumes."""
+
+
+class WatchdogConfig(StrictModel):
+    """Deadlines on every remote call to a role: a worker that stalls (stopped, deadlocked in a collective)
+    is reported with its role, rank and what it was doing, and handled like one that died."""
+
+    call_timeout_s: PositiveFloat = 3600.0
+    """The longest any one call to a role may take (model loading and the first steps included)."""
+    stall_factor: PositiveFloat = 20.0
+    """Once a call has a history (three runs), it is declared hung after this many times its usual
+    (median) duration..."""
+    stall_min_s: PositiveFloat = 300.0
+    """...but never sooner than this."""
+    heartbeat_factor: PositiveFloat = 3.0
+    """The progress line shows what the run waits on when a call takes this many times longer than usual."""
 
 
 class ClusterConfig(StrictModel):
@@ -311,6 +330,7 @@ class RLVRConfig(StrictModel):
     pipeline: Literal["rlvr"] = "rlvr"
     run: RunConfig = RunConfig()
     cluster: ClusterConfig = ClusterConfig()
+    watchdog: WatchdogConfig = WatchdogConfig()
     model: ModelConfig
     data: DataConfig
     rollout: RolloutConfig = RolloutConfig()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gyre.cluster.colocation import TimeShare
+from gyre.cluster.faults import Watchdog
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.placement import Placement, create_placement
 from gyre.cluster.workers import (
@@ -32,6 +33,8 @@ class Roles:
     critic: RoleGroup | None
     timeshare: TimeShare
     placement: Placement
+    watchdog: Watchdog
+    """Deadlines of every role call of the run (shared by the groups)."""
 
     @property
     def hybrid(self) -> bool:
@@ -53,12 +56,14 @@ class Roles:
         remove_placement_group(self.placement.group)
 
 
-def build_roles(cfg: RLVRConfig, plan: RunPlan) -> Roles:
-    """Create every role's actors and connect the trainer ranks; on failure release what was made."""
+def build_roles(cfg: RLVRConfig, plan: RunPlan, watchdog: Watchdog | None = None) -> Roles:
+    """Create every role's actors and connect the trainer ranks; on failure release what was made.
+    ``watchdog`` (default: from the config) gives every role call its deadline."""
     placement = create_placement(plan)
     made: list[RoleGroup] = []
+    watchdog = watchdog or Watchdog.from_config(cfg.watchdog)
     try:
-        return _build(cfg, plan, placement, made)
+        return _build(cfg, plan, placement, made, watchdog)
     except BaseException:
         from ray.util.placement_group import remove_placement_group
 
@@ -68,9 +73,7 @@ def build_roles(cfg: RLVRConfig, plan: RunPlan) -> Roles:
         raise
 
 
-def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> Roles:
-    import ray
-
+def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup], watchdog: Watchdog) -> Roles:
     m = cfg.model
     tok_path = m.tokenizer_path or m.path
     threads = plan.threads_per_worker
@@ -98,9 +101,11 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
         made.append(reference)
     critic = _build_critic(cfg, plan, placement, made) if plan.use_critic else None
     reward = _build_rewards(cfg, plan, placement, made)
+    for group in made:
+        group.watchdog = watchdog
     for trainer in (policy, critic):
         if trainer is not None:  # each trainer role is a process group of its own
-            addr, port = ray.get(trainer.actors[0].rendezvous.remote())
+            addr, port = trainer.gather([trainer.actors[0].rendezvous.remote()], "rendezvous")[0]
             trainer.call("setup", addr, port)
     groups = {"policy": policy} if hybrid else {"policy": policy, "rollout": rollout}
     if reference is not None:
@@ -109,7 +114,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
         groups["critic"] = critic
     # Trainer roles load onto their devices at setup; the others start offloaded when the plan offloads.
     resident = {"policy", "critic"} & set(groups) if off else set(groups)
-    return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement)
+    return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement, watchdog)
 
 
 def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> dict:

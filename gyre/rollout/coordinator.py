@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from gyre.cluster.faults import CallClock, fault_from
 from gyre.cluster.group import RoleGroup
 from gyre.types import GenerationRequest, GenerationResult
 
@@ -32,23 +33,32 @@ class RolloutCoordinator:
     def generate(self, requests: Sequence[GenerationRequest],
                  on_results: Callable[[list[GenerationResult]], None] | None = None) -> list[GenerationResult]:
         """All results, ordered by request then sample index. Workers stream finished samples back as they
-        decode; ``on_results`` sees each part as it arrives (e.g. to start scoring it)."""
+        decode; ``on_results`` sees each part as it arrives (e.g. to start scoring it). A worker that dies
+        or stalls past the watchdog's deadline raises ``RoleFault``."""
         import ray
 
         plan = assign_requests(requests, len(self.group))
-        streams = [actor.generate_stream.remote([requests[i] for i in idx], self.stream_parts)
-                   for actor, idx in zip(self.group.actors, plan) if idx]
+        streams = {actor.generate_stream.remote([requests[i] for i in idx], self.stream_parts): rank
+                   for rank, (actor, idx) in enumerate(zip(self.group.actors, plan)) if idx}
+        clock = CallClock(self.group.watchdog, self.group.name, "generate")
         results: list[GenerationResult] = []
         while streams:
-            ready, _ = ray.wait(streams, num_returns=1)
-            try:
-                part = ray.get(next(ready[0]))
-            except StopIteration:
-                streams.remove(ready[0])
-                continue
-            results.extend(part)
-            if on_results is not None:
-                on_results(part)
+            if clock.expired():
+                raise clock.hung(self.group.actors, sorted(streams.values()))
+            ready, _ = ray.wait(list(streams), num_returns=1, timeout=clock.slice())
+            clock.tick()
+            for stream in ready:
+                try:
+                    part = ray.get(next(stream))
+                except StopIteration:
+                    del streams[stream]
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a dead or failing engine, named in a RoleFault
+                    raise fault_from(exc, self.group.name, streams[stream], "generate") from None
+                results.extend(part)
+                if on_results is not None:
+                    on_results(part)
+        clock.done()
         order = {r.request_id: i for i, r in enumerate(requests)}
         results.sort(key=lambda res: (order[res.request_id], res.sample_index))
         return results

@@ -1,0 +1,245 @@
+"""Faults of role workers: a deadline on every remote call, hang diagnosis, and typed errors that name the
+role, the ranks, what they were doing and why.
+
+``gather`` is the one place the driver waits on a role's calls. It returns results in rank order, or
+raises ``RoleFault``:
+
+- ``died``: a worker's process is gone (killed, out of memory, its node lost), or a rank lost a peer
+  inside a collective (gloo/NCCL report the connection, not the death). Recoverable: the run rebuilds
+  its roles and continues from its last checkpoint.
+- ``hung``: the call passed its deadline. Before raising, every unfinished rank is probed on a thread of
+  its own (a Ray concurrency group, so the probe does not queue behind the stuck call): a rank that
+  answers reports where its busy thread is (e.g. inside ``all_reduce``); one that does not answer is
+  stopped or frozen in native code. Recoverable, like a death.
+- ``error``: the method raised. Not recoverable (it would raise again): the run stops with the cause.
+
+``Watchdog`` derives each call's deadline from the config (``watchdog`` section): a hard ceiling for
+any call, and a stall bound of ``stall_factor`` x the call's usual duration once it has a history;
+it also reports a heartbeat when a call runs far longer than usual, for the progress line.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+FaultKind = Literal["died", "hung", "error"]
+_SLICE_S = 0.5
+"""Longest single wait: signals (Ctrl-C, SIGTERM) and heartbeats are handled at least this often."""
+_PROBE_S = 5.0
+_PEER_GRACE_S = 3.0
+"""After a rank raised, how long to look for a dead peer (a collective fails on the survivors too)."""
+_COLLECTIVE_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL error",
+                      "ProcessGroupGloo", "ProcessGroupNCCL", "Socket Timeout", "ncclRemoteError", "Gloo")
+
+
+@dataclass
+class RoleFault(Exception):
+    """A role's call failed: its worker died, hung, or raised."""
+
+    role: str
+    ranks: tuple[int, ...]
+    method: str
+    kind: FaultKind
+    cause: str
+
+    @property
+    def recoverable(self) -> bool:
+        return self.kind != "error"
+
+    def __str__(self) -> str:
+        who = f"{self.role} rank{'s' if len(self.ranks) > 1 else ''} {', '.join(map(str, self.ranks))}"
+        verb = {"died": "died", "hung": "hung", "error": "failed"}[self.kind]
+        return f"{who} {verb} during {self.method}: {self.cause}"
+
+
+@dataclass
+class Watchdog:
+    """Per-call deadlines and heartbeats (see the module docstring)."""
+
+    call_timeout_s: float = 3600.0
+    stall_factor: float = 20.0
+    stall_min_s: float = 300.0
+    heartbeat_factor: float = 3.0
+    on_slow: Callable[[str, float, float | None], None] | None = None
+    """Called while a call runs past heartbeat_factor x its usual duration: (what, elapsed, usual)."""
+    history: dict[str, deque] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg) -> Watchdog:
+        return cls(cfg.call_timeout_s, cfg.stall_factor, cfg.stall_min_s, cfg.heartbeat_factor)
+
+    def usual(self, key: str) -> float | None:
+        """The median of the call's recent durations, once it has run three times."""
+        seen = self.history.get(key)
+        return statistics.median(seen) if seen and len(seen) >= 3 else None
+
+    def deadline_s(self, key: str) -> float:
+        usual = self.usual(key)
+        if usual is None:
+            return self.call_timeout_s  # first calls load models, compile, warm caches: only the ceiling
+        return min(self.call_timeout_s, max(self.stall_min_s, self.stall_factor * usual))
+
+    def observe(self, key: str, seconds: float) -> None:
+        self.history.setdefault(key, deque(maxlen=20)).append(seconds)
+
+    def tick(self, key: str, elapsed: float) -> None:
+        usual = self.usual(key)
+        if usual is None:
+            slow = elapsed > 60.0
+        else:
+            slow = elapsed > self.heartbeat_factor * usual and elapsed > 5.0
+        if slow and self.on_slow is not None:
+            self.on_slow(key, elapsed, usual)
+
+
+def _classify_error(exc: BaseException) -> tuple[FaultKind, str]:
+    import ray.exceptions as rex
+
+    lost = (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError, rex.ObjectLostError,
+            rex.OwnerDiedError, rex.NodeDiedError, rex.LocalRayletDiedError, rex.OutOfMemoryError)
+    cause = exc
+    while isinstance(cause, rex.RayTaskError) and getattr(cause, "cause", None) is not None \
+            and cause.cause is not cause:
+        cause = cause.cause  # a task that failed because something it needed died (e.g. weights' owner)
+    text = str(exc)
+    if isinstance(exc, lost) or isinstance(cause, lost):
+        return "died", _first_line(str(cause)) or type(cause).__name__
+    if any(marker in text for marker in _COLLECTIVE_ERRORS):
+        return "died", "lost a peer rank inside a collective: " + _first_line(text)
+    return "error", _last_lines(text)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:300] if lines else ""
+
+
+def _last_lines(text: str) -> str:
+    """The raised exception itself (the end of a remote traceback), not Ray's framing."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join(lines[-2:])[:500] if lines else "unknown error"
+
+
+_IDLE_FRAMES = ("/ray/", "threading.py", "/concurrent/futures/", "/queue.py", "/selectors.py")
+
+
+def probe_report(_instance=None) -> str:
+    """Run inside a worker on the probe thread: where the worker's busy threads are (the innermost
+    frames of every thread other than this one that is running more than Ray's and the pools' own code)."""
+    here = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == here:
+            continue
+        stack = []
+        while frame is not None:
+            code = frame.f_code
+            stack.append((code.co_filename, frame.f_lineno, code.co_name))
+            frame = frame.f_back
+        if all(any(mark in f for mark in _IDLE_FRAMES) for f, _, _ in stack):
+            continue  # Ray's threads and idle pools
+        inner = [f"{name} ({os.path.basename(f)}:{line})" for f, line, name in stack[:3]]
+        parts.append(" <- ".join(inner))
+    return f"pid {os.getpid()} busy in " + "; ".join(parts) if parts else f"pid {os.getpid()} idle"
+
+
+def _probe(actors: Sequence, ranks: list[int]) -> dict[int, str]:
+    import ray
+
+    refs = {rank: actors[rank].__ray_call__.options(concurrency_group="probe").remote(probe_report) for rank in ranks}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_PROBE_S)
+    out = {}
+    for rank, ref in refs.items():
+        if ref in ready:
+            try:
+                out[rank] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - a probe that failed is itself the answer
+                out[rank] = f"probe failed: {_first_line(str(exc))}"
+        else:
+            out[rank] = "does not respond (stopped, or frozen in native code)"
+    return out
+
+
+class CallClock:
+    """The deadline of one call (or one wait on several workers' calls), with heartbeats."""
+
+    def __init__(self, watchdog: Watchdog | None, role: str, method: str):
+        self.watchdog, self.role, self.method = watchdog, role, method
+        self.key = f"{role}.{method}"
+        self.deadline_s = watchdog.deadline_s(self.key) if watchdog is not None else float("inf")
+        self.start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def expired(self) -> bool:
+        return self.elapsed() > self.deadline_s
+
+    def slice(self) -> float:
+        """How long the next single wait may block."""
+        return max(0.0, min(_SLICE_S, self.deadline_s - self.elapsed()))
+
+    def tick(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.tick(self.key, self.elapsed())
+
+    def done(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.observe(self.key, self.elapsed())
+
+    def hung(self, actors: Sequence, stuck: list[int]) -> RoleFault:
+        """The fault for ranks ``stuck``, after probing each of them."""
+        report = _probe(actors, stuck)
+        cause = f"no result after {self.elapsed():.0f} s (deadline {self.deadline_s:.0f} s); " + "; ".join(
+            f"rank {r}: {why}" for r, why in report.items())
+        return RoleFault(self.role, tuple(stuck), self.method, "hung", cause)
+
+
+def gather(refs: Sequence, role: str, method: str, actors: Sequence, watchdog: Watchdog | None,
+           ranks: Sequence[int] | None = None) -> list:
+    """Results of ``refs`` (one per rank, in order), or a ``RoleFault`` (see the module docstring)."""
+    import ray
+
+    ranks = list(ranks if ranks is not None else range(len(refs)))
+    clock = CallClock(watchdog, role, method)
+    pending = dict(zip(refs, ranks))
+    results: dict[int, object] = {}
+    while pending:
+        if clock.expired():
+            raise clock.hung(actors, sorted(pending.values()))
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=clock.slice())
+        clock.tick()
+        for ref in ready:
+            rank = pending.pop(ref)
+            try:
+                results[rank] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - classified into a RoleFault below
+                raise fault_from(exc, role, rank, method, pending) from None
+    clock.done()
+    return [results[r] for r in ranks]
+
+
+def fault_from(exc: BaseException, role: str, rank: int, method: str, pending: dict | None = None) -> RoleFault:
+    """The fault to report for ``rank``'s failure; a raise that follows the death of a peer in
+    ``pending`` (ref -> rank) is reported as that death."""
+    import ray
+
+    kind, cause = _classify_error(exc)
+    if kind == "error" and pending:
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_PEER_GRACE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as peer_exc:  # noqa: BLE001 - looking for a death among the peers
+                peer_kind, peer_cause = _classify_error(peer_exc)
+                if peer_kind == "died":
+                    return RoleFault(role, (pending[ref],), method, "died", peer_cause)
+    return RoleFault(role, (rank,), method, kind, cause)

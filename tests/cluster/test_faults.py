@@ -1,0 +1,131 @@
+"""Deadlines and fault reports of role calls, with real Ray actors and real process faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from gyre.cluster.faults import RoleFault, Watchdog, gather
+from gyre.cluster.group import PROBE_GROUP
+
+
+class Sleeper:
+    """A stand-in role worker: sleeps, raises, or joins a gloo all-reduce with its peers."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def nap(self, seconds: float, value: int) -> int:
+        time.sleep(seconds)
+        return value
+
+    def fail(self) -> None:
+        raise ValueError("the method's own error")
+
+    def join(self, rank: int, world: int, port: int) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+    def all_reduce(self, seconds: float) -> float:
+        import torch
+        import torch.distributed as dist
+
+        time.sleep(seconds)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return float(t)
+
+
+@pytest.fixture
+def workers(ray_local):
+    remote = ray_local.remote(concurrency_groups=PROBE_GROUP)(Sleeper).options(num_cpus=0)
+    actors = [remote.remote() for _ in range(2)]
+    pids = ray_local.get([a.pid.remote() for a in actors])
+    yield actors, pids
+    for actor, pid in zip(actors, pids):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        ray_local.kill(actor)
+
+
+def test_watchdog_deadline_follows_the_usual_duration():
+    dog = Watchdog(call_timeout_s=100.0, stall_factor=10.0, stall_min_s=5.0)
+    assert dog.deadline_s("policy.train") == 100.0  # no history: the ceiling
+    for seconds in (0.2, 0.4, 0.3):
+        dog.observe("policy.train", seconds)
+    assert dog.usual("policy.train") == pytest.approx(0.3)
+    assert dog.deadline_s("policy.train") == 5.0  # 10 x 0.3 = 3 s, but never below stall_min_s
+    for seconds in (2.0, 2.0, 2.0, 2.0):
+        dog.observe("policy.train", seconds)
+    assert dog.deadline_s("policy.train") == pytest.approx(20.0)  # median 2.0 x 10
+    for _ in range(20):
+        dog.observe("policy.train", 50.0)
+    assert dog.deadline_s("policy.train") == 100.0  # capped by the ceiling
+    slow = []
+    dog.on_slow = lambda key, elapsed, usual: slow.append((key, elapsed, usual))
+    dog.tick("policy.train", 100.0)
+    dog.tick("policy.train", 200.0)
+    assert slow == [("policy.train", 200.0, 50.0)]  # 3 x usual passed only at 200 s
+
+
+def test_gather_returns_results_in_rank_order(workers):
+    actors, _ = workers
+    refs = [actors[0].nap.remote(0.3, 10), actors[1].nap.remote(0.0, 11)]
+    assert gather(refs, "policy", "nap", actors, Watchdog(call_timeout_s=30)) == [10, 11]
+
+
+def test_a_killed_worker_is_a_death_naming_its_rank(workers):
+    actors, pids = workers
+    refs = [actors[0].nap.remote(30, 0), actors[1].nap.remote(30, 1)]
+    time.sleep(0.5)
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RoleFault) as info:
+        gather(refs, "policy", "train", actors, Watchdog(call_timeout_s=60))
+    fault = info.value
+    assert (fault.role, fault.ranks, fault.kind, fault.recoverable) == ("policy", (1,), "died", True)
+    assert time.monotonic() - start < 20  # not after rank 0's 30 s nap
+    assert str(fault).startswith("policy rank 1 died during train:")
+
+
+def test_a_stopped_worker_is_hung_and_probed(workers):
+    actors, pids = workers
+    refs = [actors[0].nap.remote(30, 0), actors[1].nap.remote(30, 1)]
+    time.sleep(0.5)
+    os.kill(pids[1], signal.SIGSTOP)
+    with pytest.raises(RoleFault) as info:
+        gather(refs, "rollout", "generate", actors, Watchdog(call_timeout_s=2.0))
+    fault = info.value
+    assert fault.kind == "hung" and fault.ranks == (0, 1)
+    assert "rank 0: pid" in fault.cause and "nap (test_faults.py" in fault.cause  # where rank 0 is busy
+    assert "rank 1: does not respond (stopped" in fault.cause
+
+
+def test_a_raising_method_is_an_error_with_its_message(workers):
+    actors, _ = workers
+    with pytest.raises(RoleFault) as info:
+        gather([actors[0].fail.remote(), actors[1].nap.remote(0, 1)], "critic", "train", actors, None)
+    assert info.value.kind == "error" and not info.value.recoverable
+    assert "ValueError: the method's own error" in info.value.cause
+
+
+def test_a_rank_lost_inside_a_collective_is_reported_as_the_death(workers):
+    actors, pids = workers
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gather([a.join.remote(r, 2, port) for r, a in enumerate(actors)], "policy", "setup", actors, None)
+    refs = [actors[0].all_reduce.remote(0.0), actors[1].all_reduce.remote(2.0)]
+    time.sleep(0.7)  # rank 0 waits in the all-reduce for rank 1, which is still asleep
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(RoleFault) as info:
+        gather(refs, "policy", "train", actors, Watchdog(call_timeout_s=60))
+    assert info.value.kind == "died" and info.value.ranks == (1,)
