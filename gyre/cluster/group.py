@@ -7,15 +7,20 @@ the driver can overlap groups.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
 class RoleGroup:
-    def __init__(self, name: str, actors: list, devices: Sequence[int]):
+    def __init__(self, name: str, actors: list, devices: Sequence[int], spawn: Callable[[], Any] | None = None,
+                 spawn_args: tuple | None = None):
         self.name = name
         self.actors = actors
         self.devices = tuple(devices)
+        self.spawn = spawn
+        """Starts one more actor like the others (unplaced groups only: placed actors own a device share)."""
+        self.spawn_args = spawn_args
+        """The constructor arguments ``spawn`` passes."""
 
     @classmethod
     def create(cls, name: str, worker_cls: type, placement, args_for_rank) -> RoleGroup:
@@ -35,11 +40,28 @@ class RoleGroup:
     def create_unplaced(cls, name: str, worker_cls: type, count: int, num_cpus: float, args: tuple,
                         max_restarts: int = 0) -> RoleGroup:
         """Actors that hold no device (reward workers): Ray schedules them on any node with free CPUs, and
-        restarts a dead one up to ``max_restarts`` times."""
+        restarts a dead one up to ``max_restarts`` times. A class's ``concurrency_groups`` attribute
+        declares its Ray concurrency groups."""
         import ray
 
-        remote_cls = ray.remote(worker_cls).options(num_cpus=num_cpus, max_restarts=max_restarts)
-        return cls(name, [remote_cls.remote(*args) for _ in range(count)], ())
+        groups = getattr(worker_cls, "concurrency_groups", None)
+        remote = ray.remote(concurrency_groups=groups)(worker_cls) if groups else ray.remote(worker_cls)
+        remote_cls = remote.options(num_cpus=num_cpus, max_restarts=max_restarts)
+
+        def spawn():
+            return remote_cls.remote(*args)
+
+        return cls(name, [spawn() for _ in range(count)], (), spawn, args)
+
+    def respawn(self, rank: int) -> None:
+        """Kill actor ``rank`` for good (Ray kills even a stopped process within seconds) and put a fresh
+        one in its place."""
+        import ray
+
+        if self.spawn is None:
+            raise ValueError(f"{self.name}: only groups made by create_unplaced can start fresh actors")
+        ray.kill(self.actors[rank], no_restart=True)
+        self.actors[rank] = self.spawn()
 
     def __len__(self) -> int:
         return len(self.actors)

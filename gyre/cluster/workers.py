@@ -17,8 +17,12 @@ from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.rewards.base import RewardRequest
+from gyre.rewards.runner import RewardRunner, ScoreReply
 from gyre.tracking.sums import MetricSums
 from gyre.types import GenerationRequest, RewardResult, TrainBatch, TrainStepResult
+
+HEALTH = "health"
+"""The concurrency group of a reward worker's liveness calls: ``actor.ping.options(concurrency_group=HEALTH)``."""
 
 
 def _device(kind: str) -> torch.device:
@@ -228,15 +232,27 @@ class ReferenceWorker:
 
 
 class RewardWorker:
-    """Scores responses in isolated child processes (see ``gyre.rewards.runner``)."""
+    """Scores responses in isolated child processes (see ``gyre.rewards.runner``). ``ping`` and
+    ``child_pids`` run on a thread of their own (the ``HEALTH`` concurrency group), so they answer while
+    ``score`` is busy and the reward pool can tell a busy worker from a stopped or wedged one."""
+
+    concurrency_groups = {HEALTH: 1}
+    """Read by ``RoleGroup.create_unplaced`` (this module does not import Ray)."""
 
     def __init__(self, spec: str, kwargs: dict, timeout_s: float, processes: int):
-        from gyre.rewards.runner import RewardRunner
-
         self.runner = RewardRunner(spec, kwargs, timeout_s, processes)
 
-    def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        return self.runner.score(requests)
+    def score(self, requests: list[RewardRequest]) -> ScoreReply:
+        results = self.runner.score(requests)
+        return ScoreReply(results, self.runner.take_faults())
+
+    def ping(self) -> int:
+        """This worker's process id (call it in the ``HEALTH`` group)."""
+        return os.getpid()
+
+    def child_pids(self) -> list[int]:
+        """The reward child processes' ids (call it in the ``HEALTH`` group)."""
+        return self.runner.child_pids()
 
 
 class ModelRewardWorker:

@@ -105,13 +105,15 @@ class DomainConfig(StrictModel):
     ratio: Annotated[float, Field(gt=0)] | None = None
     """Share of each training batch's prompts drawn from this domain (set it on every domain or none)."""
     timeout_s: PositiveFloat = 10.0
-    """Wall-clock limit per sample; past it the sample scores 0 with status timeout."""
+    """Wall-clock limit per sample; past it the sample scores 0 with status timeout. A function with its own
+    ``deadline_s`` (the code reward: tests x per-test timeout + margin) sets each sample's instead."""
     processes: PositiveInt = 1
     """Child processes per reward worker (isolation from hangs and crashes)."""
     workers: PositiveInt = 1
     """Reward worker actors of this domain, each on one CPU."""
-    retries: NonNegInt = 1
-    """Re-runs of a sample whose worker died (not of a reward that raised: that is deterministic)."""
+    retries: NonNegInt = 2
+    """Re-sends of a reward call whose worker actor died or hung (not of a reward that raised: that is
+    deterministic); past them the run stops with an error naming the domain, worker and cause."""
     shaping: list[ShapingTerm] = []
     adaptive_timeout: AdaptiveTimeoutConfig | None = None
     """type code: per-problem timeouts from the slowest correct run (RollPacker); None keeps timeout_s."""
