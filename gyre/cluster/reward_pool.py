@@ -180,11 +180,13 @@ class RewardPool:
                 refs, poll = [*self._calls, *self._probes], min(1.0, self.limits.probe_every_s)
                 if not refs:  # only held calls, their worker's next ping not yet due
                     time.sleep(poll)
-                ready, _ = ray.wait(refs, num_returns=1, timeout=poll) if refs else ([], [])
-                for ref in ready:
+                ready, rest = ray.wait(refs, num_returns=1, timeout=poll) if refs else ([], [])
+                if ready and rest:  # every answer that is in, before any deadline is judged
+                    ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+                for ref in ready:  # one answer may drop others (a lost worker's calls and ping)
                     if ref in self._calls:
                         self._settle_call(ref)
-                    else:
+                    elif ref in self._probes:
                         self._settle_probe(ref)
                 self._check_workers(time.monotonic())
         except RewardWorkerError:

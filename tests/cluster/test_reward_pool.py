@@ -16,6 +16,8 @@ from tests.cluster.faults import SignalOnStart, gone, wait_until
 FNS = Path(__file__).with_name("pool_rewards.py")
 # Tight enough that a stopped worker is found in seconds, loose enough for a loaded 2-core machine.
 LIMITS = PoolLimits(start_s=60.0, ping_s=2.5, probe_every_s=0.2)
+# The faults hit the worker scoring "a" or "dddd", which open its children's chunks: a signal that
+# arrives late still finds the worker busy.
 RESPONSES = ["a", "bb", "boom", "dddd", "eeeee", "ffffff"]
 
 
@@ -68,7 +70,7 @@ def texts(domain, responses):
 def slow_pool(name, workers, marks, max_restarts=2):
     """A domain scored by ``slow_score`` (pool_rewards.py), whose starts leave marks in ``marks``."""
     group = RoleGroup.create_unplaced(name, RewardWorker, workers, 0.5,
-                                      (f"{FNS}:slow_score", {"delay": 0.25, "marks": str(marks)}, 5.0, 2),
+                                      (f"{FNS}:slow_score", {"delay": 0.3, "marks": str(marks)}, 5.0, 2),
                                       max_restarts=max_restarts)
     return RewardPool({name: DomainScorer(name, group, retries=2)}, LIMITS)
 
@@ -134,12 +136,12 @@ def test_a_killed_worker_s_samples_go_to_the_healthy_one(duo):
     pool, marks, expected = duo
     before = pool.metrics()
     workers = [w for w, _ in pids(pool)]
-    with SignalOnStart(marks, "dddd", signal.SIGKILL, parent=True) as fault:
+    with SignalOnStart(marks, "a", signal.SIGKILL, parent=True) as fault:
         got = scored(pool)
     assert got == expected
     assert pool.metrics()["fault/reward_worker_deaths"] == before["fault/reward_worker_deaths"] + 1
     healthy = next(w for w in workers if w != fault.pid)
-    starts = [m.name.split(".") for m in marks.iterdir() if m.name.startswith("dddd.") and m.name not in fault.seen]
+    starts = [m.name.split(".") for m in marks.iterdir() if m.name.startswith("a.") and m.name not in fault.seen]
     assert [int(ppid) for _, _, ppid, _ in sorted(starts, key=lambda m: int(m[3]))] == [fault.pid, healthy]
     assert scored(pool) == expected
 
@@ -147,7 +149,7 @@ def test_a_killed_worker_s_samples_go_to_the_healthy_one(duo):
 def test_a_stopped_worker_is_found_killed_and_replaced(duo):
     pool, marks, expected = duo
     before, children = pool.metrics(), dict(pids(pool))
-    with SignalOnStart(marks, "dddd", signal.SIGSTOP, parent=True) as fault:
+    with SignalOnStart(marks, "a", signal.SIGSTOP, parent=True) as fault:
         got = scored(pool)
     assert got == expected  # its calls were re-sent to the other worker
     after = pool.metrics()

@@ -123,7 +123,8 @@ def expected(slow_runner):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["SIGKILL", "SIGSTOP"])
 def test_a_child_killed_or_stopped_mid_sample_is_replaced_and_its_sample_re_run(slow_runner, expected, tmp_path, sig):
     requests = [RewardRequest(r, "", options={"marks": str(tmp_path)}) for r in RESPONSES]
-    with SignalOnStart(tmp_path, "dddd", sig) as fault:
+    # "a" opens its child's chunk: a signal that arrives late still finds that child mid-sample.
+    with SignalOnStart(tmp_path, "a", sig) as fault:
         got = slow_runner.score(requests)
     assert comparable(got) == expected  # the sample was re-run, not scored 0 or as a timeout
     faults = slow_runner.take_faults()
