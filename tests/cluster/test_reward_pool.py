@@ -129,6 +129,7 @@ def test_the_only_worker_killed_mid_batch_is_waited_for_then_replaced_when_ray_g
         assert faults["fault/reward_retried_samples"] == len(RESPONSES) * round_
         assert faults["fault/reward_child_deaths"] == 0  # the children died with their worker, never alone
         wait_until(lambda c=children: all(gone(p) for p in c), what="the killed worker's children to exit")
+    assert scored(pool) == expected
     pool.scorers["solo"].group.kill()
 
 
