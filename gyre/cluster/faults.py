@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 FaultKind = Literal["died", "hung", "error"]
+PROBE = "probe"
+"""The Ray concurrency group every role actor has for liveness probes: a thread of its own, so a probe
+answers while the actor's methods run (``actor.method.options(concurrency_group=PROBE)``)."""
 _SLICE_S = 0.5
 """Longest single wait: signals (Ctrl-C, SIGTERM) and heartbeats are handled at least this often."""
 _PROBE_S = 5.0
@@ -154,7 +157,7 @@ def probe_report(_instance=None) -> str:
 def _probe(actors: Sequence, ranks: list[int]) -> dict[int, str]:
     import ray
 
-    refs = {rank: actors[rank].__ray_call__.options(concurrency_group="probe").remote(probe_report) for rank in ranks}
+    refs = {rank: actors[rank].__ray_call__.options(concurrency_group=PROBE).remote(probe_report) for rank in ranks}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_PROBE_S)
     out = {}
     for rank, ref in refs.items():

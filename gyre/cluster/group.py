@@ -8,20 +8,22 @@ the driver can overlap groups; ``gather`` waits on them with the same deadlines.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from gyre.cluster.faults import Watchdog, gather
-
-PROBE_GROUP = {"probe": 1}
-"""Every role actor has a thread for liveness probes besides the one running its methods."""
+from gyre.cluster.faults import PROBE, Watchdog, gather
 
 
 class RoleGroup:
-    def __init__(self, name: str, actors: list, devices: Sequence[int], watchdog: Watchdog | None = None):
+    def __init__(self, name: str, actors: list, devices: Sequence[int], spawn: Callable[[], Any] | None = None,
+                 spawn_args: tuple | None = None, watchdog: Watchdog | None = None):
         self.name = name
         self.actors = actors
         self.devices = tuple(devices)
+        self.spawn = spawn
+        """Starts one more actor like the others (unplaced groups only: placed actors own a device share)."""
+        self.spawn_args = spawn_args
+        """The constructor arguments ``spawn`` passes."""
         self.watchdog = watchdog
         """Deadlines for this group's calls (shared by a run's groups); None waits without a deadline."""
 
@@ -30,7 +32,7 @@ class RoleGroup:
         """One actor per device of ``name`` in the plan; ``args_for_rank(rank) -> (args, kwargs)``."""
         import ray
 
-        remote_cls = ray.remote(concurrency_groups=PROBE_GROUP)(worker_cls)
+        remote_cls = ray.remote(concurrency_groups={PROBE: 1})(worker_cls)
         devices = placement.plan.roles.get(name)
         actors = []
         for rank, device in enumerate(devices):
@@ -46,8 +48,23 @@ class RoleGroup:
         restarts a dead one up to ``max_restarts`` times."""
         import ray
 
-        remote_cls = ray.remote(worker_cls).options(num_cpus=num_cpus, max_restarts=max_restarts)
-        return cls(name, [remote_cls.remote(*args) for _ in range(count)], ())
+        remote = ray.remote(concurrency_groups={PROBE: 1})(worker_cls)
+        remote_cls = remote.options(num_cpus=num_cpus, max_restarts=max_restarts)
+
+        def spawn():
+            return remote_cls.remote(*args)
+
+        return cls(name, [spawn() for _ in range(count)], (), spawn, args)
+
+    def respawn(self, rank: int) -> None:
+        """Kill actor ``rank`` for good (Ray kills even a stopped process within seconds) and put a fresh
+        one in its place."""
+        import ray
+
+        if self.spawn is None:
+            raise ValueError(f"{self.name}: only groups made by create_unplaced can start fresh actors")
+        ray.kill(self.actors[rank], no_restart=True)
+        self.actors[rank] = self.spawn()
 
     def __len__(self) -> int:
         return len(self.actors)

@@ -17,6 +17,7 @@ from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.rewards.base import RewardRequest
+from gyre.rewards.runner import RewardRunner, ScoreReply
 from gyre.tracking.sums import MetricSums
 from gyre.types import GenerationRequest, RewardResult, TrainBatch, TrainStepResult
 
@@ -228,15 +229,24 @@ class ReferenceWorker:
 
 
 class RewardWorker:
-    """Scores responses in isolated child processes (see ``gyre.rewards.runner``)."""
+    """Scores responses in isolated child processes (see ``gyre.rewards.runner``). ``ping`` and
+    ``child_pids`` are called on the actor's probe thread (``gyre.cluster.faults.PROBE``), so they answer
+    while ``score`` is busy and the reward pool can tell a busy worker from a stopped or wedged one."""
 
     def __init__(self, spec: str, kwargs: dict, timeout_s: float, processes: int):
-        from gyre.rewards.runner import RewardRunner
-
         self.runner = RewardRunner(spec, kwargs, timeout_s, processes)
 
-    def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        return self.runner.score(requests)
+    def score(self, requests: list[RewardRequest]) -> ScoreReply:
+        results = self.runner.score(requests)
+        return ScoreReply(results, self.runner.take_faults())
+
+    def ping(self) -> int:
+        """This worker's process id (call it in the ``PROBE`` group)."""
+        return os.getpid()
+
+    def child_pids(self) -> list[int]:
+        """The reward child processes' ids (call it in the ``PROBE`` group)."""
+        return self.runner.child_pids()
 
 
 class ModelRewardWorker:

@@ -121,15 +121,17 @@ class DomainConfig(StrictModel):
     ratio: Annotated[float, Field(gt=0)] | None = None
     """Share of each training batch's prompts drawn from this domain (set it on every domain or none)."""
     timeout_s: PositiveFloat | None = None
-    """Wall-clock limit per sample; past it the sample scores 0 with status timeout. None: 10 s, except
-    for code domains, which derive each sample's limit from its tests (tests x per-test timeout +
-    margins; set the per-test timeout with kwargs.timeout_s or adaptive_timeout) and refuse this key."""
+    """Wall-clock limit per sample; past it the sample scores 0 with status timeout. None: 10 s. A
+    function with its own ``deadline_s`` sets each sample's limit instead: the code reward derives it from
+    the sample's tests (tests x per-test timeout + margins; set the per-test timeout with
+    kwargs.timeout_s or adaptive_timeout), so code domains refuse this key."""
     processes: PositiveInt = 1
     """Child processes per reward worker (isolation from hangs and crashes)."""
     workers: PositiveInt = 1
     """Reward worker actors of this domain, each on one CPU."""
-    retries: NonNegInt = 1
-    """Re-runs of a sample whose worker died (not of a reward that raised: that is deterministic)."""
+    retries: NonNegInt = 2
+    """Re-sends of a reward call whose worker actor died or hung (not of a reward that raised: that is
+    deterministic); past them the run stops with an error naming the domain, worker and cause."""
     shaping: list[ShapingTerm] = []
     adaptive_timeout: AdaptiveTimeoutConfig | None = None
     """type code: per-problem timeouts from the slowest correct run (RollPacker); None keeps kwargs.timeout_s."""

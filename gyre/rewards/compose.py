@@ -2,6 +2,8 @@
 
 ``reward = base + sum(weight * term)``; the base decides correctness, the terms only move the score.
 Each term's value is kept in ``info["shaping"]`` so a run can tell format gains from answer gains.
+A base with its own per-sample deadline (``deadline_s``, e.g. the code reward's) keeps it, plus a
+small margin for the terms.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from functools import cache
 
 from gyre.rewards.base import RewardRequest, call_reward, load_function
 from gyre.types import RewardResult
+
+SHAPING_MARGIN_S = 1.0
+"""Added to the base's deadline for the shaping terms (cheap text checks)."""
 
 
 @cache
@@ -29,3 +34,14 @@ def shaped_reward(response: str, ground_truth: str, *, base: str, base_kwargs: d
         result.score += term["weight"] * value
     result.info = {**result.info, "shaping": shaping}
     return result
+
+
+def _deadline_s(ground_truth: str, *, base: str, base_kwargs: dict, terms: list[dict], **per_request) -> float | None:
+    """The base function's per-sample deadline (see ``gyre.rewards.runner.sample_deadline``) plus
+    ``SHAPING_MARGIN_S``; None, the domain's timeout_s, when the base has none."""
+    own = getattr(_fn(base), "deadline_s", None)
+    value = own(ground_truth, **{**base_kwargs, **per_request}) if callable(own) else None
+    return None if value is None else value + SHAPING_MARGIN_S
+
+
+shaped_reward.deadline_s = _deadline_s

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from gyre.cluster.faults import RoleFault, Watchdog, gather
-from gyre.cluster.group import PROBE_GROUP
+from gyre.cluster.faults import PROBE, RoleFault, Watchdog, gather
 
 
 class Sleeper:
@@ -42,7 +41,7 @@ class Sleeper:
 
 @pytest.fixture
 def workers(ray_local):
-    remote = ray_local.remote(concurrency_groups=PROBE_GROUP)(Sleeper).options(num_cpus=0)
+    remote = ray_local.remote(concurrency_groups={PROBE: 1})(Sleeper).options(num_cpus=0)
     actors = [remote.remote() for _ in range(2)]
     pids = ray_local.get([a.pid.remote() for a in actors])
     yield actors, pids

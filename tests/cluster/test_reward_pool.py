@@ -1,13 +1,25 @@
-"""The reward pool on real Ray actors: per-domain routing, a dying worker retried, failures isolated."""
+"""The reward pool on real Ray actors: per-domain routing, failures isolated, and infrastructure faults
+(worker actors killed or stopped mid-batch) survived without changing any result."""
 
+import signal
+import time
 from pathlib import Path
 
+import pytest
+
+from gyre.cluster.faults import PROBE
 from gyre.cluster.group import RoleGroup
-from gyre.cluster.reward_pool import DomainScorer, RewardPool
+from gyre.cluster.reward_pool import DomainScorer, PoolLimits, RewardPool, RewardWorkerError, call_budget
 from gyre.cluster.workers import RewardWorker
 from gyre.types import GenerationResult, PromptRecord, Sample
+from tests.cluster.faults import SignalOnStart, gone, wait_until
 
 FNS = Path(__file__).with_name("pool_rewards.py")
+# Tight enough that a stopped worker is found in seconds, loose enough for a loaded 2-core machine.
+LIMITS = PoolLimits(start_s=60.0, ping_s=2.5, probe_every_s=0.2)
+# The faults hit the worker scoring "a" or "dddd", which open its children's chunks: a signal that
+# arrives late still finds the worker busy.
+RESPONSES = ["a", "bb", "boom", "dddd", "eeeee", "ffffff"]
 
 
 def samples(domain, n):
@@ -40,12 +52,120 @@ def test_a_dying_worker_is_retried_then_reported(ray_local, tmp_path):
     batch = samples("k", 4)
     pool.score(batch)
     assert all(s.reward.status == "ok" and s.reward.score == 1.0 for s in batch)  # retried after the crash
-    (tmp_path / "m2").unlink(missing_ok=True)
     no_retry = RewardPool({"k": DomainScorer("k", group(ray_local, "k2", "kill_worker_once",
                                                         {"marker": str(tmp_path / "m2")}, workers=1), retries=0)})
-    batch = samples("k", 2)
-    no_retry.score(batch)
-    assert all(s.reward.status == "error" and "reward worker of domain 'k' failed" in s.reward.error for s in batch)
+    # Retries exhausted: a clear error naming the domain, the worker and the cause, never silent zeros.
+    with pytest.raises(RewardWorkerError, match=r"reward domain 'k': worker 0 died \(.*retries=0.*raise retries"):
+        no_retry.score(samples("k", 2))
+    assert no_retry.metrics()["fault/reward_worker_deaths"] == 1
+    for p in (pool, no_retry):
+        p.scorers["k"].group.kill()
+
+
+def texts(domain, responses):
+    prompt = PromptRecord("p", "q", [1], "", domain, domain)
+    return [Sample(prompt, GenerationResult("r", i, [1], [2], text, [0.0], "eos", 0), None)
+            for i, text in enumerate(responses)]
+
+
+def slow_pool(name, workers, marks, max_restarts=2):
+    """A domain scored by ``slow_score`` (pool_rewards.py), whose starts leave marks in ``marks``."""
+    group = RoleGroup.create_unplaced(name, RewardWorker, workers, 0.5,
+                                      (f"{FNS}:slow_score", {"delay": 0.3, "marks": str(marks)}, 5.0, 2),
+                                      max_restarts=max_restarts)
+    return RewardPool({name: DomainScorer(name, group, retries=2)}, LIMITS)
+
+
+def scored(pool):
+    """Score RESPONSES; what the scoring decided (everything but timings)."""
+    (name,) = pool.scorers
+    batch = texts(name, RESPONSES)
+    pool.score(batch)
+    return [(s.reward.score, s.reward.correct, s.reward.status, s.reward.error, s.reward.info) for s in batch]
+
+
+def pids(pool):
+    """(worker pid, its reward children's pids) per worker, once every worker answers (one killed by an
+    earlier test may still be restarting)."""
+    import ray
+
+    def ask(actor, method):
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return ray.get(getattr(actor, method).options(concurrency_group=PROBE).remote(), timeout=60)
+            except ray.exceptions.ActorUnavailableError:
+                assert time.monotonic() < deadline, "a reward worker did not come back"
+                time.sleep(0.2)
+
+    (scorer,) = pool.scorers.values()
+    return [(ask(a, "ping"), ask(a, "child_pids")) for a in scorer.group.actors]
+
+
+@pytest.fixture(scope="module")
+def duo(ray_local, tmp_path_factory):
+    """A domain with two workers, and an uninterrupted scoring of RESPONSES by it."""
+    marks = tmp_path_factory.mktemp("marks")
+    pool = slow_pool("duo", 2, marks)
+    expected = scored(pool)
+    assert expected[2] == (0.0, False, "error", "ValueError: bad response", {})
+    assert expected[3] == (0.4, True, "ok", None, {"length": 4})
+    assert set(pool.metrics().values()) == {0}
+    yield pool, marks, expected
+    pool.scorers["duo"].group.kill()
+
+
+def test_the_only_worker_killed_mid_batch_is_waited_for_then_replaced_when_ray_gives_up(duo, tmp_path):
+    expected = duo[2]
+    pool = slow_pool("solo", 1, tmp_path, max_restarts=1)
+    for round_, what in enumerate(["Ray restarts it", "Ray gave up: a fresh actor replaces it"], start=1):
+        (worker, children), = pids(pool)
+        with SignalOnStart(tmp_path, "dddd", signal.SIGKILL, parent=True) as fault:
+            got = scored(pool)
+        assert fault.pid == worker
+        assert got == expected, what
+        faults = pool.metrics()
+        assert faults["fault/reward_worker_deaths"] == round_
+        assert faults["fault/reward_worker_replacements"] == round_ - 1
+        assert faults["fault/reward_retried_samples"] == len(RESPONSES) * round_
+        assert faults["fault/reward_child_deaths"] == 0  # the children died with their worker, never alone
+        wait_until(lambda c=children: all(gone(p) for p in c), what="the killed worker's children to exit")
+    assert scored(pool) == expected
+    pool.scorers["solo"].group.kill()
+
+
+def test_a_killed_worker_s_samples_go_to_the_healthy_one(duo):
+    pool, marks, expected = duo
+    before = pool.metrics()
+    workers = [w for w, _ in pids(pool)]
+    with SignalOnStart(marks, "a", signal.SIGKILL, parent=True) as fault:
+        got = scored(pool)
+    assert got == expected
+    assert pool.metrics()["fault/reward_worker_deaths"] == before["fault/reward_worker_deaths"] + 1
+    healthy = next(w for w in workers if w != fault.pid)
+    starts = [m.name.split(".") for m in marks.iterdir() if m.name.startswith("a.") and m.name not in fault.seen]
+    assert [int(ppid) for _, _, ppid, _ in sorted(starts, key=lambda m: int(m[3]))] == [fault.pid, healthy]
+    assert scored(pool) == expected
+
+
+def test_a_stopped_worker_is_found_killed_and_replaced(duo):
+    pool, marks, expected = duo
+    before, children = pool.metrics(), dict(pids(pool))
+    with SignalOnStart(marks, "a", signal.SIGSTOP, parent=True) as fault:
+        got = scored(pool)
+    assert got == expected  # its calls were re-sent to the other worker
+    after = pool.metrics()
+    assert after["fault/reward_worker_hangs"] == before["fault/reward_worker_hangs"] + 1
+    assert after["fault/reward_worker_replacements"] == before["fault/reward_worker_replacements"] + 1
+    assert scored(pool) == expected
+    # Ray kills the stopped process within seconds, and its reward children die with it.
+    wait_until(lambda: all(gone(p) for p in [fault.pid, *children[fault.pid]]), what="the stopped worker to exit")
+
+
+def test_call_budget():
+    # Two samples with deadlines 10 s and 20 s on 2 processes: each run may need a fresh child (60 s
+    # start-up) -> runs of 70 s and 80 s; (150 / 2 + 80) = 155 s per round, 3 rounds (2 re-runs).
+    assert call_budget([10.0, 20.0], 2) == pytest.approx(465.0)
 
 
 def test_a_reward_model_role_scores_through_the_pool(ray_local, tiny_model_dir):

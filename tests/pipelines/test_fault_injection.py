@@ -6,7 +6,6 @@ The longer drill (20 faults over every role) is ``bench/fault_injection.py``.
 
 from __future__ import annotations
 
-import pytest
 import yaml
 
 from gyre.cluster.chaos import Fault, compare_runs, run_drill
