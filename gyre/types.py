@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from gyre.tracking.sums import MetricSums
+
+if TYPE_CHECKING:  # torch is imported where tensors are touched: reward processes never need it
+    import torch
 
 WeightVersion = int
 FinishReason = Literal["eos", "stop", "length"]
@@ -171,6 +172,8 @@ R = TypeVar("R")
 
 def select_rows(record: R, index: torch.Tensor | slice) -> R:
     """A copy of a tensor record (e.g. TrainBatch) keeping rows ``index`` of every tensor field."""
+    import torch
+
     changes = {}
     for f in dataclasses.fields(record):  # type: ignore[arg-type]
         value = getattr(record, f.name)
@@ -181,6 +184,8 @@ def select_rows(record: R, index: torch.Tensor | slice) -> R:
 
 def trim_to_length(batch: TrainBatch) -> TrainBatch:
     """Drop trailing columns that are padding in every row (cheaper forward passes)."""
+    import torch
+
     used = int(batch.attention_mask.sum(dim=1).max().item()) if len(batch) else 0
     changes = {}
     for f in dataclasses.fields(batch):
