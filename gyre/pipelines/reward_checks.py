@@ -1,0 +1,114 @@
+"""Reward functions checked on real rows before a run, and a run stopped when too many rewards fail.
+
+A reward that returns a string or NaN, or raises, scores 0 with status "error" and the run goes on:
+one bad sample must not stop training. A reward that fails on most samples, though, trains on zeros
+for nothing. So before Ray starts each domain's function is called on a few real rows (in a child
+process, with the domain's timeout), and during the run a step stops with the first error when more
+than ``max_error_frac`` of a domain's rewards failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gyre.config.reward_schema import DomainConfig
+from gyre.config.schema import RLVRConfig
+from gyre.rewards.base import RewardRequest, RewardSpecError
+from gyre.types import PromptRecord, RewardResult, Sample
+
+PROBE_ROWS = 2
+"""Rows per domain the pre-flight probe scores, each with its ground truth and an empty response."""
+
+
+class RewardCheckError(RewardSpecError):
+    """A reward function fails on real rows before the run starts."""
+
+
+class RewardFailureError(RuntimeError):
+    """More than ``max_error_frac`` of a domain's rewards failed in one step."""
+
+
+def domain_key(cfg_reward, name: str) -> str:
+    """How the config names a domain: ``reward`` in the single-domain short form."""
+    return "reward" if cfg_reward.single else f"reward.domains.{name}"
+
+
+def probe_rewards(cfg: RLVRConfig, train: Sequence[PromptRecord], echo: Callable[[str], None] = print) -> None:
+    """Score a few real rows of each domain (response = the ground truth, and an empty response) the
+    way the run will, and raise RewardCheckError on the first result that is not a valid reward."""
+    from gyre.rewards.registry import function_spec
+    from gyre.rewards.runner import RewardRunner
+
+    runners = {}
+    try:
+        for name, domain in cfg.reward.domains.items():
+            skip = _skip_reason(domain)
+            if skip:
+                echo(f"reward {name}: not probed before the run ({skip})")
+                continue
+            spec, kwargs = function_spec(domain)
+            # Every domain's child starts now and imports in parallel; scoring below waits for it.
+            runners[name] = RewardRunner(spec, kwargs, domain.timeout_s, processes=1)
+        for name, runner in runners.items():
+            truth_scores = []
+            for row in [r for r in train if r.domain == name][:PROBE_ROWS]:
+                for response in (row.ground_truth, ""):
+                    request = RewardRequest(response, row.ground_truth, row.question or row.prompt_text, row.tag)
+                    result = _score_one(cfg, name, runner, request)
+                    _check_probe(cfg, name, row, request, result)
+                    truth_scores += [result.score] if response else []
+            echo(f"reward {name}: its function returned valid rewards on real rows")
+            # Only where an answer equal to the ground truth is a right answer (not code tests, constraints).
+            if cfg.reward.domains[name].type in ("math", "choice", "function") and max(truth_scores, default=1) <= 0:
+                echo(f"note: {domain_key(cfg.reward, name)} scores a response equal to the ground truth 0; check that "
+                     "this is intended")
+    finally:
+        for runner in runners.values():
+            runner.close()
+
+
+def _score_one(cfg: RLVRConfig, name: str, runner, request: RewardRequest) -> RewardResult:
+    try:
+        return runner.score([request])[0]
+    except RuntimeError as exc:  # its processes die before they are ready (their stderr says why)
+        raise RewardCheckError(f"{domain_key(cfg.reward, name)}: {exc}; a script that calls gyre must guard its "
+                               "entry point with `if __name__ == '__main__':` (reward processes are spawned)") from None
+
+
+def _skip_reason(domain: DomainConfig) -> str | None:
+    if domain.model_role is not None:
+        return f"scored by the {domain.model_role} role, which loads when the run starts"
+    if domain.type == "judge":
+        return "an OpenAI-compatible endpoint, called only during the run"
+    return None
+
+
+def _check_probe(cfg: RLVRConfig, name: str, row: PromptRecord, request: RewardRequest, result: RewardResult) -> None:
+    if result.status == "ok":
+        return
+    key = domain_key(cfg.reward, name)
+    what = "an empty response" if not request.response else f"response = its ground truth {request.response[:60]!r}"
+    fix = (f"make it faster or raise {key}.timeout_s" if result.status == "timeout" else
+           "it must return a finite number, a bool or a RewardResult")
+    raise RewardCheckError(
+        f"{key} ({cfg.reward.domains[name].function or cfg.reward.domains[name].type}) fails on real data: on "
+        f"{row.uid} with {what} it gave {result.status}: {result.error}. Fix the reward function or its "
+        f"{key}.kwargs ({fix}).")
+
+
+def check_reward_failures(samples: Sequence[Sample], cfg_reward) -> None:
+    """Stop the run when more than a domain's ``max_error_frac`` of this step's rewards failed (errors
+    and timeouts), with the first failure's message."""
+    for name, domain in cfg_reward.domains.items():
+        mine = [s for s in samples if s.prompt.domain == name]
+        failed = [s for s in mine if s.reward.status != "ok"]
+        if not mine or len(failed) <= domain.max_error_frac * len(mine):
+            continue
+        key = domain_key(cfg_reward, name)
+        first = failed[0]
+        raise RewardFailureError(
+            f"{len(failed)} of {len(mine)} rewards of {key} failed in one step, more than {key}.max_error_frac="
+            f"{domain.max_error_frac:g}; the first, on {first.prompt.uid}: {first.reward.status}: "
+            f"{first.reward.error}. "
+            f"Fix the reward function (gyre check calls it on real rows), raise {key}.timeout_s if these are "
+            f"timeouts, or raise {key}.max_error_frac to train through them.")
