@@ -33,6 +33,12 @@ def domain_key(cfg_reward, name: str) -> str:
     return "reward" if cfg_reward.single else f"reward.domains.{name}"
 
 
+def timeout_key(cfg_reward, name: str) -> str:
+    """The key that sets a domain's time limit: code domains derive it from kwargs.timeout_s per test."""
+    key = domain_key(cfg_reward, name)
+    return f"{key}.kwargs.timeout_s" if cfg_reward.domains[name].type == "code" else f"{key}.timeout_s"
+
+
 def probe_rewards(cfg: RLVRConfig, train: Sequence[PromptRecord], echo: Callable[[str], None] = print) -> None:
     """Score a few real rows of each domain (response = the ground truth, and an empty response) the
     way the run will, and raise RewardCheckError on the first result that is not a valid reward."""
@@ -48,7 +54,7 @@ def probe_rewards(cfg: RLVRConfig, train: Sequence[PromptRecord], echo: Callable
                 continue
             spec, kwargs = function_spec(domain)
             # Every domain's child starts now and imports in parallel; scoring below waits for it.
-            runners[name] = RewardRunner(spec, kwargs, domain.timeout_s, processes=1)
+            runners[name] = RewardRunner(spec, kwargs, domain.sample_timeout_s, processes=1)
         for name, runner in runners.items():
             truth_scores = []
             for row in [r for r in train if r.domain == name][:PROBE_ROWS]:
@@ -88,7 +94,7 @@ def _check_probe(cfg: RLVRConfig, name: str, row: PromptRecord, request: RewardR
         return
     key = domain_key(cfg.reward, name)
     what = "an empty response" if not request.response else f"response = its ground truth {request.response[:60]!r}"
-    fix = (f"make it faster or raise {key}.timeout_s" if result.status == "timeout" else
+    fix = (f"make it faster or raise {timeout_key(cfg.reward, name)}" if result.status == "timeout" else
            "it must return a finite number, a bool or a RewardResult")
     raise RewardCheckError(
         f"{key} ({cfg.reward.domains[name].function or cfg.reward.domains[name].type}) fails on real data: on "
@@ -109,6 +115,6 @@ def check_reward_failures(samples: Sequence[Sample], cfg_reward) -> None:
         raise RewardFailureError(
             f"{len(failed)} of {len(mine)} rewards of {key} failed in one step, more than {key}.max_error_frac="
             f"{domain.max_error_frac:g}; the first, on {first.prompt.uid}: {first.reward.status}: "
-            f"{first.reward.error}. "
-            f"Fix the reward function (gyre check calls it on real rows), raise {key}.timeout_s if these are "
-            f"timeouts, or raise {key}.max_error_frac to train through them.")
+            f"{first.reward.error}. Fix the reward function (gyre check calls it on real rows), raise "
+            f"{timeout_key(cfg_reward, name)} if these are timeouts, or raise {key}.max_error_frac to train through "
+            "them.")

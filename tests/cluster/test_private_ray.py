@@ -100,7 +100,7 @@ def test_an_address_where_no_ray_answers_fails_within_the_deadline(tmp_path, tin
         listener.listen(16)
         address = f"127.0.0.1:{listener.getsockname()[1]}"
         t0 = time.time()
-        proc = _gyre(["train", str(config), "cluster.connect_timeout_s=3", "--address", address])
+        proc = _gyre(["train", str(config), "cluster.connect_timeout_s=1", "--address", address])
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and time.time() - t0 < 30, out[-3000:]
     assert f"cannot reach a Ray cluster at {address}" in out and "ray start --head" in out
