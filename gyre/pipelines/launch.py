@@ -18,7 +18,7 @@ from gyre.config.report import format_plan, resolved_yaml
 from gyre.config.schema import RLVRConfig
 from gyre.pipelines.interrupt import RunInterrupted
 from gyre.pipelines.preflight import load_data, preflight, resolve_paths
-from gyre.pipelines.reward_checks import probe_rewards
+from gyre.pipelines.reward_checks import RewardProbe
 from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start
 
 
@@ -31,10 +31,11 @@ def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], Non
     cfg = resolve_paths(cfg)
     echo("# resolved configuration\n" + resolved_yaml(cfg))
     plan = preflight(cfg, address)
-    data = load_data(cfg)
-    echo(f"data: {len(data.train)} training prompts, {len(data.val_prompts)} held-out prompts"
-         + (f" ({data.dropped_long} dropped: longer than data.max_prompt_tokens)" if data.dropped_long else ""))
-    probe_rewards(cfg, data.train, echo)
+    with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
+        data = load_data(cfg)
+        echo(f"data: {len(data.train)} training prompts, {len(data.val_prompts)} held-out prompts"
+             + (f" ({data.dropped_long} dropped: longer than data.max_prompt_tokens)" if data.dropped_long else ""))
+        probe.check(data.train)
     if address:
         runtime = start_ray(cfg, plan.device_kind, 0, address)
         try:
@@ -55,8 +56,9 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
     cfg = resolve_paths(cfg)
     plan = preflight(cfg, address)
     start = decide_start(cfg.run.output_dir, mode)
-    data = load_data(cfg)
-    probe_rewards(cfg, data.train, echo)
+    with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
+        data = load_data(cfg)
+        probe.check(data.train)
     try:
         start = begin(start, cfg.run.name, echo)
         runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, address, plan.reward_workers)

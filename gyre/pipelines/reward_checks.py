@@ -9,6 +9,7 @@ than ``max_error_frac`` of a domain's rewards failed.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 from gyre.config.reward_schema import DomainConfig
@@ -39,23 +40,49 @@ def timeout_key(cfg_reward, name: str) -> str:
     return f"{key}.kwargs.timeout_s" if cfg_reward.domains[name].type == "code" else f"{key}.timeout_s"
 
 
-def probe_rewards(cfg: RLVRConfig, train: Sequence[PromptRecord], echo: Callable[[str], None] = print) -> None:
+class RewardProbe:
     """Score a few real rows of each domain (response = the ground truth, and an empty response) the
-    way the run will, and raise RewardCheckError on the first result that is not a valid reward."""
-    from gyre.rewards.registry import function_spec
-    from gyre.rewards.runner import RewardRunner
+    way the run will, in a child process per domain, and raise RewardCheckError on the first result
+    that is not a valid reward. The children start on entry, so they import while the data loads::
 
-    runners = {}
-    try:
-        for name, domain in cfg.reward.domains.items():
-            skip = _skip_reason(domain)
-            if skip:
-                echo(f"reward {name}: not probed before the run ({skip})")
-                continue
-            spec, kwargs = function_spec(domain)
-            # Every domain's child starts now and imports in parallel; scoring below waits for it.
-            runners[name] = RewardRunner(spec, kwargs, domain.sample_timeout_s, processes=1)
-        for name, runner in runners.items():
+        with RewardProbe(cfg, echo) as probe:
+            data = load_data(cfg)
+            probe.check(data.train)
+    """
+
+    def __init__(self, cfg: RLVRConfig, echo: Callable[[str], None] = print):
+        self.cfg, self.echo = cfg, echo
+        self.runners: dict = {}
+
+    def __enter__(self) -> RewardProbe:
+        from gyre.rewards.registry import function_spec
+        from gyre.rewards.runner import RewardRunner
+
+        try:
+            for name, domain in self.cfg.reward.domains.items():
+                skip = _skip_reason(domain)
+                if skip:
+                    self.echo(f"reward {name}: not probed before the run ({skip})")
+                    continue
+                spec, kwargs = function_spec(domain)
+                self.runners[name] = RewardRunner(spec, kwargs, domain.sample_timeout_s, processes=1)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, exc_type=None, *exc) -> None:
+        runners, self.runners = list(self.runners.values()), {}
+        if exc_type is None:
+            for runner in runners:
+                runner.close()
+            return
+        # Leaving with an error (bad data, say): do not wait for children still importing to stop.
+        threading.Thread(target=lambda: [r.close() for r in runners], daemon=True).start()
+
+    def check(self, train: Sequence[PromptRecord]) -> None:
+        cfg = self.cfg
+        for name, runner in self.runners.items():
             truth_scores = []
             for row in [r for r in train if r.domain == name][:PROBE_ROWS]:
                 for response in (row.ground_truth, ""):
@@ -63,14 +90,11 @@ def probe_rewards(cfg: RLVRConfig, train: Sequence[PromptRecord], echo: Callable
                     result = _score_one(cfg, name, runner, request)
                     _check_probe(cfg, name, row, request, result)
                     truth_scores += [result.score] if response else []
-            echo(f"reward {name}: its function returned valid rewards on real rows")
+            self.echo(f"reward {name}: its function returned valid rewards on real rows")
             # Only where an answer equal to the ground truth is a right answer (not code tests, constraints).
             if cfg.reward.domains[name].type in ("math", "choice", "function") and max(truth_scores, default=1) <= 0:
-                echo(f"note: {domain_key(cfg.reward, name)} scores a response equal to the ground truth 0; check that "
-                     "this is intended")
-    finally:
-        for runner in runners.values():
-            runner.close()
+                self.echo(f"note: {domain_key(cfg.reward, name)} scores a response equal to the ground truth 0; "
+                          "check that this is intended")
 
 
 def _score_one(cfg: RLVRConfig, name: str, runner, request: RewardRequest) -> RewardResult:
