@@ -116,12 +116,12 @@ def interrupted_message(exc, command: str, argv: list[str]) -> str:
     from gyre.pipelines.checkpoint import CheckpointManager, ResumeError
 
     head = f"gyre: stopped by {signal.Signals(exc.signum).name}"
+    if command == "ablate":  # resume auto: keeps what the ablation finished, if it got that far
+        return f"{head}. Continue the ablation (finished runs and the warm start are kept) with: " \
+               f"{resume_command(argv, auto=True)}"
     if exc.output_dir is None:
         return f"{head} before a run started; nothing was written. Run the same command to start again."
     head += "; actors stopped and Ray shut down."
-    if command == "ablate":
-        return f"{head} Continue the ablation (finished runs and the warm start are kept) with: " \
-               f"{resume_command(argv)}"
     latest = CheckpointManager(exc.output_dir).latest()
     if latest is None:
         return (f"{head} No checkpoint was saved yet in {exc.output_dir}; start again with: "
