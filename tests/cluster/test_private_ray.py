@@ -1,5 +1,6 @@
 """gyre's own Ray is private (never a registered or $RAY_ADDRESS cluster), a bad --address fails in
-seconds, and SIGTERM stops a run cleanly: real `gyre train` processes, real Ray."""
+seconds, and SIGTERM stops a run cleanly: real `gyre train` processes, real Ray. The private-Ray and
+SIGTERM checks share one run (each gyre start costs seconds)."""
 
 import json
 import os
@@ -52,8 +53,9 @@ def _free_port():
 
 
 def _gyre(args, env=None, **kw):
+    extra = {k: v for k, v in (env or {}).items() if isinstance(v, str)}
     return subprocess.Popen([sys.executable, "-m", "gyre.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **extra},
                             start_new_session=True, **kw)
 
 
@@ -73,24 +75,12 @@ def registered_ray():
     while not (Path(tmp) / "ray" / "ray_current_cluster").exists():
         assert proc.poll() is None and time.time() < deadline, "ray start failed"
         time.sleep(0.2)
-    yield {"RAY_TMPDIR": tmp, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    yield {"RAY_TMPDIR": tmp, "RAY_ADDRESS": f"127.0.0.1:{port}", "process": proc}
     proc.terminate()
     try:
         proc.wait(timeout=40)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-def test_a_registered_ray_and_ray_address_are_never_joined(registered_ray, tmp_path, tiny_model_dir,
-                                                           arithmetic_data):
-    config = _config(tmp_path, tiny_model_dir, arithmetic_data, steps=2)
-    proc = _gyre(["train", str(config)], env=registered_ray)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out[-3000:]
-    assert f"note: ignoring RAY_ADDRESS={registered_ray['RAY_ADDRESS']}" in out and "--address $RAY_ADDRESS" in out
-    assert "Started a local Ray instance" in out and "Connecting to existing Ray cluster" not in out
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2]
 
 
 def test_an_address_where_no_ray_answers_fails_within_the_deadline(tmp_path, tiny_model_dir, arithmetic_data):
@@ -108,11 +98,15 @@ def test_an_address_where_no_ray_answers_fails_within_the_deadline(tmp_path, tin
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_sigterm_stops_a_run_cleanly_and_names_the_resume_command(tmp_path, tiny_model_dir, arithmetic_data):
+def test_a_private_run_beside_another_ray_stops_cleanly_on_sigterm_and_resumes(
+        registered_ray, tmp_path, tiny_model_dir, arithmetic_data):
+    """Another Ray is registered on the machine and $RAY_ADDRESS points at it: gyre starts its own Ray
+    anyway. SIGTERM mid-run stops it within 20 s (exit 143) naming the last checkpoint and the resume
+    command, leaves no process of the run behind and the other cluster running; that command completes it."""
     config = _config(tmp_path, tiny_model_dir, arithmetic_data, steps=1000, checkpoint={"every": 1},
                      logging={"progress": False, "tensorboard": True, "plot": False})
     mark = f"gyre-test-{uuid.uuid4().hex}"
-    proc = _gyre(["train", str(config)], env={"GYRE_TEST_MARK": mark})
+    proc = _gyre(["train", str(config)], env={**registered_ray, "GYRE_TEST_MARK": mark})
     try:
         latest = tmp_path / "run" / "checkpoints" / "latest"
         deadline = time.time() + 180
@@ -128,9 +122,12 @@ def test_sigterm_stops_a_run_cleanly_and_names_the_resume_command(tmp_path, tiny
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143 and stopped_in < 20, (proc.returncode, stopped_in, out[-3000:])
     assert "Traceback" not in out
+    assert f"note: ignoring RAY_ADDRESS={registered_ray['RAY_ADDRESS']}" in out and "--address $RAY_ADDRESS" in out
+    assert "Started a local Ray instance" in out and "Connecting to existing Ray cluster" not in out
     message = [line for line in out.splitlines() if line.startswith("gyre: stopped by SIGTERM")]
     assert message and "Last checkpoint: " + str(tmp_path / "run" / "checkpoints" / "step_") in message[0]
-    assert message[0].endswith("Continue with: " + shlex.join(["gyre", "train", str(config), "--resume"]))
+    command = shlex.join(["gyre", "train", str(config), "--resume"])
+    assert message[0].endswith("Continue with: " + command)
     # Every metric line is whole (files closed), and nothing the run started is left running.
     for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
         json.loads(line)
@@ -138,3 +135,13 @@ def test_sigterm_stops_a_run_cleanly_and_names_the_resume_command(tmp_path, tiny
     while _marked(mark) and time.time() < deadline:
         time.sleep(0.2)
     assert _marked(mark) == []
+    assert registered_ray["process"].poll() is None  # the other cluster was left alone
+
+    # The printed command continues the run (one more step, beside the other Ray still).
+    step = int(message[0].split("(step ")[1].split(")")[0])
+    args = shlex.split(command)[1:]
+    proc = _gyre([*args[:2], f"run.steps={step + 1}", *args[2:]], env=registered_ray)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, step + 2))
