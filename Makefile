@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q $(PIP_C) -e ".[dev]"
 	touch $(STAMP)
 
+# --overwrite: a second `make quickstart` moves the previous run to runs/quickstart.old-<time>.
 quickstart: $(STAMP)
-	$(BIN)/gyre quickstart
+	$(BIN)/gyre quickstart --overwrite
 
 test: $(STAMP)
 	$(BIN)/pytest -q

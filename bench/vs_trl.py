@@ -95,9 +95,10 @@ def child(args) -> None:
     print("RESULT " + json.dumps(stamps))
 
 
-def launch_child(run: str, model: str, data: Path, tmp: Path, steps: int) -> list[float]:
+def launch_child(run: str, model: str, data: Path, tmp: Path, steps: int, round_: int) -> list[float]:
+    # A directory per round: gyre refuses to start a fresh run where one already is.
     cmd = [sys.executable, __file__, "--run", run, "--model", model, "--data", str(data),
-           "--out", str(tmp / run.replace(":", "_")), "--steps", str(steps)]
+           "--out", str(tmp / f"{run.replace(':', '_')}-{round_}"), "--steps", str(steps)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -126,7 +127,7 @@ def main() -> None:
         gaps: dict[str, list[float]] = {run: [] for run in RUNS}
         for r in range(args.rounds):
             for run in RUNS if r % 2 == 0 else RUNS[::-1]:
-                gaps[run] += step_gaps(launch_child(run, model, data, tmp, args.steps), args.warmup)
+                gaps[run] += step_gaps(launch_child(run, model, data, tmp, args.steps, r), args.warmup)
                 print(f"  round {r + 1}: {run:<9} {statistics.median(gaps[run]):.3f} s/step so far", flush=True)
         median = {run: statistics.median(g) for run, g in gaps.items()}
         for run, value in median.items():

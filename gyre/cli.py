@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -11,7 +13,33 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="run config (YAML)")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. policy.optimizer.lr=1e-5")
     p.add_argument("--address", default=None,
-                   help="Ray cluster to join (e.g. auto, ray://host:10001); default $RAY_ADDRESS, else a local Ray")
+                   help="Ray cluster to join (auto, host:6379, ray://host:10001); default: a private local Ray "
+                        "($RAY_ADDRESS is not used: pass --address $RAY_ADDRESS to join it)")
+
+
+def _resume_value(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"takes no value or 'auto', not {text!r} (put key=value overrides before "
+                                         "--resume)")
+    return text
+
+
+def _add_start_args(p: argparse.ArgumentParser, what: str = "run.output_dir") -> None:
+    """--resume [auto] | --overwrite: what to do with a run already in the output directory."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_value, metavar="auto",
+                       help=f"continue from the latest checkpoint in {what} (one must exist); --resume auto: "
+                            "resume when there is one, else start fresh")
+    group.add_argument("--overwrite", action="store_true",
+                       help=f"move a run already in {what} aside to <dir>.old-<time> (nothing is deleted) and "
+                            "start fresh")
+
+
+def run_mode(args: argparse.Namespace) -> str:
+    """The RunMode (gyre.pipelines.rundir) the start flags ask for."""
+    if args.overwrite:
+        return "overwrite"
+    return {None: "fresh", True: "resume", "auto": "auto"}[args.resume]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="run training from a config")
     _add_config_args(p)
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
+    _add_start_args(p)
 
     p = sub.add_parser("check", help="print the resolved config and placement plan; start nothing")
     _add_config_args(p)
@@ -38,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quickstart", help="create a tiny model and task, then SFT warm-up + GRPO on CPU")
     p.add_argument("--out", default="runs/quickstart", help="where the model, data and run go")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of the quickstart recipe")
-    p.add_argument("--resume", action="store_true")
+    _add_start_args(p, "--out")
 
     p = sub.add_parser("ablate", help="run algorithm variants x seeds from one warm start; table + plot")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of the base config")
@@ -50,26 +78,69 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", nargs=2, action="append", default=[], metavar=("VARIANT", "KEY=VALUE"),
                    help="an override for one variant only, e.g. --set ppo critic.optimizer.lr=0.001")
     p.add_argument("--out", default="runs/ablation")
+    _add_start_args(p, "--out")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    from gyre.cluster.runtime import ClusterError
     from gyre.config.load import ConfigError
     from gyre.data.prompts import DataError
     from gyre.models.loading import ModelPathError
     from gyre.pipelines.checkpoint import ResumeError
+    from gyre.pipelines.interrupt import RunInterrupted, stop_on_signals
+    from gyre.pipelines.reward_checks import RewardFailureError
+    from gyre.pipelines.rundir import RunDirError
     from gyre.rewards.base import RewardSpecError
 
-    # Bad input is reported in one line; anything else is a bug and keeps its traceback.
-    user_errors = (ConfigError, DataError, ModelPathError, RewardSpecError, ResumeError)
+    # Bad input is reported in one paragraph; anything else is a bug and keeps its traceback.
+    user_errors = (ConfigError, DataError, ModelPathError, RewardSpecError, ResumeError, RunDirError, ClusterError,
+                   RewardFailureError)
     if args.command in ("init-model", "init-data"):
         user_errors += (ValueError,)
     try:
-        return _dispatch(args)
+        with stop_on_signals():
+            return _dispatch(args)
     except user_errors as exc:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2
+    except RunInterrupted as exc:
+        print(interrupted_message(exc, args.command, argv), file=sys.stderr)
+        return exc.exit_code
+
+
+def interrupted_message(exc, command: str, argv: list[str]) -> str:
+    """Where a stopped run stands: its last checkpoint and the exact command that continues it."""
+    from gyre.pipelines.checkpoint import CheckpointManager, ResumeError
+
+    head = f"gyre: stopped by {signal.Signals(exc.signum).name}"
+    if command == "ablate":  # resume auto: keeps what the ablation finished, if it got that far
+        return f"{head}. Continue the ablation (finished runs and the warm start are kept) with: " \
+               f"{resume_command(argv, auto=True)}"
+    if exc.output_dir is None:
+        return f"{head} before a run started; nothing was written. Run the same command to start again."
+    head += "; actors stopped and Ray shut down."
+    latest = CheckpointManager(exc.output_dir).latest()
+    if latest is None:
+        return (f"{head} No checkpoint was saved yet in {exc.output_dir}; start again with: "
+                f"{resume_command(argv, auto=True)}")
+    try:
+        step = f" (step {CheckpointManager(exc.output_dir).load_state(latest).step})"
+    except ResumeError:
+        step = ""
+    return f"{head} Last checkpoint: {latest}{step}. Continue with: {resume_command(argv)}"
+
+
+def resume_command(argv: list[str], auto: bool = False) -> str:
+    """``argv`` as a gyre command line with its start flags replaced by --resume (or --resume auto)."""
+    kept = []
+    for i, arg in enumerate(argv):
+        after_resume = arg == "auto" and i > 0 and argv[i - 1] == "--resume"
+        if arg not in ("--overwrite", "--resume", "--resume=auto") and not after_resume:
+            kept.append(arg)
+    return shlex.join(["gyre", *kept, "--resume", *(["auto"] if auto else [])])
 
 
 def _dispatch(args) -> int:
@@ -96,7 +167,7 @@ def _dispatch(args) -> int:
     if args.command == "check":
         launch.check(cfg, args.address)
         return 0
-    summary = launch.train(cfg, args.address, resume=args.resume)
+    summary = launch.train(cfg, args.address, mode=run_mode(args))
     _print_summary(summary)
     return 0
 
@@ -125,7 +196,7 @@ def _quickstart(args) -> int:
 
     out = Path(args.out)
     cfg = _quickstart_config(out, args.overrides)
-    summary = launch.train(cfg, None, resume=args.resume)
+    summary = launch.train(cfg, None, mode=run_mode(args))
     _print_summary(summary)
     print(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'reward_accuracy.png'}  tensorboard: {out / 'tensorboard'}")
     return 0
@@ -146,7 +217,7 @@ def _ablate(args) -> int:
             raise ConfigError(f"--set {label} {item}: no variant labelled {label!r} (variants: {', '.join(labels)})")
         labels[label].overrides.append(item)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    run_ablation(base, variants, seeds, args.steps, out)
+    run_ablation(base, variants, seeds, args.steps, out, mode=run_mode(args))
     print((out / "ablation.md").read_text())
     print(f"table: {out / 'ablation.md'}  plot: {out / 'ablation.png'}")
     return 0

@@ -29,7 +29,8 @@ def ray_local():
     """One embedded Ray for every test that needs actors (starting Ray costs seconds)."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False,
+        # "local": a private instance even when another Ray is registered on the machine.
+        ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()

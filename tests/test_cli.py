@@ -49,3 +49,11 @@ def test_errors_are_one_clear_line(tmp_path, tiny_model_dir, arithmetic_data, ca
 def test_init_commands_report_bad_arguments_in_one_line(tmp_path, capsys):
     assert main(["init-model", "--preset", "huge", "--out", str(tmp_path / "m")]) == 2
     assert "choose one of" in capsys.readouterr().err
+
+
+def test_the_resume_command_replaces_the_start_flags():
+    from gyre.cli import resume_command
+
+    assert resume_command(["train", "my run.yaml", "a=1", "--overwrite"]) == "gyre train 'my run.yaml' a=1 --resume"
+    assert resume_command(["quickstart", "--resume", "auto", "--out", "x"]) == "gyre quickstart --out x --resume"
+    assert resume_command(["train", "c.yaml", "--resume"], auto=True) == "gyre train c.yaml --resume auto"

@@ -37,15 +37,33 @@ def validate_config(raw: dict[str, Any], source: str = "config") -> RLVRConfig:
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text())
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as "
+                          "UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{_yaml_where(path, exc)}: not valid YAML ({_yaml_problem(exc)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (run:, model:, ...), not {type(data).__name__}")
     return data
+
+
+def _yaml_where(source: object, exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(source)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The one-line reason (PyYAML's message spans several lines with a caret drawing)."""
+    parts = [getattr(exc, "context", None), getattr(exc, "problem", None)]
+    return "; ".join(p for p in parts if p) or str(exc).splitlines()[0]
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
@@ -59,7 +77,8 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot parse the value of override {item!r}: {exc}") from None
+        raise ConfigError(f"cannot parse the value of override {item!r} as YAML ({_yaml_problem(exc)}); quote "
+                          "strings that hold YAML syntax, e.g. key='a: b'") from None
     node = raw
     for part in parts[:-1]:
         child = node.get(part)

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from gyre.config.base import DeviceList, NonNegInt, PositiveFloat, PositiveInt, StrictModel
+from gyre.config.base import DeviceList, NonNegInt, PositiveFloat, PositiveInt, StrictModel, UnitFloat
 
 RewardType = Literal["math", "code", "ifeval", "choice", "function", "judge", "reward_model"]
 
@@ -132,6 +132,9 @@ class DomainConfig(StrictModel):
     retries: NonNegInt = 2
     """Re-sends of a reward call whose worker actor died or hung (not of a reward that raised: that is
     deterministic); past them the run stops with an error naming the domain, worker and cause."""
+    max_error_frac: UnitFloat = 0.5
+    """The run stops, with the first error, when more than this share of the domain's rewards in one step
+    fail (raise, return a non-number or NaN, time out); 1 never stops."""
     shaping: list[ShapingTerm] = []
     adaptive_timeout: AdaptiveTimeoutConfig | None = None
     """type code: per-problem timeouts from the slowest correct run (RollPacker); None keeps kwargs.timeout_s."""

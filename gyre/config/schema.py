@@ -47,8 +47,10 @@ class WatchdogConfig(StrictModel):
 
 class ClusterConfig(StrictModel):
     address: str | None = None
-    """Ray address of an existing cluster ("auto", "ray://host:10001"); None uses $RAY_ADDRESS, else an
-    embedded local Ray is started."""
+    """Ray address of an existing cluster ("auto", "host:6379", "ray://host:10001"); None starts a private
+    local Ray (never one found in $RAY_ADDRESS or a `ray start`)."""
+    connect_timeout_s: PositiveFloat = 15.0
+    """Seconds an existing cluster has to answer when joining it (Ray alone would retry for ever)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Kind of device that role device lists index: "auto" is cuda when GPUs are visible, else cpu."""
     cpu_slots: PositiveInt | None = None

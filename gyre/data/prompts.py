@@ -45,8 +45,9 @@ def read_rows(path: str | Path) -> Iterator[RawRow]:
         return
     if p.suffix not in (".jsonl", ".json"):
         raise DataError(f"data file {path}: unsupported format {p.suffix!r}; use .jsonl or .parquet")
-    with p.open() as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with p.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = _decode(raw, p, lineno)
             if not line.strip():
                 continue
             try:
@@ -56,6 +57,14 @@ def read_rows(path: str | Path) -> Iterator[RawRow]:
             if not isinstance(row, dict):
                 raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
             yield RawRow(f"{p}:{lineno}", row)
+
+
+def _decode(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                        "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
 
 class PromptRenderer:
@@ -133,7 +142,8 @@ def load_prompts(files: list[str], renderer: PromptRenderer, max_prompt_tokens: 
                                         tag=_tag(row), question=_question(row)))
     if not records:
         raise DataError(f"no usable prompts in {files}" + (f" ({dropped} longer than data.max_prompt_tokens="
-                                                           f"{max_prompt_tokens})" if dropped else ""))
+                                                           f"{max_prompt_tokens}: raise it)" if dropped else
+                                                           ": the files hold no rows"))
     return records, dropped
 
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gyre.models.checks import ModelPathError, check_config_json, check_tokenizer_files, check_weights
+
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
-class ModelPathError(ValueError):
-    """The configured model directory is missing or is not a Hugging Face model directory."""
-
-
-def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
-    """Fail early, before Ray starts, when ``path`` cannot be a local HF causal-LM directory."""
+def check_model_dir(path: str | Path, key: str = "model.path", weights: bool = True, tokenizer: bool = True) -> Path:
+    """Fail early, before Ray starts, when ``path`` cannot be a local HF model directory: config.json
+    parses, weight headers are sound (``weights``), tokenizer files exist (``tokenizer``)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise ModelPathError(
@@ -22,6 +21,11 @@ def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
         raise ModelPathError(
             f"{key}={str(path)!r} is not a Hugging Face model directory (no config.json inside). "
             "Weights cannot be downloaded by gyre: save the model with save_pretrained() and point here.")
+    check_config_json(p, key)
+    if weights:
+        check_weights(p, key)
+    if tokenizer:
+        check_tokenizer_files(p, key)
     return p
 
 
@@ -37,7 +41,12 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     quiet_transformers()
-    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, ImportError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelPathError(f"cannot load the tokenizer in {path}: {first[:300]}. Save a working tokenizer there "
+                             "(tokenizer.save_pretrained()), or set model.tokenizer_path to one.") from None
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise ModelPathError(f"the tokenizer in {path} has neither a pad nor an EOS token; add one")

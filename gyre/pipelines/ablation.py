@@ -3,6 +3,8 @@
 The base config's SFT warm-up (if any) runs once; every variant and seed then starts RL from that same
 model, so differences come from the algorithm and the RL seed only. Each run writes its own metrics;
 the runner collects held-out accuracy against step into a Markdown table, a JSON file and a plot.
+Like a single run, an ablation never replaces an earlier one in its directory: resuming keeps the
+warm start and every finished run (``result.json``), overwriting moves the earlier ablation aside.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from gyre.config.load import ConfigError, apply_override, validate_config
 from gyre.config.presets import PRESETS
 from gyre.config.report import resolved_yaml
 from gyre.config.schema import RLVRConfig
+from gyre.pipelines.checkpoint import ResumeError
+from gyre.pipelines.rundir import RunDirError, RunMode, run_artifacts, set_aside
+
+ABLATION_FILES = ("ablation.md", "ablation.json", "ablation.png", "base_config.yaml", "warm_start", "warm_start_logs")
+"""What an ablation writes at the top of its directory (besides one directory per variant)."""
 
 
 @dataclass
@@ -60,34 +67,70 @@ def variant_config(base: RLVRConfig, variant: Variant, seed: int, steps: int, mo
 
 def warm_start(base: RLVRConfig, out: Path, echo: Callable[[str], None]) -> str:
     """The shared starting model: the base config's SFT warm-up, run once (or the model itself)."""
+    from gyre.models.loading import ModelPathError, check_model_dir
     from gyre.pipelines import launch
 
     if base.sft_warmup is None:
         return base.model.path
     target = out / "warm_start"
-    if (target / "config.json").exists():
+    try:
+        check_model_dir(target, key="warm start")
         echo(f"reusing the warm-started model in {target}")
         return str(target)
+    except ModelPathError:
+        partial = run_artifacts(out, ("warm_start", "warm_start_logs"))
+        if partial:  # a warm-up stopped before it saved the model
+            echo(f"the warm start in {out} is incomplete: moved it to {set_aside(out, partial)}")
     launch.warm_up(base, target, echo)
     return str(target)
 
 
+def ablation_artifacts(out: Path) -> list[Path]:
+    """What an earlier ablation left in ``out``: its files, and each variant directory holding a run."""
+    if not out.is_dir():
+        return []
+    variants = [d for d in sorted(out.iterdir()) if d.is_dir() and d.name not in ABLATION_FILES
+                and any(s.is_dir() and run_artifacts(s) for s in d.iterdir())]
+    return run_artifacts(out, ABLATION_FILES) + variants
+
+
+def prepare_ablation_dir(out: Path, mode: RunMode, echo: Callable[[str], None]) -> bool:
+    """Refuse, resume or set aside an earlier ablation in ``out``, as for a run; True when resuming."""
+    found = ablation_artifacts(out)
+    if found and mode == "fresh":
+        raise RunDirError(f"{out} already holds an ablation ({', '.join(p.name for p in found[:4])}). Add --resume "
+                          "to keep its warm start and finished runs and run the rest, or --overwrite to move it to "
+                          f"{out}.old-<time> (nothing is deleted); or choose another --out.")
+    if not found and mode == "resume":
+        raise ResumeError(f"--resume: no ablation in {out} to continue; run without --resume to start one "
+                          "(or use --resume auto).")
+    if found and mode == "overwrite":
+        echo(f"--overwrite: moved the previous ablation's files from {out} to {set_aside(out, found)}")
+    return mode in ("resume", "auto")
+
+
 def run_ablation(base: RLVRConfig, variants: list[Variant], seeds: list[int], steps: int, out: Path,
-                 echo: Callable[[str], None] = print) -> list[RunResult]:
+                 echo: Callable[[str], None] = print, mode: RunMode = "fresh") -> list[RunResult]:
     from gyre.pipelines import launch
 
+    resume = prepare_ablation_dir(out, mode, echo)
     out.mkdir(parents=True, exist_ok=True)
     model = warm_start(base, out, echo)
     results = []
     for variant in variants:
         for seed in seeds:
             run_dir = out / variant.label / f"seed{seed}"
+            if resume and (run_dir / "result.json").is_file():
+                results.append(RunResult(**json.loads((run_dir / "result.json").read_text())))
+                echo(f"== {variant.label}, seed {seed}: kept the finished run in {run_dir}")
+                continue
             cfg = variant_config(base, variant, seed, steps, model, run_dir)
             echo(f"== {variant.label} (preset {variant.preset}), seed {seed}: {run_dir}")
             t0 = time.perf_counter()
-            launch.train(cfg, echo=lambda s: None)
+            launch.train(cfg, mode="auto" if resume else "fresh", echo=lambda s: None)
             results.append(RunResult(variant.label, seed, read_curve(run_dir / "metrics.jsonl"),
                                      (time.perf_counter() - t0) / 60))
+            (run_dir / "result.json").write_text(json.dumps(results[-1].__dict__))
             echo(f"   held-out accuracy {results[-1].curve[0][1]:.1%} -> {results[-1].curve[-1][1]:.1%} "
                  f"({results[-1].minutes:.1f} min)")
     write_report(results, out, base)

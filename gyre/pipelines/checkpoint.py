@@ -6,26 +6,30 @@ Layout under ``<output_dir>/checkpoints``::
         policy/             model + optimizer (torch.distributed.checkpoint, one shard file per rank)
                             and each rank's LR schedule and RNG state
         critic/             the same for the critic, when the algorithm has one
-        driver.json         step, data position, weight version, config fingerprint
+        driver.json         step, data position, weight version, config fingerprint, run id
     latest                  name of the newest complete checkpoint
 
 A checkpoint is written into ``step_XXXXXX.tmp`` and renamed only once complete, and ``latest`` is
 replaced atomically after that, so a run killed at any instant leaves either the old or the new
-checkpoint intact, never a torn one. Incomplete ``.tmp`` directories are removed on resume.
+checkpoint intact, never a torn one. Incomplete ``.tmp`` directories are removed on resume. Pruning
+orders checkpoints by step number and never removes the one ``latest`` names; a missing or stale
+``latest`` falls back to the highest complete checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 class ResumeError(ValueError):
-    """A checkpoint cannot continue this run (different data or seed, unreadable state)."""
+    """A checkpoint cannot continue this run (none there, another run's, different data, unreadable)."""
 
 
 @dataclass
@@ -46,12 +50,16 @@ class DriverState:
     """Held-out accuracy at each validation so far."""
     algorithm: dict = field(default_factory=dict)
     """Algorithm state across steps: running reward moments, the adaptive KL coefficient."""
+    run_id: str = ""
+    """The run that wrote it (``run.json``); empty in checkpoints written before run ids existed."""
 
 
 class CheckpointManager:
-    def __init__(self, output_dir: str | Path, keep_last: int = 2):
+    def __init__(self, output_dir: str | Path, keep_last: int = 2, run_id: str = ""):
         self.root = Path(output_dir) / "checkpoints"
         self.keep_last = keep_last
+        self.run_id = run_id
+        """Stamped into every checkpoint this manager commits."""
 
     def begin(self, step: int) -> Path:
         """A fresh temporary directory to write step ``step`` into; returns its policy/ path's parent."""
@@ -63,7 +71,8 @@ class CheckpointManager:
         return tmp
 
     def commit(self, tmp: Path, state: DriverState) -> Path:
-        """Write the driver state, then publish ``tmp`` as a complete checkpoint."""
+        """Write the driver state (stamped with this run's id), then publish ``tmp`` as a complete checkpoint."""
+        state = replace(state, run_id=self.run_id)
         _write_atomic(tmp / "driver.json", json.dumps(asdict(state), indent=2))
         _fsync_tree(tmp)
         final = tmp.with_suffix("")
@@ -74,36 +83,45 @@ class CheckpointManager:
         self._prune()
         return final
 
+    def complete(self) -> list[tuple[int, Path]]:
+        """(step, directory) of every complete checkpoint, by step number."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            match = _STEP_DIR.match(path.name)
+            if match and (path / "driver.json").is_file():
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
     def latest(self) -> Path | None:
+        """The checkpoint ``latest`` names; if that is missing or incomplete, the highest complete one."""
         pointer = self.root / "latest"
-        if not pointer.is_file():
-            return None
-        path = self.root / pointer.read_text().strip()
-        return path if (path / "driver.json").is_file() else None
+        if pointer.is_file():
+            path = self.root / pointer.read_text().strip()
+            if _STEP_DIR.match(path.name) and (path / "driver.json").is_file():
+                return path
+        done = self.complete()
+        return done[-1][1] if done else None
 
     def load_state(self, path: Path) -> DriverState:
         try:
             return DriverState(**json.loads((path / "driver.json").read_text()))
         except (OSError, TypeError, ValueError) as exc:
-            raise ResumeError(f"cannot read the checkpoint at {path}: {exc}") from None
-
-    def find_resume_point(self, resume: bool, echo: Callable[[str], None]) -> Path | None:
-        """The checkpoint to continue from (None: start fresh); removes torn partial checkpoints."""
-        if not resume:
-            return None
-        self.clean_partial()
-        latest = self.latest()
-        echo(f"resuming from {latest}" if latest else "no checkpoint found: starting from scratch")
-        return latest
+            raise ResumeError(f"cannot read the checkpoint at {path}: {exc}; resume from another checkpoint "
+                              "(point checkpoints/latest at it) or start over with --overwrite") from None
 
     def clean_partial(self) -> None:
+        """Remove torn checkpoints (``.tmp`` directories a killed run was writing)."""
         for tmp in self.root.glob("step_*.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _prune(self) -> None:
-        done = sorted(p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for old in done[:-self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        """Keep the ``keep_last`` highest steps and whatever ``latest`` names."""
+        keep = self.latest()
+        for _, path in self.complete()[:-self.keep_last]:
+            if path != keep:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_atomic(path: Path, text: str) -> None:

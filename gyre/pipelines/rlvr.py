@@ -23,6 +23,7 @@ from gyre.data.batching import gather_rows, samples_to_batch, split_for_ranks
 from gyre.engines.losses import PolicyLossSpec
 from gyre.pipelines.advantage import AlgorithmState, correct_mismatch, estimate_advantages
 from gyre.pipelines.checkpoint import CheckpointManager, DriverState, ResumeError
+from gyre.pipelines.reward_checks import check_reward_failures
 from gyre.pipelines.rlvr_data import RunData, config_fingerprint
 from gyre.pipelines.roles import Roles, reward_scorers
 from gyre.rollout.coordinator import RolloutCoordinator
@@ -148,8 +149,9 @@ class RLVRPipeline:
         return samples
 
     def score(self, samples: list[Sample]) -> dict:
-        """Wait for every sample's RewardResult; failed rewards score 0 and are counted."""
+        """Wait for every sample's RewardResult; failed rewards score 0 and are counted (too many stop the run)."""
         self.rewards.wait()
+        check_reward_failures(samples, self.cfg.reward)
         errors = sum(s.reward.status == "error" for s in samples)
         timeouts = sum(s.reward.status == "timeout" for s in samples)
         self.reward_totals["errors"] += errors

@@ -13,6 +13,7 @@ import inspect
 import math
 import numbers
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,31 +40,57 @@ class RewardSpecError(ValueError):
 
 
 def load_function(spec: str) -> RewardFn:
-    """Import ``module:function`` or ``file.py:function``."""
+    """Import ``module:function`` or ``file.py:function``; an import that fails (syntax error, an
+    exception at import time) is a RewardSpecError naming the file, line and error."""
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise RewardSpecError(
             f'reward function {spec!r} must look like "package.module:function" or "file.py:function"')
     if target.endswith(".py"):
-        path = Path(target).expanduser().resolve()
-        if not path.is_file():
-            raise RewardSpecError(f"reward function file {target} does not exist")
-        mod_name = f"gyre_user_reward_{abs(hash(str(path)))}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[mod_name] = module
-            loader_spec.loader.exec_module(module)
+        module = _import_file(target)
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
             raise RewardSpecError(f"cannot import module {target!r} of reward function {spec!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's module failed at import: say where
+            raise RewardSpecError(_import_failure(target, exc)) from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise RewardSpecError(f"{target!r} has no callable named {name!r} (reward function {spec!r})")
     return fn
+
+
+def _import_file(target: str):
+    path = Path(target).expanduser().resolve()
+    if not path.is_file():
+        raise RewardSpecError(f"reward function file {target} does not exist")
+    mod_name = f"gyre_user_reward_{abs(hash(str(path)))}"
+    module = sys.modules.get(mod_name)
+    if module is None:
+        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[mod_name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:  # noqa: BLE001 - the user's file failed at import: say where
+            del sys.modules[mod_name]  # a later load must run the file again, not find half a module
+            raise RewardSpecError(_import_failure(str(path), exc, path)) from None
+    return module
+
+
+def _import_failure(target: str, exc: BaseException, path: Path | None = None) -> str:
+    """One paragraph: which file and line failed, and with what error."""
+    if isinstance(exc, SyntaxError):
+        where = f"{exc.filename or target}, line {exc.lineno}"
+        return (f"reward function file {where}: {type(exc).__name__}: {exc.msg}. Fix the file, then check it with "
+                "gyre check.")
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if path is None or Path(f.filename) == path] or frames
+    where = f"{mine[-1].filename}, line {mine[-1].lineno}" if mine else target
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (f"importing reward function module {target} failed at {where}: {type(exc).__name__}"
+            f"{': ' + message[:300] if message else ''}. Fix the module, then check it with gyre check.")
 
 
 def call_reward(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardResult:

@@ -1,7 +1,8 @@
 """Write per-step metrics to ``metrics.jsonl`` and TensorBoard.
 
 On resume, records after the checkpointed step are dropped from the JSONL file (they belong to steps
-that will run again) and TensorBoard purges them too, so every step appears exactly once.
+that will run again) and TensorBoard purges them too, so every step appears exactly once. The logger
+never deletes files: a fresh run gets a directory with no earlier run in it (``pipelines/rundir.py``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -21,9 +21,6 @@ class MetricsLogger:
         self.path = self.dir / "metrics.jsonl"
         if resume_step is not None:
             self._truncate_after(resume_step)
-        else:  # a fresh run replaces what an earlier run left in the same directory
-            self.path.unlink(missing_ok=True)
-            shutil.rmtree(self.dir / "tensorboard", ignore_errors=True)
         self._fh = self.path.open("a")
         self._tb = self._sft_tb = None
         self._tensorboard = tensorboard

@@ -40,4 +40,8 @@ def _summary(m: dict) -> str:
                             ("time/step", "s/step", "{:.2f}")):
         if m.get(key) is not None:
             parts.append(f"{label}={fmt.format(m[key])}")
+    # Failed rewards score 0: show them where they are seen, not only in the metrics.
+    for key, label in (("reward/errors", "reward_errors"), ("reward/timeouts", "reward_timeouts")):
+        if m.get(key):
+            parts.append(f"{label}={m[key]}")
     return " ".join(parts)

@@ -33,6 +33,8 @@ def test_math_code_and_judge_domains_in_one_run(ray_local, tiny_model_dir, tmp_p
         "reward.domains.chat.type=judge", "reward.domains.chat.ratio=0.25",
         f"reward.domains.chat.judge.model_path={tiny_model_dir}", "reward.domains.chat.judge.devices=[1]",
         "reward.domains.chat.judge.max_new_tokens=3", "reward.domains.chat.judge.score_pattern=(\\d)",
+        # A random tiny judge rarely writes a digit: its unscored replies count as errors, not a reason to stop.
+        "reward.domains.chat.max_error_frac=1",
     ])
     launch.train(cfg, echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -117,7 +117,7 @@ def test_ppo_with_a_critic_role_warms_up_checkpoints_and_resumes(ray_local, tiny
     assert abs(records[1]["advantages/mean"]) < 1e-5  # whitened advantages
     assert (tmp_path / "run" / "checkpoints" / "step_000003" / "critic").is_dir()
     # Resume the critic, the optimizer and the adaptive-KL state for one more step.
-    launch.train(quick_config(tmp_path, tiny_model_dir, arithmetic_data, *args, "run.steps=4"), resume=True,
+    launch.train(quick_config(tmp_path, tiny_model_dir, arithmetic_data, *args, "run.steps=4"), mode="resume",
                  echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and math.isfinite(records[-1]["critic/value_loss"])

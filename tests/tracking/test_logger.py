@@ -21,14 +21,18 @@ def test_resume_drops_records_after_the_checkpoint(tmp_path):
     assert records[-1]["reward/mean"] == 0.44
 
 
-def test_fresh_run_replaces_old_files_and_writes_tensorboard(tmp_path):
+def test_logger_deletes_nothing_and_writes_tensorboard(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 9, "phase": "train"}) + "\n")
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "old_events").write_text("x")
     log = MetricsLogger(tmp_path, tensorboard=True)
     log.log(1, {"reward/mean": 0.1, "nan_metric": float("nan")})
     log.log(1, {"sft_loss": 2.0}, phase="sft")
     log.close()
     records = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 1] and records[0]["nan_metric"] is None
+    # Keeping one run per directory is rundir's job; the logger only appends.
+    assert [r["step"] for r in records] == [9, 1, 1] and records[1]["nan_metric"] is None
+    assert (tmp_path / "tensorboard" / "old_events").read_text() == "x"
     assert any((tmp_path / "tensorboard" / "rl").iterdir()) and any((tmp_path / "tensorboard" / "sft").iterdir())
 
 

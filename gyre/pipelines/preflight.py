@@ -1,0 +1,89 @@
+"""Everything checked before Ray starts: paths, model directories (headers, not whole weights), reward
+functions (imported, then called on real rows), the cluster address, and every data row.
+
+Bad input fails here in seconds with one message naming the fix, not in an actor with a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gyre.config.derive import RunPlan, detect_local_devices, make_plan
+from gyre.config.schema import RLVRConfig
+from gyre.models.loading import check_model_dir
+from gyre.rewards.registry import check_functions
+
+
+def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
+    """A copy with every path absolute: actors may run in another directory or on another node."""
+
+    def absolute(path: str) -> str:
+        return str(Path(path).expanduser().resolve())
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.model.path = absolute(cfg.model.path)
+    if cfg.model.tokenizer_path:
+        cfg.model.tokenizer_path = absolute(cfg.model.tokenizer_path)
+    if cfg.critic.model_path:
+        cfg.critic.model_path = absolute(cfg.critic.model_path)
+    cfg.data.train_files = [absolute(f) for f in cfg.data.train_files]
+    cfg.data.val_files = [absolute(f) for f in cfg.data.val_files]
+    cfg.run.output_dir = Path(absolute(str(cfg.run.output_dir)))
+    if cfg.sft_warmup is not None:
+        cfg.sft_warmup.train_files = [absolute(f) for f in cfg.sft_warmup.train_files]
+    for domain in cfg.reward.domains.values():
+        fn = domain.function
+        if fn and fn.rpartition(":")[0].endswith(".py"):
+            target, _, name = fn.rpartition(":")
+            domain.function = f"{absolute(target)}:{name}"
+        if domain.judge is not None and domain.judge.model_path:
+            domain.judge.model_path = absolute(domain.judge.model_path)
+        if domain.reward_model is not None:
+            domain.reward_model.path = absolute(domain.reward_model.path)
+    return cfg
+
+
+def check_models(cfg: RLVRConfig) -> None:
+    """Every model directory the run loads: config.json, weight headers, tokenizer files."""
+    check_model_dir(cfg.model.path, tokenizer=not cfg.model.tokenizer_path)
+    if cfg.model.tokenizer_path:
+        check_model_dir(cfg.model.tokenizer_path, key="model.tokenizer_path", weights=False)
+    if cfg.critic.model_path and cfg.algorithm.estimator == "gae":
+        check_model_dir(cfg.critic.model_path, key="critic.model_path", tokenizer=False)
+    for name, domain in cfg.reward.domains.items():
+        if domain.model_role == "judge":
+            check_model_dir(domain.judge.model_path, key=f"reward.domains.{name}.judge.model_path")
+        if domain.reward_model is not None:
+            check_model_dir(domain.reward_model.path, key=f"reward.domains.{name}.reward_model.path")
+
+
+def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
+    """Validate the config and inputs without Ray. With an ``address`` the devices are counted only
+    after joining, so the plan checks everything but whether the named devices exist."""
+    from gyre.cluster.runtime import check_reachable
+
+    check_models(cfg)
+    for domain in cfg.reward.domains.values():
+        check_functions(domain)
+    if address:
+        check_reachable(address, "cluster.address" if cfg.cluster.address == address else "--address")
+        return make_plan(cfg, "cuda" if cfg.cluster.device == "cuda" else "cpu", None)
+    kind, count = detect_local_devices(cfg)
+    return make_plan(cfg, kind, count)
+
+
+def load_data(cfg: RLVRConfig):
+    """Every prompt row, tokenised, routed to its reward domain and validated (each domain checks its
+    ground truths: math answers, code tests, constraint lists...)."""
+    from gyre.data.prompts import DataError
+    from gyre.pipelines.rlvr_data import RunData
+    from gyre.rewards.registry import bad_ground_truths
+
+    data = RunData.load(cfg)
+    for name, domain in cfg.reward.domains.items():
+        records = [r for r in data.train + data.val_prompts if r.domain == name]
+        bad = bad_ground_truths(domain, records)
+        if bad:
+            raise DataError(f"{len(bad)} ground truths of reward domain {name!r} ({domain.type}) cannot be used, "
+                            "e.g. " + "; ".join(f"{r.uid}: {r.ground_truth[:80]!r} ({why})" for r, why in bad[:3]))
+    return data
