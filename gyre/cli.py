@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of the quickstart recipe")
     _add_start_args(p, "--out")
 
+    p = sub.add_parser("sandbox-serve", help="serve the code sandbox over HTTP for reward.domains.<d>.sandbox.url")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--token-env", default=None,
+                   help="environment variable holding the bearer token clients must send (recommended)")
+    p.add_argument("--concurrent", type=int, default=None, help="programs run at once (default: CPU count)")
+
     p = sub.add_parser("ablate", help="run algorithm variants x seeds from one warm start; table + plot")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of the base config")
     p.add_argument("--config", default=None, help="base config (YAML); default: the quickstart recipe and task")
@@ -85,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    from gyre.cluster.faults import RunFailed
+    from gyre.cluster.reward_pool import RewardWorkerError
     from gyre.cluster.runtime import ClusterError
     from gyre.config.load import ConfigError
     from gyre.data.prompts import DataError
@@ -94,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     from gyre.pipelines.reward_checks import RewardFailureError
     from gyre.pipelines.rundir import RunDirError
     from gyre.rewards.base import RewardSpecError
+    from gyre.rewards.sandbox import SandboxUnavailable
 
     # Bad input is reported in one paragraph; anything else is a bug and keeps its traceback.
     user_errors = (ConfigError, DataError, ModelPathError, RewardSpecError, ResumeError, RunDirError, ClusterError,
-                   RewardFailureError)
+                   RewardFailureError, SandboxUnavailable)
     if args.command in ("init-model", "init-data"):
         user_errors += (ValueError,)
     try:
@@ -109,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunInterrupted as exc:
         print(interrupted_message(exc, args.command, argv), file=sys.stderr)
         return exc.exit_code
+    except (RunFailed, RewardWorkerError) as exc:
+        print(f"gyre: error: {exc} {where_to_resume(getattr(exc, 'output_dir', None), argv)}", file=sys.stderr)
+        return 1
 
 
 def interrupted_message(exc, command: str, argv: list[str]) -> str:
@@ -116,6 +129,8 @@ def interrupted_message(exc, command: str, argv: list[str]) -> str:
     from gyre.pipelines.checkpoint import CheckpointManager, ResumeError
 
     head = f"gyre: stopped by {signal.Signals(exc.signum).name}"
+    if command == "sandbox-serve":
+        return f"{head}: the sandbox server is down."
     if command == "ablate":  # resume auto: keeps what the ablation finished, if it got that far
         return f"{head}. Continue the ablation (finished runs and the warm start are kept) with: " \
                f"{resume_command(argv, auto=True)}"
@@ -131,6 +146,16 @@ def interrupted_message(exc, command: str, argv: list[str]) -> str:
     except ResumeError:
         step = ""
     return f"{head} Last checkpoint: {latest}{step}. Continue with: {resume_command(argv)}"
+
+
+def where_to_resume(output_dir, argv: list[str]) -> str:
+    """The last checkpoint of a run that stopped on a fault, and the command that continues it."""
+    from gyre.pipelines.checkpoint import CheckpointManager
+
+    latest = CheckpointManager(output_dir).latest() if output_dir is not None else None
+    if latest is None:
+        return f"Fix the cause, then continue with: {resume_command(argv, auto=True)}"
+    return f"Last checkpoint: {latest}. Fix the cause, then continue with: {resume_command(argv)}"
 
 
 def resume_command(argv: list[str], auto: bool = False) -> str:
@@ -161,6 +186,8 @@ def _dispatch(args) -> int:
         return _quickstart(args)
     if args.command == "ablate":
         return _ablate(args)
+    if args.command == "sandbox-serve":
+        return _sandbox_serve(args)
     cfg = load_config(args.config, args.overrides)
     from gyre.pipelines import launch
 
@@ -220,6 +247,29 @@ def _ablate(args) -> int:
     run_ablation(base, variants, seeds, args.steps, out, mode=run_mode(args))
     print((out / "ablation.md").read_text())
     print(f"table: {out / 'ablation.md'}  plot: {out / 'ablation.png'}")
+    return 0
+
+
+def _sandbox_serve(args) -> int:
+    import os
+
+    from gyre.config.load import ConfigError
+    from gyre.rewards.sandbox.remote import ServerLimits, make_server
+
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise ConfigError(f"--token-env {args.token_env}: that environment variable is empty or not set")
+    limits = ServerLimits(concurrent=args.concurrent) if args.concurrent else ServerLimits()
+    server = make_server(args.host, args.port, token, limits)
+    print(f"gyre sandbox server on http://{args.host}:{server.server_address[1]} "
+          f"({'bearer token required' if token else 'no token: anyone who can reach this port may run code'}); "
+          "Ctrl-C stops it", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
     return 0
 
 

@@ -161,6 +161,7 @@ class Case:
 
 
 ROW = '{"prompt": "1+1=", "ground_truth": "2"}\n'
+CODE_ROW = json.dumps({"prompt": "echo", "ground_truth": json.dumps({"inputs": ["1"], "outputs": ["1"]})}) + "\n"
 CASES = [
     # ---- config ----------------------------------------------------------------------------------
     Case("config-missing", lambda e: ["train", str(e.root / "nope.yaml")], ("nope.yaml does not exist",)),
@@ -252,6 +253,14 @@ CASES = [
     Case("reward-timeout", lambda e: reward_fn(e, "slow", "reward.timeout_s=0.5"), ("timeout", "reward.timeout_s")),
     Case("reward-shaping-missing", lambda e: train(e, "reward.shaping=[{function: 'gyre.rewards.shaping:nope'}]"),
          ("has no callable named 'nope'",)),
+    Case("reward-code-timeout-per-sample", lambda e: train(e, "reward={type: code, timeout_s: 5}"),
+         ("derives each sample's time limit from its tests", "kwargs.timeout_s")),
+    Case("reward-code-sandbox-unreachable",
+         lambda e: train(e, f"data.train_files=[{e.file('code.jsonl', CODE_ROW)}]",
+                         "reward={type: code, sandbox: {url: 'http://127.0.0.1:1'}}"),
+         ("sandbox server at http://127.0.0.1:1 does not answer", "gyre sandbox-serve")),
+    Case("reward-sandbox-on-math", lambda e: train(e, "reward={type: math, sandbox: {allow_weak: true}}"),
+         ("sandbox applies to the code reward only",)),
     # ---- command-line flags --------------------------------------------------------------------
     Case("cli-resume-and-overwrite", lambda e: train(e, "--resume", "--overwrite"), ("not allowed with",)),
     Case("cli-resume-value", lambda e: train(e, "--resume", "later"), ("takes no value or 'auto'",)),

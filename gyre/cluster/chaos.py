@@ -118,7 +118,7 @@ def plan_faults(count: int, seed: int, targets: tuple[Target, ...] = ("policy", 
 
 # ---- drills: a run under faults, compared with an uninterrupted one -----------------------------------
 
-_VOLATILE = ("time", "time/", "reward/latency", "/reward_latency", "faults/")
+_VOLATILE = ("time", "time/", "reward/latency", "/reward_latency", "fault/")
 """Metric keys that measure time or count faults: they differ between a faulted run and a straight one."""
 
 
@@ -188,19 +188,35 @@ def _end_session(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_drill(config: Path, faults: list[Fault], seed: int, gap_s: tuple[float, float] = (3.0, 8.0),
+def _last_record_time(config: Path) -> float:
+    """Wall time of the newest record in the run's metrics (0 when there is none)."""
+    import json
+
+    import yaml
+
+    out = Path(yaml.safe_load(Path(config).read_text())["run"]["output_dir"])
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return float(json.loads(lines[-1])["time"]) if lines else 0.0
+    except (OSError, ValueError, KeyError, IndexError):
+        return 0.0
+
+
+def run_drill(config: Path, faults: list[Fault], seed: int, gap_s: tuple[float, float] = (0.5, 3.0),
               timeout_s: float = 1800.0, log_path: Path | None = None) -> DrillReport:
-    """Run ``gyre train config`` and apply ``faults`` one by one, ``gap_s`` seconds apart (uniform, from
-    ``seed``); a killed driver is restarted with ``--resume``. Returns when the run has finished; raises
-    RuntimeError when it fails or overruns ``timeout_s``."""
+    """Run ``gyre train config`` and apply ``faults`` one by one: each waits until the run has logged a
+    step since the previous fault (so it lands in a running run, not a restarting one), then
+    ``gap_s`` more seconds (uniform, from ``seed``). A killed driver is restarted with ``--resume auto``.
+    Returns when the run has finished; raises RuntimeError when it fails or overruns ``timeout_s``."""
     rng = random.Random(seed)
     queue = list(faults)
     report = DrillReport(log=log_path or Path(config).with_suffix(".drill.log"))
     start = time.monotonic()
+    last_fault_wall = time.time()
+    due = None
     with open(report.log, "w") as log:
         proc = _start(config, log, resume=False)
         report.driver_starts = 1
-        due = start + rng.uniform(*gap_s)
         try:
             while proc.poll() is None or proc.returncode != 0:
                 now = time.monotonic()
@@ -208,19 +224,21 @@ def run_drill(config: Path, faults: list[Fault], seed: int, gap_s: tuple[float, 
                     raise RuntimeError(f"the drill overran {timeout_s:.0f} s; see {report.log}")
                 if proc.poll() is not None:
                     raise RuntimeError(f"the run failed (exit {proc.returncode}); see {report.log}")
-                if queue and now >= due:
+                if queue and due is None and _last_record_time(config) > last_fault_wall:
+                    due = now + rng.uniform(*gap_s)  # the run is stepping again: strike soon
+                if queue and due is not None and now >= due:
                     pid = inject(queue[0], proc.pid, rng)
-                    if pid is None:  # nothing to hit right now (e.g. a role being rebuilt): soon again
-                        due = now + 0.5
+                    if pid is None:  # nothing to hit right now: try again shortly
+                        due = now + 0.2
                         continue
                     report.injected.append((round(now - start, 1), str(queue.pop(0)), pid))
-                    due = now + rng.uniform(*gap_s)
+                    last_fault_wall, due = time.time(), None
                     if pid == proc.pid:
                         proc.wait()
                         _end_session(proc)
                         proc = _start(config, log, resume=True)
                         report.driver_starts += 1
-                time.sleep(0.1)
+                time.sleep(0.05)
         finally:
             if proc.poll() is None:
                 _end_session(proc)

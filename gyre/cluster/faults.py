@@ -36,7 +36,7 @@ PROBE = "probe"
 answers while the actor's methods run (``actor.method.options(concurrency_group=PROBE)``)."""
 _SLICE_S = 0.5
 """Longest single wait: signals (Ctrl-C, SIGTERM) and heartbeats are handled at least this often."""
-_PROBE_S = 5.0
+_PROBE_S = 2.0
 _PEER_GRACE_S = 3.0
 """After a rank raised, how long to look for a dead peer (a collective fails on the survivors too)."""
 _COLLECTIVE_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL error",
@@ -60,7 +60,21 @@ class RoleFault(Exception):
     def __str__(self) -> str:
         who = f"{self.role} rank{'s' if len(self.ranks) > 1 else ''} {', '.join(map(str, self.ranks))}"
         verb = {"died": "died", "hung": "hung", "error": "failed"}[self.kind]
-        return f"{who} {verb} during {self.method}: {self.cause}"
+        return f"{who} {verb} during {self.method}: {self.cause.rstrip('. ')}"
+
+
+class RunFailed(RuntimeError):
+    """A role fault the run could not recover from (recovery off or exhausted, or the method raised)."""
+
+    def __init__(self, fault: RoleFault, recoveries: int, max_restarts: int, output_dir):
+        self.fault, self.recoveries, self.max_restarts, self.output_dir = fault, recoveries, max_restarts, output_dir
+        if not fault.recoverable:
+            why = "it raised, which would happen again on a restart"
+        elif max_restarts == 0:
+            why = "in-run recovery is off (run.max_restarts: 0)"
+        else:
+            why = f"in-run recovery is exhausted ({recoveries} of run.max_restarts={max_restarts} used)"
+        super().__init__(f"{fault}. The run stopped: {why}.")
 
 
 @dataclass

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from gyre.cluster.reward_pool import RewardWorkerError
 from gyre.config.derive import RunPlan, make_plan
 from gyre.config.report import format_plan, resolved_yaml
 from gyre.config.schema import RLVRConfig
 from gyre.pipelines.interrupt import RunInterrupted
-from gyre.pipelines.preflight import load_data, preflight, resolve_paths
+from gyre.pipelines.preflight import check_code_sandboxes, load_data, preflight, resolve_paths
 from gyre.pipelines.reward_checks import RewardProbe
 from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start
 
@@ -35,6 +37,7 @@ def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], Non
         data = load_data(cfg)
         echo(f"data: {len(data.train)} training prompts, {len(data.val_prompts)} held-out prompts"
              + (f" ({data.dropped_long} dropped: longer than data.max_prompt_tokens)" if data.dropped_long else ""))
+        check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
         probe.check(data.train)
     if address:
         runtime = start_ray(cfg, plan.device_kind, 0, address)
@@ -58,6 +61,7 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
     start = decide_start(cfg.run.output_dir, mode)
     with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
         data = load_data(cfg)
+        check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
         probe.check(data.train)
     try:
         start = begin(start, cfg.run.name, echo)
@@ -66,16 +70,42 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
             if address:
                 plan = make_plan(cfg, runtime.device_kind, runtime.num_devices)
             echo(format_plan(cfg, plan))
-            return run_pipeline(cfg, plan, data, start, echo)
+            return run_with_recovery(cfg, plan, data, start, echo)
         finally:
             runtime.shutdown()
-    except RunInterrupted as exc:
+    except (RunInterrupted, RewardWorkerError) as exc:
         exc.output_dir = Path(cfg.run.output_dir)  # the CLI names its last checkpoint and the resume command
         raise
 
 
-def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo):
-    """Build the roles and run the pipeline from ``start``: from scratch, or from a checkpoint of this run."""
+def run_with_recovery(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo):
+    """``run_pipeline``, and after each recoverable fault (a worker died or hung) the same again with new
+    workers from the run's latest checkpoint, at most ``run.max_restarts`` times. Resume is exact, so the
+    metric stream goes on as if nothing had happened; the steps after the checkpoint run again."""
+    from gyre.cluster.faults import RoleFault, RunFailed, Watchdog
+    from gyre.pipelines.checkpoint import CheckpointManager
+
+    watchdog = Watchdog.from_config(cfg.watchdog)  # usual call durations survive the rebuilds
+    first_data = data.train_sampler.state_dict()  # where a restart from scratch must begin the data again
+    recoveries = 0
+    while True:
+        try:
+            return run_pipeline(cfg, plan, data, start, echo, watchdog, recoveries)
+        except RoleFault as fault:
+            if not fault.recoverable or recoveries >= cfg.run.max_restarts:
+                raise RunFailed(fault, recoveries, cfg.run.max_restarts, Path(cfg.run.output_dir)) from None
+            recoveries += 1
+            latest = CheckpointManager(cfg.run.output_dir).latest()
+            echo(f"gyre: {fault}. Recovering ({recoveries} of at most {cfg.run.max_restarts}): new workers, "
+                 f"continuing from {latest or 'the start'}.")
+            start = replace(start, checkpoint=latest)
+            if latest is None:
+                data.train_sampler.load_state_dict(first_data)
+
+
+def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, watchdog=None, recoveries: int = 0):
+    """Build the roles and run the pipeline from ``start``: from scratch, or from a checkpoint of this run.
+    ``recoveries`` > 0: the run restarts after a fault (with no checkpoint, its own records are dropped)."""
     from gyre.pipelines.checkpoint import CheckpointManager
     from gyre.pipelines.rlvr import RLVRPipeline
     from gyre.pipelines.roles import build_roles
@@ -86,11 +116,12 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo):
     (out / "resolved_config.yaml").write_text(resolved_yaml(cfg))
     checkpoints = CheckpointManager(out, cfg.checkpoint.keep_last, start.run_id)
     latest = start.checkpoint
-    roles = build_roles(cfg, plan)
+    roles = build_roles(cfg, plan, watchdog)
     logger = None
     try:
         resume_step = checkpoints.load_state(latest).step if latest else None
-        logger = MetricsLogger(out, cfg.logging.tensorboard, resume_step=resume_step)
+        logger = MetricsLogger(out, cfg.logging.tensorboard, resume_step=resume_step,
+                               restart=recoveries > 0 and latest is None)
         if cfg.sft_warmup is not None and latest is None:
             _sft_warmup(cfg, plan, roles, data, logger)
         p = cfg.policy
@@ -99,6 +130,7 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo):
             c = cfg.critic
             roles.critic.call("configure_optimizer", c.optimizer, c.scheduler, plan.total_optimizer_steps, c.grad_clip)
         pipeline = RLVRPipeline(cfg, plan, roles, data, logger, checkpoints)
+        pipeline.recoveries = recoveries
         summary = pipeline.run(resume_from=latest, echo=echo)
         if cfg.logging.plot:
             plot_run(out / "metrics.jsonl", out / "reward_accuracy.png", title=cfg.run.name)

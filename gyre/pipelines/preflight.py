@@ -87,3 +87,69 @@ def load_data(cfg: RLVRConfig):
             raise DataError(f"{len(bad)} ground truths of reward domain {name!r} ({domain.type}) cannot be used, "
                             "e.g. " + "; ".join(f"{r.uid}: {r.ground_truth[:80]!r} ({why})" for r, why in bad[:3]))
     return data
+
+
+def check_code_sandboxes(cfg: RLVRConfig, records, echo) -> None:
+    """Code domains: say which sandbox layers hold on this machine (or that the remote sandbox answers),
+    refuse weak containment unless the domain accepted it, and count assert tests that cannot be
+    compared outside the sandbox. Raises SandboxUnavailable."""
+    from gyre.rewards.sandbox import SandboxUnavailable
+    from gyre.rewards.sandbox.probe import capabilities
+
+    for name, domain in cfg.reward.domains.items():
+        if domain.type != "code":
+            continue
+        box = domain.sandbox
+        if box is not None and box.url:
+            _check_remote_sandbox(name, box, echo)
+        else:
+            caps = capabilities()
+            if not caps.contained and not (box is not None and box.allow_weak):
+                raise SandboxUnavailable(f"reward domain {name!r}: " + caps.refusal())
+            echo(f"reward.domains.{name}: {caps.describe()}")
+        _note_unsplit_asserts(name, [r for r in records if r.domain == name], echo)
+
+
+def _check_remote_sandbox(name: str, box, echo) -> None:
+    import json
+    import os
+    import urllib.request
+
+    from gyre.rewards.sandbox import SandboxUnavailable
+
+    token = os.environ.get(box.token_env) if box.token_env else None
+    request = urllib.request.Request(box.url.rstrip("/") + "/health",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            mode = json.loads(response.read()).get("mode", "?")
+    except (OSError, ValueError) as exc:
+        raise SandboxUnavailable(
+            f"reward domain {name!r}: the sandbox server at {box.url} does not answer ({exc}). Start it there with "
+            f"`gyre sandbox-serve`, check reward.domains.{name}.sandbox.url (and token_env), or remove url to run "
+            "programs on this machine.") from None
+    echo(f"reward.domains.{name}: programs run in the remote sandbox at {box.url} (its mode: {mode})")
+
+
+def _note_unsplit_asserts(name: str, records, echo) -> None:
+    import json
+
+    from gyre.rewards.code_asserts import Unsplittable, plan_test
+
+    total = unsplit = 0
+    example = ""
+    for record in records:
+        try:
+            tests = json.loads(record.ground_truth)
+        except ValueError:
+            continue
+        for test in tests.get("asserts", []) if isinstance(tests, dict) else []:
+            total += 1
+            try:
+                plan_test(test, tests.get("setup") or "", "")
+            except Unsplittable:
+                unsplit += 1
+                example = example or f"{record.uid}: {test[:60]!r}"
+    if unsplit:
+        echo(f"note: reward.domains.{name}: {unsplit} of {total} assert tests cannot be compared outside the sandbox "
+             f"(e.g. {example}); they run whole inside it, where an object that always compares equal passes them")

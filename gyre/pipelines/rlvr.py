@@ -66,6 +66,8 @@ class RLVRPipeline:
         self.reward_totals = {"errors": 0, "timeouts": 0}
         self.val_history: list[float] = []
         self.algo_state = AlgorithmState.create(cfg.algorithm)
+        self.recoveries = 0
+        """In-run recoveries so far (set by the launcher, which rebuilds the pipeline after a fault)."""
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, resume_from: Path | None = None, echo=print) -> RunSummary:
@@ -73,6 +75,7 @@ class RLVRPipeline:
         start = self.restore(resume_from, echo) if resume_from else self.begin()
         name = (self.cfg.algorithm.preset or "RL").upper()
         progress = Progress(self.cfg.run.steps, start=start, enabled=self.cfg.logging.progress, description=name)
+        self.roles.watchdog.on_slow = progress.heartbeat  # a call far slower than usual shows what the run waits on
         try:
             for step in range(start + 1, self.cfg.run.steps + 1):
                 metrics = self.train_step(step)
@@ -92,10 +95,13 @@ class RLVRPipeline:
                           self.val_history[-1] if self.val_history else None, final, time.perf_counter() - t0)
 
     def begin(self) -> int:
-        """A fresh run: rollout engines get the (warmed-up) policy as version 0; validate once."""
+        """A fresh run: rollout engines get the (warmed-up) policy as version 0; validate once. With
+        in-run recovery on, a checkpoint of step 0 gives a fault before the first save a place to return to."""
         self.sync_weights(0)
         if self.cfg.validation.every:
             self.logger.log(0, self.validate())
+        if self.cfg.run.max_restarts:
+            self.save_checkpoint(0)
         return 0
 
     def _due(self, every: int, step: int) -> bool:
@@ -124,8 +130,9 @@ class RLVRPipeline:
         sample_version = min(s.result.weight_version for s in samples)
         versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
                     "weight_version": self.version}
+        faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries}
         return {**sample_metrics(samples), **domain_metrics(samples, self.cfg.reward), **reward_stats, **algo_metrics,
-                **train_metrics, **versions,
+                **train_metrics, **versions, **faults,
                 **{f"time/{k}": v for k, v in timer.items()}}
 
     # ---- phases -----------------------------------------------------------------------------

@@ -15,10 +15,16 @@ from pathlib import Path
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(self, output_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None,
+                 restart: bool = False):
+        """``resume_step``: continue a run from that checkpointed step. ``restart``: the same run starts
+        over from scratch after a fault before its first checkpoint (its own records are dropped)."""
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
+        if restart:
+            resume_step = _BEFORE_EVERYTHING
+        self._sft_purge = 0 if restart else None
         if resume_step is not None:
             self._truncate_after(resume_step)
         self._fh = self.path.open("a")
@@ -58,7 +64,7 @@ class MetricsLogger:
         if self._sft_tb is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._sft_tb = SummaryWriter(str(self.dir / "tensorboard" / "sft"))
+            self._sft_tb = SummaryWriter(str(self.dir / "tensorboard" / "sft"), purge_step=self._sft_purge)
         return self._sft_tb
 
     def close(self) -> None:
@@ -66,6 +72,9 @@ class MetricsLogger:
         for writer in (self._tb, self._sft_tb):
             if writer is not None:
                 writer.close()
+
+
+_BEFORE_EVERYTHING = -(1 << 62)
 
 
 def _record_step(line: str) -> int:

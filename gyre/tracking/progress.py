@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 
 class Progress:
@@ -11,6 +12,8 @@ class Progress:
         self.total = total
         self._plain = enabled and not self.enabled
         self._bar = None
+        self._info = ""
+        self._last_beat = 0.0
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
@@ -22,11 +25,21 @@ class Progress:
             self._task = self._bar.add_task(description, total=total, completed=start, info="")
 
     def update(self, step: int, metrics: dict) -> None:
-        info = _summary(metrics)
+        info = self._info = _summary(metrics)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, info=info)
         elif self._plain:
             print(f"step {step}/{self.total} {info}", file=sys.stderr, flush=True)
+
+    def heartbeat(self, what: str, elapsed: float, usual: float | None) -> None:
+        """A call is taking far longer than usual: show what the run is waiting on (a watchdog callback)."""
+        usual_text = f", usually {usual:.1f} s" if usual is not None else ""
+        beat = f"waiting {elapsed:.0f} s on {what}{usual_text}"
+        if self._bar is not None:
+            self._bar.update(self._task, info=f"{self._info}  [{beat}]")
+        elif self._plain and time.monotonic() - self._last_beat > 30.0:
+            self._last_beat = time.monotonic()
+            print(beat, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
