@@ -6,7 +6,7 @@ process is never continued: the run must notice the stall). A killed driver is r
 ``--resume auto``. The drill passes when the faulted run finishes and its metric stream (every
 metric but timings and fault counters) and final weights equal the uninterrupted run's.
 
-    python bench/fault_injection.py [--faults 20] [--steps 40] [--seed 0] [--out runs/fault-drill]
+    python bench/fault_injection.py [--faults 20] [--steps 600] [--seed 0] [--out runs/fault-drill]
 """
 
 from __future__ import annotations
@@ -56,9 +56,10 @@ def prepare(out: Path) -> tuple[Path, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--faults", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--gap", type=float, nargs=2, default=(4.0, 9.0), help="seconds between faults (uniform)")
+    ap.add_argument("--gap", type=float, nargs=2, default=(0.3, 2.0),
+                    help="seconds from the run's first step after the previous fault to the next fault (uniform)")
     ap.add_argument("--out", default="runs/fault-drill")
     args = ap.parse_args()
     from gyre.cluster.chaos import compare_runs, plan_faults, run_drill

@@ -86,7 +86,8 @@ def role_processes(driver: int) -> dict[str, list[int]]:
                 out[role].append(pid)
     children = _children()
     for worker in out["reward"]:
-        out["reward_subprocess"] += [c for c in children.get(worker, []) if "multiprocessing" in titles.get(c, "")]
+        # the runner's spawned children, not multiprocessing's resource tracker
+        out["reward_subprocess"] += [c for c in children.get(worker, []) if "spawn_main" in titles.get(c, "")]
     return out
 
 

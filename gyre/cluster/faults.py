@@ -39,8 +39,8 @@ _SLICE_S = 0.5
 _PROBE_S = 2.0
 _PEER_GRACE_S = 3.0
 """After a rank raised, how long to look for a dead peer (a collective fails on the survivors too)."""
-_COLLECTIVE_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL error",
-                      "ProcessGroupGloo", "ProcessGroupNCCL", "Socket Timeout", "ncclRemoteError", "Gloo")
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "ncclRemoteError")
+"""How gloo and NCCL word a peer's disappearance, in the exception's own message."""
 
 
 @dataclass
@@ -88,6 +88,8 @@ class Watchdog:
     on_slow: Callable[[str, float, float | None], None] | None = None
     """Called while a call runs past heartbeat_factor x its usual duration: (what, elapsed, usual)."""
     history: dict[str, deque] = field(default_factory=dict)
+    warm: set[str] = field(default_factory=set)
+    """Calls made since the workers were (re)built: the first of each loads or compiles what it needs."""
 
     @classmethod
     def from_config(cls, cfg) -> Watchdog:
@@ -98,14 +100,19 @@ class Watchdog:
         seen = self.history.get(key)
         return statistics.median(seen) if seen and len(seen) >= 3 else None
 
+    def rebuilt(self) -> None:
+        """New workers: each call's first run gets the ceiling again (its history stays)."""
+        self.warm.clear()
+
     def deadline_s(self, key: str) -> float:
         usual = self.usual(key)
-        if usual is None:
+        if usual is None or key not in self.warm:
             return self.call_timeout_s  # first calls load models, compile, warm caches: only the ceiling
         return min(self.call_timeout_s, max(self.stall_min_s, self.stall_factor * usual))
 
     def observe(self, key: str, seconds: float) -> None:
         self.history.setdefault(key, deque(maxlen=20)).append(seconds)
+        self.warm.add(key)
 
     def tick(self, key: str, elapsed: float) -> None:
         usual = self.usual(key)
@@ -129,8 +136,8 @@ def _classify_error(exc: BaseException) -> tuple[FaultKind, str]:
     text = str(exc)
     if isinstance(exc, lost) or isinstance(cause, lost):
         return "died", _first_line(str(cause)) or type(cause).__name__
-    if any(marker in text for marker in _COLLECTIVE_ERRORS):
-        return "died", "lost a peer rank inside a collective: " + _first_line(text)
+    if any(marker in _last_lines(text) for marker in _PEER_LOST):  # the raised message, not the traceback
+        return "died", "lost a peer rank inside a collective: " + _last_lines(text)
     return "error", _last_lines(text)
 
 

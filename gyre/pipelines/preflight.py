@@ -134,7 +134,7 @@ def _check_remote_sandbox(name: str, box, echo) -> None:
 def _note_unsplit_asserts(name: str, records, echo) -> None:
     import json
 
-    from gyre.rewards.code_asserts import Unsplittable, plan_test
+    from gyre.rewards.asserts import Unsplittable, plan_test
 
     total = unsplit = 0
     example = ""
@@ -146,7 +146,7 @@ def _note_unsplit_asserts(name: str, records, echo) -> None:
         for test in tests.get("asserts", []) if isinstance(tests, dict) else []:
             total += 1
             try:
-                plan_test(test, tests.get("setup") or "", "")
+                plan_test(test, tests.get("setup") or "")
             except Unsplittable:
                 unsplit += 1
                 example = example or f"{record.uid}: {test[:60]!r}"

@@ -150,7 +150,7 @@ class RLVRPipeline:
             samples.extend(part)
             self.rewards.submit(part)
 
-        self.rollout.generate(requests, on_results=arrived)
+        self.rollout.generate(requests, on_results=arrived, label=stream[0])
         order = {r.request_id: i for i, r in enumerate(requests)}
         samples.sort(key=lambda s: (order[s.result.request_id], s.result.sample_index))
         return samples

@@ -62,6 +62,7 @@ def build_roles(cfg: RLVRConfig, plan: RunPlan, watchdog: Watchdog | None = None
     placement = create_placement(plan)
     made: list[RoleGroup] = []
     watchdog = watchdog or Watchdog.from_config(cfg.watchdog)
+    watchdog.rebuilt()
     try:
         return _build(cfg, plan, placement, made, watchdog)
     except BaseException:

@@ -13,7 +13,7 @@ Ground truth is a JSON string in one of two forms (the two common shapes of code
   so a demo ``if __name__ == "__main__":`` block that reads stdin does not turn a correct function
   into a failure.
 
-Assert tests are compared outside the sandbox (``code_asserts.py``): the sandbox returns the values of
+Assert tests are compared outside the sandbox (``gyre.rewards.asserts``): the sandbox returns the values of
 the program's calls as plain data, and the comparison runs in this process, so an object whose
 ``__eq__`` always holds, a rebound builtin, or a program that reads the expected values from its own
 source gains nothing: the expected values never enter the sandbox. A test that cannot be split (a
@@ -44,7 +44,7 @@ import secrets
 import textwrap
 from dataclasses import dataclass
 
-from gyre.rewards import code_asserts
+from gyre.rewards import asserts
 from gyre.rewards.sandbox import RunOutcome, SandboxLimits, run_python
 from gyre.types import RewardResult
 
@@ -168,18 +168,35 @@ def _run_case(tests: _Tests, i: int, code: str, runner: _Runner) -> tuple[bool, 
         outcome = runner.run(code, tests.inputs[i])
         return outcome.status == "ok" and _normalize(outcome.stdout) == _normalize(tests.outputs[i]), outcome, True
     try:
-        plan = code_asserts.plan_test(tests.asserts[i], tests.setup, code)
-    except code_asserts.Unsplittable:
+        plan = asserts.plan_test(tests.asserts[i], tests.setup)
+    except asserts.Unsplittable:
         token = secrets.token_hex(16)
         outcome = runner.run(_assert_program(code, tests.setup, tests.asserts[i], token))
         return outcome.status == "ok" and token in outcome.stdout.splitlines(), outcome, False
-    outcome = runner.run(code_asserts.harness_program(plan, tests.setup, code), channels=2)
+    outcome = runner.run(asserts.test_program(plan, tests.setup, code), channels=2)
     if outcome.status != "ok":
         return False, outcome, True
-    passed, why = code_asserts.judge(plan, outcome.channels)
+    values = asserts.leaf_values(plan, outcome.channels)
+    if plan.helpers:
+        values.update(_run_helpers(plan, tests.setup, values, runner))
+    passed, why = asserts.judge(plan, values)
     if not passed:
         outcome.stderr = (outcome.stderr + "\n" + why).strip()
     return passed, outcome, True
+
+
+def _run_helpers(plan, setup: str, values: dict, runner: _Runner) -> dict:
+    """Setup helpers applied to the program's values, in a run that holds the setup but not the program."""
+    arguments = asserts.helper_arguments(plan, values)
+    out = {f"__help_{i}": a for i, a in enumerate(arguments) if isinstance(a, asserts.LeafError)}
+    ready = [i for i, a in enumerate(arguments) if not isinstance(a, asserts.LeafError)]
+    if ready:
+        run = runner.run(asserts.helper_program(plan, setup, ready, [arguments[i] for i in ready]), channels=1)
+        results = (asserts.decode_channel(run.channels[0], len(ready)) if run.status == "ok"
+                   else [asserts.LeafError(f"the setup helper run ended with {run.status}: {run.stderr[-200:]}")]
+                   * len(ready))
+        out.update({f"__help_{i}": r for i, r in zip(ready, results)})
+    return out
 
 
 def _timeout_for(timeout_s: float | None, adaptive: dict | None, key: str) -> float:

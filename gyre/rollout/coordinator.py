@@ -31,16 +31,18 @@ class RolloutCoordinator:
         self.stream_parts = stream_parts
 
     def generate(self, requests: Sequence[GenerationRequest],
-                 on_results: Callable[[list[GenerationResult]], None] | None = None) -> list[GenerationResult]:
+                 on_results: Callable[[list[GenerationResult]], None] | None = None,
+                 label: str = "train") -> list[GenerationResult]:
         """All results, ordered by request then sample index. Workers stream finished samples back as they
         decode; ``on_results`` sees each part as it arrives (e.g. to start scoring it). A worker that dies
-        or stalls past the watchdog's deadline raises ``RoleFault``."""
+        or stalls past the watchdog's deadline raises ``RoleFault``; ``label`` keeps the usual durations of
+        different kinds of generation (training, validation) apart."""
         import ray
 
         plan = assign_requests(requests, len(self.group))
         streams = {actor.generate_stream.remote([requests[i] for i in idx], self.stream_parts): rank
                    for rank, (actor, idx) in enumerate(zip(self.group.actors, plan)) if idx}
-        clock = CallClock(self.group.watchdog, self.group.name, "generate")
+        clock = CallClock(self.group.watchdog, self.group.name, f"generate({label})")
         results: list[GenerationResult] = []
         while streams:
             if clock.expired():
@@ -54,7 +56,7 @@ class RolloutCoordinator:
                     del streams[stream]
                     continue
                 except Exception as exc:  # noqa: BLE001 - a dead or failing engine, named in a RoleFault
-                    raise fault_from(exc, self.group.name, streams[stream], "generate") from None
+                    raise fault_from(exc, self.group.name, streams[stream], f"generate({label})") from None
                 results.extend(part)
                 if on_results is not None:
                     on_results(part)

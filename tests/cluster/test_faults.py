@@ -71,6 +71,11 @@ def test_watchdog_deadline_follows_the_usual_duration():
     dog.tick("policy.train", 100.0)
     dog.tick("policy.train", 200.0)
     assert slow == [("policy.train", 200.0, 50.0)]  # 3 x usual passed only at 200 s
+    dog.history["policy.train"].extend([2.0] * 20)
+    dog.rebuilt()
+    assert dog.deadline_s("policy.train") == 100.0  # new workers: the first call loads, so the ceiling again
+    dog.observe("policy.train", 2.0)
+    assert dog.deadline_s("policy.train") == pytest.approx(20.0)
 
 
 def test_gather_returns_results_in_rank_order(workers):

@@ -29,18 +29,26 @@ def _processes():
             yield int(entry), int(fields[1]), int(fields[3]), uid, cmdline
 
 
-def sandbox_processes(stub: int | None = None) -> list[int]:
-    """Live processes of one sandbox run (its stub pid ``stub``: the stub, its session, its per-run uid),
+def sandbox_processes(stub: int | None = None, uid: int | None = None) -> list[int]:
+    """Live processes of one sandbox run (the stub pid ``stub``, its session, and the run's uid ``uid``),
     or of any sandbox run when ``stub`` is None."""
     found = []
-    for pid, _, session, uid, cmdline in _processes():
+    for pid, _, session, owner, cmdline in _processes():
         if stub is None:
-            mine = uid >= UID_BASE or _INIT_MARK in cmdline
+            mine = owner >= UID_BASE or _INIT_MARK in cmdline
         else:
-            mine = pid == stub or session == stub or uid == UID_BASE + stub
+            mine = pid == stub or session == stub or owner == uid
         if mine:
             found.append(pid)
     return found
+
+
+def run_uid(stub: int) -> int | None:
+    """The per-run uid of the live run whose stub is ``stub`` (its program runs in the stub's session)."""
+    for _, _, session, owner, _ in _processes():
+        if session == stub and owner >= UID_BASE:
+            return owner
+    return None
 
 
 def stubs_of(parent: int) -> list[int]:
@@ -61,12 +69,12 @@ def host_state(*files: str) -> dict:
     return {"dirs": dirs, "files": contents}
 
 
-def assert_host_clean(before: dict, stub: int | None, wait_s: float = 3.0) -> None:
-    """No process of the run with stub pid ``stub`` is alive and nothing changed on the host since
-    ``before``. A killed process needs a moment to finish exiting, hence the short poll."""
+def assert_host_clean(before: dict, stub: int | None, uid: int | None, wait_s: float = 3.0) -> None:
+    """No process of the run (stub pid ``stub``, per-run uid ``uid``) is alive and nothing changed on the
+    host since ``before``. A killed process needs a moment to finish exiting, hence the short poll."""
     deadline = time.monotonic() + wait_s
-    while sandbox_processes(stub) and time.monotonic() < deadline:
+    while sandbox_processes(stub, uid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert sandbox_processes(stub) == [], "a sandboxed process outlived its run"
+    assert sandbox_processes(stub, uid) == [], "a sandboxed process outlived its run"
     after = host_state(*before["files"])
     assert after == before, "the run changed the host"

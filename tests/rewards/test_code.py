@@ -259,3 +259,55 @@ def test_code_reward_uses_the_adaptive_state_and_feeds_it():
     assert loop.info["runtimes"][0] < timeout + 1.0
     capped = code_reward(fenced("print(3)"), IO, case_key="new", adaptive=adaptive.to_dict(), timeout_s=1.0)
     assert capped.info["timeout_s"] == 1.0
+
+
+def test_builtins_the_program_rebinds_are_not_the_ones_the_parent_calls():
+    gt = json.dumps({"asserts": ["assert abs(third(1) - 1 / 3) < 1e-9", "assert all([third(3) == 1])"]})
+    assert code_reward(fenced("def third(x):\n    return x / 3"), gt, partial_credit=True, **FAST).score == 1.0
+    cheat = "def abs(v):\n    return 0\ndef all(v):\n    return True\ndef third(x):\n    return 0"
+    result = code_reward(fenced(cheat), gt, partial_credit=True, **FAST)
+    assert result.score == 0.0 and "unsplit" not in result.info
+
+
+def test_humaneval_form_with_metadata_and_constants_is_split():
+    test = ("METADATA = {'author': 'x'}\n\n\ndef check(candidate):\n    '''Tests.'''\n    xs = [3, 1, 2]\n"
+            "    expected = [1, 2, 3]\n    assert candidate(xs) == expected\n    assert candidate([]) == []\n\n"
+            "check(sort_it)")
+    gt = json.dumps({"asserts": [test]})
+    good = code_reward(fenced("def sort_it(v):\n    return sorted(v)"), gt, **FAST)
+    assert good.score == 1.0 and "unsplit" not in good.info, good.info
+    # the expected list never enters the sandbox: reading the program's own source does not find it
+    cheat = ("import sys\nconsts = sys._getframe(0).f_code.co_consts\n"
+             "seen = repr([c.co_consts for c in consts if hasattr(c, 'co_consts')])\n"
+             "def sort_it(v):\n    return [1, 2, 3] if '1, 2, 3' in seen else v")
+    assert code_reward(fenced(cheat), gt, **FAST).score == 0.0
+
+
+def test_setup_helpers_run_without_the_program():
+    gt = json.dumps({"setup": "def approx(a, b):\n    return abs(a - b) < 1e-6",
+                     "asserts": ["assert approx(half(3), 1.5)", "assert approx(half(1), 0.5) and half(0) == 0"]})
+    assert code_reward(fenced("def half(x):\n    return x / 2"), gt, partial_credit=True, **FAST).score == 1.0
+    cheat = "def approx(a, b):\n    return True\ndef half(x):\n    return 0"  # rebinds the helper
+    assert code_reward(fenced(cheat), gt, partial_credit=True, **FAST).score == 0.0
+    sneaky = "def half(x):\n    globals()['approx'] = lambda a, b: True\n    return 0"
+    assert code_reward(fenced(sneaky), gt, partial_credit=True, **FAST).score == 0.0
+
+
+@pytest.mark.parametrize("forged", [
+    '[{"v": ["q", "0x1", "0x0"]}]',  # a fraction with a zero denominator
+    '[{"v": ["D", "not a number"]}]',
+    '[{"v": ["zz"]}]',
+    '[' * 5000 + ']' * 5000,
+], ids=["zero-denominator", "bad-decimal", "unknown-kind", "deep-nesting"])
+def test_forged_results_fail_the_test_without_failing_the_reward(forged):
+    gt = json.dumps({"asserts": ["assert f(1) == 1"]})
+    cheat = f"import os\nos.write(4, {forged!r}.encode())\nos._exit(0)"
+    result = code_reward(fenced(cheat), gt, **FAST)
+    assert result.status == "ok" and result.score == 0.0
+
+
+def test_values_too_large_to_compare_fail_instead_of_stalling_the_parent():
+    gt = json.dumps({"asserts": ["assert 2 ** big(1) == 4", "assert 'x' * big(2) == 'xx'", "assert fact(3000) == 1"]})
+    code = "import math\ndef big(x):\n    return 10 ** 9\ndef fact(n):\n    return math.factorial(n)"
+    result = code_reward(fenced(code), gt, partial_credit=True, **FAST)
+    assert result.status == "ok" and result.score == 0.0 and result.info["statuses"] == ["wrong"] * 3

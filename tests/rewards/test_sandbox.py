@@ -70,7 +70,7 @@ def test_nothing_is_left_on_the_host():
     out = run_python("import os\nfor i in range(50):\n    open(f'f{i}', 'w').write('x' * 1000)\nprint(os.getcwd())",
                      limits=LIMITS)
     assert (out.status, out.stdout) == ("ok", "/work\n")
-    assert_host_clean(before, out.pid)
+    assert_host_clean(before, out.pid, out.uid)
 
 
 @BOTH
@@ -80,7 +80,7 @@ def test_infinite_loop_is_killed_on_the_wall_clock(audit):
     before = host_state()
     out = run_python("while True:\n    pass", limits=limits, audit_hook=audit)
     assert out.status == "timeout" and time.monotonic() - start < limits.wall_s + 1.5
-    assert_host_clean(before, out.pid)
+    assert_host_clean(before, out.pid, out.uid)
     still_works()
 
 
@@ -152,7 +152,7 @@ def test_output_flood_is_truncated_and_stopped():
     out = run_python("while True:\n    print('x' * 100)", limits=limits)
     assert out.status == "error" and len(out.stdout) <= 10_000 and out.stdout.startswith("x" * 100)
     assert "output limit" in out.stderr and out.seconds < 2.0
-    assert_host_clean(before, out.pid)
+    assert_host_clean(before, out.pid, out.uid)
     still_works()
 
 

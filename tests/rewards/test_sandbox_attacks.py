@@ -24,7 +24,7 @@ import pytest
 
 from gyre.rewards.sandbox import SandboxLimits, SandboxUnavailable, run_python, sandbox_capabilities
 from gyre.rewards.sandbox.local import _run_namespaced
-from tests.rewards.sandbox_host import assert_host_clean, host_state, sandbox_processes, stubs_of
+from tests.rewards.sandbox_host import assert_host_clean, host_state, run_uid, sandbox_processes, stubs_of
 
 CAPS = sandbox_capabilities()
 pytestmark = pytest.mark.skipif(CAPS["mode"] == "weak", reason=f"no kernel containment here: {CAPS['reason']}")
@@ -45,7 +45,7 @@ def secret(tmp_path):
 def run_attack(src: str, *files: str, limits: SandboxLimits = LIMITS, audit: bool = False):
     before = host_state(*files)
     out = run_python(textwrap.dedent(src), limits=limits, audit_hook=audit)
-    assert_host_clean(before, out.pid)
+    assert_host_clean(before, out.pid, out.uid)
     assert run_python("print(6 * 7)", limits=LIMITS).stdout == "42\n"  # the sandbox still works
     return out
 
@@ -267,15 +267,17 @@ def test_killing_the_supervisor_takes_the_sandbox_with_it():
     try:
         deadline = time.monotonic() + 30
         stubs: list[int] = []
+        uid = None
         while time.monotonic() < deadline:  # stub, init, program and daemon all running
             stubs = stubs_of(proc.pid)
-            if stubs and len(sandbox_processes(stubs[0])) >= 4:
+            uid = run_uid(stubs[0]) if stubs else None
+            if uid is not None and len(sandbox_processes(stubs[0], uid)) >= 4:
                 break
             time.sleep(0.05)
-        assert stubs and len(sandbox_processes(stubs[0])) >= 4
+        assert stubs and uid is not None and len(sandbox_processes(stubs[0], uid)) >= 4
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert_host_clean(before, stubs[0])
+        assert_host_clean(before, stubs[0], uid)
     finally:
         proc.kill()
 

@@ -52,7 +52,11 @@ from gyre.rewards.sandbox.boot import BLOCKED_MARKER, EXIT_BLOCKED, EXIT_MEMORY,
 Status = Literal["ok", "error", "timeout", "memory", "killed", "blocked"]
 
 UID_BASE = 2_000_000_000
-"""Per-run uids (root mode) are UID_BASE + the stub's pid: unique while it lives, owned by no one."""
+"""Per-run uids (root mode) are UID_BASE + a salt + the stub's pid: unique among this machine's live
+stubs (the pid), and unlikely to meet a stub of another container on the same host (the salt: pids
+repeat across PID namespaces, and runs sharing a uid would share its process limit)."""
+_UID_SALT = int.from_bytes(os.urandom(2), "little") % 34 << 22
+"""Per supervisor process; pids stay below 2**22 (pid_max), and UID_BASE + 34 * 2**22 < 2**31."""
 _USERNS_UID = 1000
 _GRACE_S = 1.0
 """How long output is still drained after the sandbox ended."""
@@ -111,14 +115,18 @@ def _init_source() -> str:
     return inspect.getsource(nsinit) + "\n\nimport sys\nmain(int(sys.argv[1]))\n"
 
 
-def _rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
+def _rlimits(limits: SandboxLimits, mode: str = "root") -> list[tuple[int, int, int]]:
+    """The program's rlimits. RLIMIT_NPROC counts the processes of its uid: the program alone with a
+    per-run uid (root mode); in a user namespace the stub and init share its uid, so they count too."""
+    nproc = 1 + limits.processes + (2 if mode == "userns" else 0)
     mem = limits.memory_mb << 20
     cpu = max(1, math.ceil(limits.cpu_s))
     fsize = min(limits.file_size_mb, limits.disk_mb) << 20
     return [(resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU first, SIGKILL one second later
-            (resource.RLIMIT_AS, mem, mem), (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_CORE, 0, 0),
+            # a core limit of 1 (not 0) also stops core dumps piped to a host helper (core(5))
+            (resource.RLIMIT_AS, mem, mem), (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_CORE, 1, 1),
             (resource.RLIMIT_NOFILE, 64, 64), (resource.RLIMIT_STACK, mem, mem),
-            (resource.RLIMIT_NPROC, 1 + limits.processes, 1 + limits.processes)]
+            (resource.RLIMIT_NPROC, nproc, nproc)]
 
 
 def _program_argv(cfg: dict) -> list[str]:
@@ -149,11 +157,11 @@ def _ns_config(mode: str, source: str, stdin: str, limits: SandboxLimits, audit:
     plan = rootfs.root_plan(tuple(limits.allow_read))
     body = len(source.encode()) + len(stdin.encode())
     cfg = {
-        "mode": mode, "supervisor": os.getpid(), "uid_base": UID_BASE, "uid": _USERNS_UID,
+        "mode": mode, "supervisor": os.getpid(), "uid_base": UID_BASE + _UID_SALT, "uid": _USERNS_UID,
         "outer_uid": os.geteuid(), "outer_gid": os.getegid(), "plan": [list(e) for e in plan],
         "staging": _staging(plan), "root_kb": 1024 + 2 * body // 1024, "disk_kb": limits.disk_mb * 1024,
         "inodes": limits.files, "proc": True, "solution.py": source, "stdin": stdin,
-        "rlimits": _rlimits(limits), "env": _env(_WORK),
+        "rlimits": _rlimits(limits, mode), "env": _env(_WORK),
         "seccomp": _seccomp_b64() if filtered else None,
     }
     cfg["argv"] = _program_argv(_boot_config(_WORK, "/sandbox/solution.py", "/sandbox/stdin", limits, audit))
@@ -293,6 +301,10 @@ def _run_namespaced(mode: str, source: str, stdin: str, limits: SandboxLimits, a
         proc = subprocess.Popen(
             [rootfs.interpreter(), "-I", "-S", "-B", "-c", _init_source(), str(cfg_fd)], stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, pass_fds=passed, start_new_session=True)
+    except BaseException:
+        for fd in (status_r, *(r for r, _ in pipes)):
+            os.close(fd)
+        raise
     finally:
         for fd in passed:
             os.close(fd)
@@ -304,6 +316,7 @@ def _run_namespaced(mode: str, source: str, stdin: str, limits: SandboxLimits, a
         seconds = time.monotonic() - start
         _kill(proc.pid)  # the stub; init and with it the namespace follow (death signals)
         _drain(streams)
+        reason = reason or ("output" if streams.overflow else None)  # a flood seen only while draining
         proc.wait()
         status = _status_records(streams.get("status"))
         _wait_gone(status.get("init_pid"))

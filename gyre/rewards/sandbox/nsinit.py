@@ -122,11 +122,23 @@ def keep_flags(path):
     return flags | (MS_RELATIME if st & os.ST_RELATIME else 0)
 
 
+def submounts(target):
+    """Mount points strictly below ``target`` (a recursive bind brings them along)."""
+    import re
+
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p) for p in points]
+    return [p for p in points if p.startswith(target.rstrip("/") + "/")]
+
+
 def bind_readonly(lib, source, target, device=False):
-    """A read-only bind mount; a device node keeps working (no nodev), yet cannot be replaced."""
+    """A read-only bind mount, every mount below it read-only too; a device node keeps working (no
+    nodev), yet cannot be replaced."""
     mount(lib, source, target, None, MS_BIND | MS_REC)
     flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if device else MS_NODEV)
-    mount(lib, None, target, None, flags | keep_flags(target))
+    for point in [target, *submounts(target)]:
+        mount(lib, None, point, None, flags | keep_flags(point))
 
 
 def populate(lib, cfg, root):
@@ -196,8 +208,9 @@ def enter_root(lib, cfg):
     mount(lib, None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def exec_program(lib, cfg, channels):
-    """In the program's process: descriptors, identity, limits, seccomp, then exec (never returns)."""
+def exec_program(lib, cfg, channels, keep):
+    """In the program's process: descriptors, identity, limits, seccomp, then exec (never returns).
+    ``keep`` (close-on-exec) stays open until the exec, to report a failure before it."""
     import ctypes
     import fcntl
     import os
@@ -208,7 +221,8 @@ def exec_program(lib, cfg, channels):
         os.dup2(fd, 3 + i, inheritable=True)
     stdin = os.open("/sandbox/stdin", os.O_RDONLY)
     os.dup2(stdin, 0)
-    os.closerange(3 + len(channels), 1 << 16)
+    os.closerange(3 + len(channels), keep)
+    os.closerange(keep + 1, 1 << 16)
     os.chdir("/work")
     for res, soft, hard in cfg["rlimits"]:
         try:
@@ -249,16 +263,22 @@ def run_init(lib, cfg, status_fd, channels, alive_fd):
     except OSError as exc:
         report(status_fd, {"setup_error": str(exc)})
         os._exit(SETUP_FAILED)
+    failed_r, failed_w = os.pipe()  # close-on-exec: EOF once the program's exec succeeded
     pid = os.fork()
     if pid == 0:
         try:
             os.close(status_fd)
-            exec_program(lib, cfg, channels)
+            os.close(failed_r)
+            exec_program(lib, cfg, channels, failed_w)
         except BaseException as exc:  # noqa: BLE001 - anything before exec is a sandbox failure
-            os.write(2, f"[gyre-sandbox] could not start the program: {exc}\n".encode())
+            os.write(failed_w, f"could not start the program: {exc}".encode()[:2000])
         os._exit(SETUP_FAILED)
+    os.close(failed_w)
     for fd in (*channels, 0, 1, 2):  # only the program holds its output and channels now
         os.close(fd)
+    failure = os.read(failed_r, 4096)
+    if failure:  # a sandbox failure, not the program's outcome
+        report(status_fd, {"setup_error": failure.decode("utf-8", "replace")})
     while True:
         reaped, status, usage = os.wait4(-1, 0)  # orphans re-parented here are reaped too
         if reaped == pid:

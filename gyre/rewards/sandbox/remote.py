@@ -62,10 +62,28 @@ class ServerLimits:
     """Programs run at once; further requests wait."""
 
 
+_LEAST = {"cpu_s": 0.1, "wall_s": 0.1, "memory_mb": 32, "file_size_mb": 1, "disk_mb": 1, "files": 16, "processes": 0,
+          "output_bytes": 1024}
+"""The least a request may ask for: zero and negative rlimits mean "unlimited" to the kernel."""
+
+
 def _clamp(requested: dict, cap: ServerLimits) -> SandboxLimits:
-    asked = dataclasses.asdict(SandboxLimits(**{k: v for k, v in requested.items() if k in _LIMIT_FIELDS}))
+    """The request's limits, each a finite number of the field's type within [least, the server's most];
+    raises ValueError for anything else (NaN, negative, unknown fields, wrong types)."""
+    import math
+
     most = dataclasses.asdict(cap.most)
-    return SandboxLimits(**{k: min(v, most[k]) if k in _LIMIT_FIELDS else () for k, v in asked.items()})
+    fields = {}
+    for key, value in requested.items():
+        if key not in _LIMIT_FIELDS:
+            raise ValueError(f"unknown limit {key!r}")
+        kind = type(most[key])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or (kind is int and value != int(value)):
+            raise ValueError(f"limit {key!r} must be a finite {kind.__name__}, got {value!r}")
+        fields[key] = kind(min(max(value, _LEAST[key]), most[key]))
+    defaults = {k: min(v, most[k]) for k, v in dataclasses.asdict(SandboxLimits()).items() if k in _LIMIT_FIELDS}
+    return SandboxLimits(**{**defaults, **fields})
 
 
 def make_server(host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
@@ -78,6 +96,8 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, token: str | None = N
     slots = threading.BoundedSemaphore(caps.concurrent)
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 60  # seconds a client may take to send its request
+
         def log_message(self, *args) -> None:  # quiet: one line per program would flood the console
             pass
 
@@ -108,11 +128,17 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, token: str | None = N
                 req = json.loads(self.rfile.read(size))
                 limits = _clamp(req.get("limits", {}), caps)
                 args = (str(req["source"]), str(req.get("stdin", "")), limits)
-                channels, audit = min(int(req.get("channels", 0)), 8), bool(req.get("audit_hook", True))
+                channels, audit = max(0, min(int(req.get("channels", 0)), 8)), bool(req.get("audit_hook", True))
             except (ValueError, KeyError, TypeError) as exc:
                 return self._reply(400, {"error": f"bad request: {exc}"})
-            with slots:
+            if not slots.acquire(timeout=caps.most.wall_s * 2):
+                return self._reply(503, {"error": "every sandbox slot stayed busy; retry later"})
+            try:
                 out = run_python(*args, channels=channels, audit_hook=audit)
+            except SandboxUnavailable as exc:
+                return self._reply(500, {"error": str(exc)})
+            finally:
+                slots.release()
             payload = dataclasses.asdict(out)
             payload["channels"] = [base64.b64encode(c).decode() for c in out.channels]
             self._reply(200, payload)

@@ -4,8 +4,9 @@ The namespaces already confine what these calls could reach; the filter removes 
 (and a second line against a namespace escape): debugging other processes (ptrace, process_vm_*),
 mounting and namespace changes (mount, pivot_root, unshare, setns, clone with CLONE_NEW* flags; clone3
 is answered ENOSYS so the C library falls back to clone, whose flags a filter can read), kernel
-keyrings, eBPF, perf events, userfaultfd, io_uring, module loading, kexec, reboot, swap and sockets of
-any family but AF_UNIX. Refused calls fail with EPERM; the program keeps running. A system call made
+keyrings, eBPF, perf events, userfaultfd, io_uring, module loading, kexec, reboot, swap, sockets of
+any family but AF_UNIX, and memory the address-space limit does not count (System V shared memory,
+message queues and semaphores, memfds). Refused calls fail with EPERM; the program keeps running. A system call made
 through another architecture's entry point (x86's int 0x80, x32) kills the program outright: its
 numbers would not mean what this table says.
 
@@ -42,6 +43,9 @@ _DENIED = {
     "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
     "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431),
     "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
+    # memory that RLIMIT_AS does not count: System V shared memory, message queues, semaphores, memfds
+    "shmget": (29, 194), "shmat": (30, 196), "msgget": (68, 186), "msgsnd": (69, 189), "semget": (64, 190),
+    "memfd_create": (319, 279), "memfd_secret": (447, 447),
 }
 _CLONE, _CLONE3, _SOCKET = (56, 220), (435, 435), (41, 198)
 

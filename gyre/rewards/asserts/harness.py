@@ -1,0 +1,99 @@
+"""The programs the sandbox runs for a planned assert test: encode leaf values as plain data."""
+
+from __future__ import annotations
+
+import json
+
+from gyre.rewards.asserts.plan import AssertPlan
+
+# Defined in the sandboxed program before anything else runs. The program can rebind these (it runs in
+# the same module), which gains it nothing: forging the data is no more than returning that data.
+_ENCODE = '''
+def __gyre_encode(v, depth=0):
+    if depth > 60:
+        raise ValueError("value nested too deeply")
+    if v is None:
+        return ["n"]
+    for kind, types in (("b", bool), ("i", int), ("f", float), ("c", complex), ("s", str),
+                        ("y", (bytes, bytearray))):
+        if isinstance(v, types):
+            break
+    else:
+        kind = type(v).__name__
+    if kind == "b":
+        return ["b", v is True]
+    if kind == "i":
+        return ["i", hex(int.__index__(v))]
+    if kind == "f":
+        return ["f", float.hex(float(v))]
+    if kind == "c":
+        return ["c", float.hex(v.real), float.hex(v.imag)]
+    if kind == "s":
+        return ["s", str.__str__(v)]
+    if kind == "y":
+        return ["y", bytes(v).hex()]
+    if kind == "Fraction":
+        return ["q", hex(v.numerator), hex(v.denominator)]
+    if kind == "Decimal":
+        return ["D", str(v)]
+    if isinstance(v, dict):
+        return ["d", [[__gyre_encode(k, depth + 1), __gyre_encode(x, depth + 1)] for k, x in v.items()]]
+    for tag, types in (("l", list), ("t", tuple), ("S", set), ("F", frozenset)):
+        if isinstance(v, types):
+            return [tag, [__gyre_encode(x, depth + 1) for x in v]]
+    raise TypeError(f"a {kind} cannot be compared outside the sandbox; return plain data")
+
+
+def __gyre_emit(fd, leaves):
+    import json as __json, os as __os
+    out = []
+    for leaf in leaves:
+        try:
+            out.append({"v": __gyre_encode(leaf())})
+        except BaseException as e:
+            out.append({"e": f"{type(e).__name__}: {str(e)[:200]}"})
+    __os.write(fd, __json.dumps(out).encode())
+    __os.close(fd)
+'''
+
+_DECODE = '''
+def __gyre_decode(v):
+    import decimal, fractions
+    kind = v[0]
+    if kind == "n":
+        return None
+    simple = {"b": lambda v: bool(v[1]), "i": lambda v: int(v[1], 16), "f": lambda v: float.fromhex(v[1]),
+              "c": lambda v: complex(float.fromhex(v[1]), float.fromhex(v[2])), "s": lambda v: str(v[1]),
+              "y": lambda v: bytes.fromhex(v[1]), "q": lambda v: fractions.Fraction(int(v[1], 16), int(v[2], 16)),
+              "D": lambda v: decimal.Decimal(v[1])}
+    if kind in simple:
+        return simple[kind](v)
+    if kind == "d":
+        return {__gyre_decode(k): __gyre_decode(x) for k, x in v[1]}
+    return {"l": list, "t": tuple, "S": set, "F": frozenset}[kind](__gyre_decode(x) for x in v[1])
+'''
+
+
+def _lambdas(sources: list[str]) -> str:
+    return "[" + ", ".join(f"lambda: ({s})" for s in sources) + "]"
+
+
+def test_program(plan: AssertPlan, setup: str, code: str) -> str:
+    """The sandboxed program: setup, the test's input constants, reference leaves (fd 3, closed before
+    the program starts), the response's code, program leaves (fd 4)."""
+    inputs = [f"{name} = {source}" for name, source in plan.inputs.items()]
+    return "\n".join([_ENCODE, setup, *inputs, f"__gyre_emit(3, {_lambdas(plan.reference)})",
+                      "__name__ = 'solution'", code, "__name__ = '__main__'",
+                      f"__gyre_emit(4, {_lambdas(plan.program)})"])
+
+
+def helper_program(plan: AssertPlan, setup: str, indices: list[int], arguments: list[tuple[list, dict]]) -> str:
+    """The second run, without the program: setup, then helper calls ``indices`` on their arguments
+    (encoded plain data, decoded in the sandbox), results on fd 3."""
+    calls = []
+    for helper, (args, keywords) in zip((plan.helpers[i] for i in indices), arguments):
+        data = json.dumps([args, keywords])
+        calls.append(f"(lambda a: {helper.name}(*[__gyre_decode(x) for x in a[0]], "
+                     f"**{{k: __gyre_decode(x) for k, x in a[1].items()}}))(__json_loads({data!r}))")
+    return "\n".join([_ENCODE, _DECODE, "from json import loads as __json_loads", setup,
+                      f"__gyre_emit(3, {_lambdas(calls)})"])
