@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 
+from gyre.rewards.asserts import judge
 from gyre.rewards.asserts.plan import AssertPlan
 
 # Defined in the sandboxed program before anything else runs. The program can rebind these (it runs in
@@ -56,22 +59,8 @@ def __gyre_emit(fd, leaves):
     __os.close(fd)
 '''
 
-_DECODE = '''
-def __gyre_decode(v):
-    import decimal, fractions
-    kind = v[0]
-    if kind == "n":
-        return None
-    simple = {"b": lambda v: bool(v[1]), "i": lambda v: int(v[1], 16), "f": lambda v: float.fromhex(v[1]),
-              "c": lambda v: complex(float.fromhex(v[1]), float.fromhex(v[2])), "s": lambda v: str(v[1]),
-              "y": lambda v: bytes.fromhex(v[1]), "q": lambda v: fractions.Fraction(int(v[1], 16), int(v[2], 16)),
-              "D": lambda v: decimal.Decimal(v[1])}
-    if kind in simple:
-        return simple[kind](v)
-    if kind == "d":
-        return {__gyre_decode(k): __gyre_decode(x) for k, x in v[1]}
-    return {"l": list, "t": tuple, "S": set, "F": frozenset}[kind](__gyre_decode(x) for x in v[1])
-'''
+_DECODE = re.sub(r"\bdecode\(", "__gyre_decode(", inspect.getsource(judge.decode))
+"""The parent's decoder, renamed: the helper run decodes the program's values exactly as the parent does."""
 
 
 def _lambdas(sources: list[str]) -> str:
