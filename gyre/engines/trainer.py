@@ -190,6 +190,8 @@ class TrainerBackend:
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+        if self.optimizer_steps == 0:
+            self._fresh_optimizer_state()
         extra = {"scheduler": self.scheduler.state_dict(), "optimizer_steps": self.optimizer_steps,
                  "torch_rng": torch.get_rng_state()}
         if self.device.type == "cuda":
@@ -207,9 +209,18 @@ class TrainerBackend:
         extra = torch.load(f"{directory}/trainer_rank{dist.get_rank()}.pt", weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.optimizer_steps = extra["optimizer_steps"]
+        if self.optimizer_steps == 0:
+            self._fresh_optimizer_state()
         torch.set_rng_state(extra["torch_rng"])
         if "cuda_rng" in extra:
             torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
+
+    def _fresh_optimizer_state(self) -> None:
+        """Undo what reading an untouched optimizer's state does: DCP materialises the state with a
+        zero-gradient step (Adam's step counter becomes 1), which would shift every later bias
+        correction. Before the first real step the optimizer must have no state and no gradients."""
+        self.optimizer.state.clear()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def offload(self) -> None:
         """Move parameters and optimizer state to host memory and free gradients while a colocated

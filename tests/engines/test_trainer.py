@@ -120,6 +120,16 @@ def _ckpt_worker(rank, model_dir, port, directory):
     b.optimizer_step(b.split_micro(batch), loss, MetricSums())
     for (na, pa), (_, pb) in zip(a.hf_model.named_parameters(), b.hf_model.named_parameters()):
         assert torch.equal(pa, pb), na
+    # A checkpoint before the first optimizer step (the run's step-0 recovery point) changes nothing:
+    # reading the untouched optimizer's state must not leave Adam's step counter at 1.
+    saved, straight, resumed = fresh(), fresh(), fresh()
+    saved.save(directory + "-step0")
+    resumed.load(directory + "-step0")
+    for backend in (saved, straight, resumed):
+        backend.optimizer_step(backend.split_micro(batch), loss, MetricSums())
+    for (na, pa), (_, pb), (_, pc) in zip(straight.hf_model.named_parameters(), saved.hf_model.named_parameters(),
+                                          resumed.hf_model.named_parameters()):
+        assert torch.equal(pa, pb) and torch.equal(pa, pc), na
     dist.destroy_process_group()
 
 
