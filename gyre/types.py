@@ -1,7 +1,8 @@
 """Typed records that flow between the stages of a run, one per stage.
 
-prompt file row -> PromptRecord -> GenerationRequest -> GenerationResult (+ RewardResult) -> Sample
--> TrainBatch (tensors) -> trainer. Shapes: B samples, L padded sequence length (prompt + response).
+prompt file row -> PromptRecord -> Group (admitted) -> GenerationRequest -> GenerationResult -> Trajectory
+(segments, + RewardResult) -> Group (committed) -> TrainBatch (tensors) -> trainer. Shapes: B trajectories,
+L padded sequence length (prompt + response).
 
 Weight versions: a ``WeightVersion`` is the number of RL training steps whose updates the weights
 contain (0 = the initial model). Every generated sample records the version that produced it.
@@ -104,12 +105,91 @@ class RewardResult:
 
 
 @dataclass
-class Sample:
-    """A scored response and the prompt it answers."""
+class Segment:
+    """A contiguous run of a trajectory's tokens after the prompt, all from one source.
+
+    Model tokens (``trainable``) carry the sampler's log-probs and the weight version that sampled them;
+    tokens the model did not choose (an environment's observation, a tool's output) are kept for context
+    and never trained on.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Sampler log-prob of each token, len == len(token_ids) (0.0 for tokens the model did not sample)."""
+    weight_version: WeightVersion | None
+    """The policy version that sampled these tokens; None for tokens the model did not sample."""
+    trainable: bool = True
+    """Whether these tokens enter the policy loss (model tokens) or only give context."""
+
+
+TrajectoryStatus = Literal["generating", "generated", "scored", "aborted"]
+
+
+@dataclass
+class Trajectory:
+    """One sampled response to a prompt (single-turn: one segment; multi-turn: many), its reward, its state."""
 
     prompt: PromptRecord
-    result: GenerationResult
-    reward: RewardResult
+    sample_index: int
+    """Which of the group's samples this is (its sampling stream within the group's seed)."""
+    segments: list[Segment] = dataclasses.field(default_factory=list)
+    response_text: str = ""
+    """The decoded response, without special tokens (what the reward reads)."""
+    finish_reason: FinishReason | None = None
+    reward: RewardResult | None = None
+    status: TrajectoryStatus = "generating"
+
+    @classmethod
+    def from_result(cls, prompt: PromptRecord, result: GenerationResult) -> Trajectory:
+        """A finished single-turn trajectory: the engine's result as one trainable segment."""
+        segment = Segment(list(result.response_ids), list(result.logprobs), result.weight_version)
+        return cls(prompt, result.sample_index, [segment], result.response_text, result.finish_reason,
+                   status="generated")
+
+    @property
+    def response_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def logprobs(self) -> list[float]:
+        return [lp for s in self.segments for lp in s.logprobs]
+
+    @property
+    def weight_version(self) -> WeightVersion:
+        """The oldest version that sampled any of its tokens (its staleness is measured from this)."""
+        versions = [s.weight_version for s in self.segments if s.weight_version is not None]
+        if not versions:
+            raise ValueError(f"trajectory {self.prompt.uid}#{self.sample_index} has no sampled tokens")
+        return min(versions)
+
+
+GroupStatus = Literal["admitted", "committed", "aborted"]
+
+
+@dataclass
+class Group:
+    """The samples of one prompt: the unit that is admitted, committed and normalised over.
+
+    Advantage baselines (group mean, leave-one-out) are taken over a group's trajectories, found through
+    this record, never by the position of rows in a batch.
+    """
+
+    group_id: str
+    """Unique within a run; also the id of its generation request(s)."""
+    prompt: PromptRecord
+    size: int
+    """Trajectories the group is complete with."""
+    seed: int
+    """Seeds the sampling of its trajectories (sample i uses stream i): regenerating reproduces them."""
+    admitted_version: WeightVersion
+    """The policy version current when the group was admitted (its start version)."""
+    trajectories: list[Trajectory] = dataclasses.field(default_factory=list)
+    status: GroupStatus = "admitted"
+
+    @property
+    def complete(self) -> bool:
+        """Every wanted trajectory is scored."""
+        return sum(t.status == "scored" for t in self.trajectories) >= self.size
 
 
 @dataclass
@@ -130,6 +210,8 @@ class TrainBatch:
     """[B, L] float32, each response token's advantage (an outcome advantage is the same on every token)."""
     rollout_logprobs: torch.Tensor
     """[B, L] float32, the sampler's log-probs (0 off the response)."""
+    versions: torch.Tensor | None = None
+    """[B, L] int64, the weight version that sampled each token (-1 on tokens the model did not sample)."""
     old_logprobs: torch.Tensor | None = None
     """[B, L] float32, log pi_old when recomputed by the trainer."""
     ref_logprobs: torch.Tensor | None = None

@@ -24,7 +24,7 @@ from gyre.cluster.faults import PROBE
 from gyre.cluster.group import RoleGroup
 from gyre.rewards.base import RewardRequest
 from gyre.rewards.runner import CHILD_START_S, MAX_RERUNS, RunnerFaults, RunnerSpec, ScoreReply
-from gyre.types import Sample
+from gyre.types import Trajectory
 
 # Samples per remote call when a part of the rollout is split over a domain's workers: per-sample
 # calls would cost a Ray round trip each; a few samples per call keep every worker busy.
@@ -141,7 +141,7 @@ class DomainScorer:
 @dataclass
 class _Call:
     scorer: DomainScorer
-    samples: list[Sample]
+    samples: list[Trajectory]
     requests: list[RewardRequest]
     budget: float
     """Seconds the worker may spend on it (``call_budget``)."""
@@ -157,9 +157,9 @@ class RewardPool:
         self._calls: dict[object, _Call] = {}
         self._probes: dict[object, tuple[DomainScorer, int]] = {}
 
-    def submit(self, samples: list[Sample]) -> None:
+    def submit(self, samples: list[Trajectory]) -> None:
         """Start scoring ``samples`` (each routed to its prompt's domain); returns at once."""
-        by_domain: dict[str, list[Sample]] = {}
+        by_domain: dict[str, list[Trajectory]] = {}
         for sample in samples:
             by_domain.setdefault(sample.prompt.domain, []).append(sample)
         for name, part in by_domain.items():
@@ -195,7 +195,7 @@ class RewardPool:
                 scorer.held.clear()
             raise
 
-    def score(self, samples: list[Sample]) -> None:
+    def score(self, samples: list[Trajectory]) -> None:
         self.submit(samples)
         self.wait()
 
@@ -203,13 +203,13 @@ class RewardPool:
         """Fault counters since the pool was made, as ``fault/reward_<counter>`` (see ``PoolFaults``)."""
         return {f"fault/reward_{name}": value for name, value in asdict(self.faults).items()}
 
-    def _request(self, scorer: DomainScorer, sample: Sample) -> RewardRequest:
+    def _request(self, scorer: DomainScorer, sample: Trajectory) -> RewardRequest:
         p = sample.prompt
         options = {}
         if scorer.adaptive is not None:
             options = {"timeout_s": scorer.adaptive.timeout_for(p.uid), "case_key": p.uid}
         # Rewards read the question as written; the chat-templated text is what the policy saw.
-        return RewardRequest(sample.result.response_text, p.ground_truth, p.question or p.prompt_text, p.tag, options)
+        return RewardRequest(sample.response_text, p.ground_truth, p.question or p.prompt_text, p.tag, options)
 
     def _budget(self, scorer: DomainScorer, requests: list[RewardRequest]) -> float:
         if scorer.runner is None:

@@ -1,12 +1,13 @@
-"""Collate samples into padded trainer tensors, and split batches across data-parallel ranks."""
+"""Collate groups of trajectories (or SFT rows) into padded trainer tensors; split batches over DP ranks."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from gyre.types import Sample, TrainBatch, select_rows
+from gyre.types import Group, TrainBatch, select_rows
 
 
 def collate(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int,
@@ -35,10 +36,72 @@ def collate(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id
                       rollout_logprobs=lps)
 
 
-def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
-    """The trainer tensors of scored samples; advantages are 0 until the advantage stage fills them."""
-    return collate([s.result.prompt_ids for s in samples], [s.result.response_ids for s in samples], pad_id,
-                   rollout_logprobs=[s.result.logprobs for s in samples])
+@dataclass(frozen=True)
+class GroupLayout:
+    """Which batch rows belong to which group: group statistics go through this, never through row positions."""
+
+    rows: tuple[tuple[int, ...], ...]
+    """The batch rows of each group, in group order."""
+
+    @classmethod
+    def of(cls, groups: Sequence[Group]) -> GroupLayout:
+        """The layout ``collate_groups`` writes: groups in order, each group's trajectories in order."""
+        rows, start = [], 0
+        for g in groups:
+            rows.append(tuple(range(start, start + len(g.trajectories))))
+            start += len(g.trajectories)
+        return cls(tuple(rows))
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """[B] per-row values -> [G, n], one row per group. Groups must be of equal size."""
+        sizes = {len(r) for r in self.rows}
+        if len(sizes) > 1:
+            raise ValueError(f"groups of unequal sizes {sorted(sizes)}: per-group statistics need equal groups")
+        return values[torch.tensor(self.rows, dtype=torch.long)]
+
+    def scatter(self, grouped: torch.Tensor) -> torch.Tensor:
+        """Inverse of ``gather``: [G, n] -> [B] in batch row order."""
+        out = grouped.new_empty(sum(len(r) for r in self.rows))
+        out[torch.tensor(self.rows, dtype=torch.long)] = grouped
+        return out
+
+
+def collate_groups(groups: Sequence[Group], pad_id: int) -> tuple[TrainBatch, GroupLayout]:
+    """Right-padded [B, L] tensors of committed groups (one row per trajectory: prompt + its segments).
+
+    ``response_mask`` is 1 on trainable segments only (it need not be contiguous: observation tokens
+    between turns are 0), ``versions`` holds each sampled token's weight version, ``rollout_logprobs`` the
+    sampler's log-probs. Advantages are 0 until the advantage stage fills them.
+    """
+    trajectories = [t for g in groups for t in g.trajectories]
+    if not trajectories:
+        raise ValueError("no trajectories to collate")
+    lengths = [len(t.prompt.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories]
+    b, width = len(trajectories), max(lengths)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    trainable = torch.zeros((b, width), dtype=torch.float32)
+    logprobs = torch.zeros((b, width), dtype=torch.float32)
+    versions = torch.full((b, width), -1, dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        if not t.prompt.prompt_ids:
+            raise ValueError("a prompt must have at least one token")
+        pos = len(t.prompt.prompt_ids)
+        ids[i, :pos] = torch.tensor(t.prompt.prompt_ids, dtype=torch.long)
+        for seg in t.segments:
+            end = pos + len(seg.token_ids)
+            ids[i, pos:end] = torch.tensor(seg.token_ids, dtype=torch.long)
+            logprobs[i, pos:end] = torch.tensor(seg.logprobs, dtype=torch.float32)
+            if seg.trainable:
+                trainable[i, pos:end] = 1.0
+            if seg.weight_version is not None:
+                versions[i, pos:end] = seg.weight_version
+            pos = end
+        attention[i, :pos] = 1
+    batch = TrainBatch(input_ids=ids, attention_mask=attention, response_mask=trainable,
+                       advantages=torch.zeros((b, width), dtype=torch.float32), rollout_logprobs=logprobs,
+                       versions=versions)
+    return batch, GroupLayout.of(groups)
 
 
 def balanced_shards(batch: TrainBatch, parts: int, equal: bool = True) -> list[torch.Tensor]:

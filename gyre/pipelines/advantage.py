@@ -31,7 +31,8 @@ from gyre.algos.stats import RunningMoments, masked_mean, masked_whiten
 from gyre.algos.value import explained_variance
 from gyre.config.derive import RunPlan
 from gyre.config.schema import AlgorithmConfig, MismatchConfig
-from gyre.types import Sample, TrainBatch
+from gyre.data.batching import GroupLayout
+from gyre.types import Group, TrainBatch
 
 
 @dataclass
@@ -75,22 +76,24 @@ def correct_mismatch(batch: TrainBatch, m: MismatchConfig) -> tuple[torch.Tensor
     return keep, metrics
 
 
-def estimate_advantages(batch: TrainBatch, samples: list[Sample], a: AlgorithmConfig, plan: RunPlan,
-                        state: AlgorithmState, group_size: int, max_new_tokens: int,
-                        token_keep: torch.Tensor | None = None) -> dict:
+def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConfig, plan: RunPlan,
+                        state: AlgorithmState, max_new_tokens: int, token_keep: torch.Tensor | None = None) -> dict:
     """Fill ``batch.advantages`` (and ``returns`` for a critic, ``scores``) and narrow
-    ``batch.response_mask`` to the tokens that train. Returns the stage's metrics."""
-    raw = torch.tensor([s.reward.score for s in samples], dtype=torch.float32)
-    lengths = torch.tensor([len(s.result.response_ids) for s in samples])
-    truncated = torch.tensor([s.result.finish_reason == "length" for s in samples])
+    ``batch.response_mask`` to the tokens that train. ``batch`` holds ``groups`` as ``collate_groups`` lays
+    them out. Returns the stage's metrics."""
+    layout = GroupLayout.of(groups)
+    trajectories = [t for g in groups for t in g.trajectories]
+    raw = torch.tensor([t.reward.score for t in trajectories], dtype=torch.float32)
+    lengths = torch.tensor([len(t.response_ids) for t in trajectories])
+    truncated = torch.tensor([t.finish_reason == "length" for t in trajectories])
     metrics: dict[str, float] = {}
     scores = raw
     if plan.overlong_cache_tokens:
         penalty = soft_overlong_penalty(lengths, max_new_tokens, plan.overlong_cache_tokens)
         scores = raw + penalty
         metrics["reward/overlong_penalty"] = float(penalty.mean())
-    keep = _sample_keep(raw, truncated, a, group_size, metrics)
-    rewards = _response_rewards(scores, samples, a, state, group_size)
+    keep = _sample_keep(raw, truncated, a, layout, metrics)
+    rewards = _response_rewards(scores, groups, a, state, layout)
     if a.reward_clip is not None:
         rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
     resp = batch.response_mask
@@ -115,7 +118,8 @@ def estimate_advantages(batch: TrainBatch, samples: list[Sample], a: AlgorithmCo
     return metrics
 
 
-def _sample_keep(raw: torch.Tensor, truncated: torch.Tensor, a: AlgorithmConfig, n: int, metrics: dict) -> torch.Tensor:
+def _sample_keep(raw: torch.Tensor, truncated: torch.Tensor, a: AlgorithmConfig, layout: GroupLayout,
+                 metrics: dict) -> torch.Tensor:
     keep = torch.ones_like(raw)
     if a.overlong_mask:
         over = overlong_mask(truncated)
@@ -123,32 +127,32 @@ def _sample_keep(raw: torch.Tensor, truncated: torch.Tensor, a: AlgorithmConfig,
         keep = keep * over
     if a.difficulty_mask is not None:
         low, high = a.difficulty_mask
-        diff = difficulty_mask(raw.view(-1, n), low, high).flatten()
+        diff = layout.scatter(difficulty_mask(layout.gather(raw), low, high))
         metrics["mask/difficulty_frac"] = float(1 - diff.mean())
         keep = keep * diff
     metrics["mask/kept_frac"] = float(keep.mean())
     return keep
 
 
-def _response_rewards(scores: torch.Tensor, samples: list[Sample], a: AlgorithmConfig, state: AlgorithmState,
-                      n: int) -> torch.Tensor:
+def _response_rewards(scores: torch.Tensor, groups: list[Group], a: AlgorithmConfig, state: AlgorithmState,
+                      layout: GroupLayout) -> torch.Tensor:
     """Response-level rewards after the estimator's baseline / normalisation, [B]."""
-    rows = scores.view(-1, n)
+    rows = layout.gather(scores)
     if a.estimator == "rloo":
-        return rloo_advantages(rows).flatten()
+        return layout.scatter(rloo_advantages(rows))
     if a.estimator == "reinforce_pp_baseline":
-        return reinforce_pp_baseline_advantages(rows, a.std_eps, a.std_ddof).flatten()
+        return layout.scatter(reinforce_pp_baseline_advantages(rows, a.std_eps, a.std_ddof))
     if "running" not in (a.norm_mean, a.norm_std):
-        return normalize_rewards(rows, a.norm_mean, a.norm_std, a.std_eps, a.std_ddof).flatten()
-    # Running moments are kept per tag (domain): rows of one prompt share its tag.
-    tags = [samples[i * n].prompt.tag or "default" for i in range(rows.shape[0])]
+        return layout.scatter(normalize_rewards(rows, a.norm_mean, a.norm_std, a.std_eps, a.std_ddof))
+    # Running moments are kept per tag (domain): the trajectories of one group share its prompt's tag.
+    tags = [g.prompt.tag or "default" for g in groups]
     out = torch.zeros_like(rows)
     for tag in sorted(set(tags)):
         idx = torch.tensor([i for i, t in enumerate(tags) if t == tag])
         moments = state.running.setdefault(tag, RunningMoments())
         moments.update(rows[idx])
         out[idx] = normalize_rewards(rows[idx], a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, moments)
-    return out.flatten()
+    return layout.scatter(out)
 
 
 def _kl_penalty(batch: TrainBatch, token_rewards: torch.Tensor, a: AlgorithmConfig, state: AlgorithmState,

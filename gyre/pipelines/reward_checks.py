@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from gyre.config.reward_schema import DomainConfig
 from gyre.config.schema import RLVRConfig
 from gyre.rewards.base import RewardRequest, RewardSpecError
-from gyre.types import PromptRecord, RewardResult, Sample
+from gyre.types import PromptRecord, RewardResult, Trajectory
 
 PROBE_ROWS = 2
 """Rows per domain the pre-flight probe scores, each with its ground truth and an empty response."""
@@ -126,7 +126,7 @@ def _check_probe(cfg: RLVRConfig, name: str, row: PromptRecord, request: RewardR
         f"{key}.kwargs ({fix}).")
 
 
-def check_reward_failures(samples: Sequence[Sample], cfg_reward) -> None:
+def check_reward_failures(samples: Sequence[Trajectory], cfg_reward) -> None:
     """Stop the run when more than a domain's ``max_error_frac`` of this step's rewards failed (errors
     and timeouts), with the first failure's message."""
     for name, domain in cfg_reward.domains.items():

@@ -11,7 +11,7 @@ from gyre.cluster.faults import PROBE
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.reward_pool import DomainScorer, PoolLimits, RewardPool, RewardWorkerError, call_budget
 from gyre.cluster.workers import RewardWorker
-from gyre.types import GenerationResult, PromptRecord, Sample
+from gyre.types import PromptRecord, Segment, Trajectory
 from tests.cluster.faults import SignalOnStart, gone, wait_until
 
 FNS = Path(__file__).with_name("pool_rewards.py")
@@ -24,7 +24,7 @@ RESPONSES = ["a", "bb", "boom", "dddd", "eeeee", "ffffff"]
 
 def samples(domain, n):
     prompt = PromptRecord("p", "q", [1], "1", domain, domain)
-    return [Sample(prompt, GenerationResult("r", i, [1], [2], "x" * (i + 1), [0.0], "eos", 0), None)
+    return [Trajectory(prompt, i, [Segment([2], [0.0], 0)], "x" * (i + 1), "eos")
             for i in range(n)]
 
 
@@ -64,7 +64,7 @@ def test_a_dying_worker_is_retried_then_reported(ray_local, tmp_path):
 
 def texts(domain, responses):
     prompt = PromptRecord("p", "q", [1], "", domain, domain)
-    return [Sample(prompt, GenerationResult("r", i, [1], [2], text, [0.0], "eos", 0), None)
+    return [Trajectory(prompt, i, [Segment([2], [0.0], 0)], text, "eos")
             for i, text in enumerate(responses)]
 
 

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from gyre.data.batching import balanced_shards, collate, gather_rows, split_for_ranks
@@ -37,3 +38,29 @@ def test_unequal_shards_for_forward_only_workers():
     shards = balanced_shards(b, 3, equal=False)
     assert sorted(len(s) for s in shards) == [2, 2, 3]
     assert sorted(torch.cat(shards).tolist()) == list(range(7))
+
+
+def test_groups_collate_with_a_non_contiguous_trainable_mask_and_token_versions():
+    from gyre.data.batching import GroupLayout, collate_groups
+    from gyre.types import Group, PromptRecord, Segment, Trajectory
+
+    p = PromptRecord("p", "q", [1, 2], "0")
+    # A two-turn trajectory: model tokens (version 3), an observation (not trained), model tokens (version 4).
+    turns = Trajectory(p, 0, [Segment([5, 6], [-0.1, -0.2], 3), Segment([9], [0.0], None, trainable=False),
+                              Segment([7], [-0.3], 4)])
+    single = Trajectory(p, 1, [Segment([8], [-0.4], 4)])
+    other = Trajectory(PromptRecord("r", "q", [3], "0"), 0, [Segment([4, 4], [-1.0, -1.0], 4)])
+    groups = [Group("g0", p, 2, 0, 3, [turns, single]), Group("g1", other.prompt, 1, 0, 4, [other])]
+    batch, layout = collate_groups(groups, pad_id=0)
+    assert batch.input_ids.tolist() == [[1, 2, 5, 6, 9, 7], [1, 2, 8, 0, 0, 0], [3, 4, 4, 0, 0, 0]]
+    assert batch.response_mask.tolist()[0] == [0, 0, 1, 1, 0, 1]
+    assert batch.versions.tolist()[0] == [-1, -1, 3, 3, -1, 4]
+    assert batch.rollout_logprobs[0].tolist() == pytest.approx([0, 0, -0.1, -0.2, 0, -0.3])
+    assert turns.weight_version == 3 and turns.response_ids == [5, 6, 9, 7]
+    assert layout == GroupLayout(((0, 1), (2,)))
+    with pytest.raises(ValueError, match="unequal sizes"):
+        layout.gather(torch.zeros(3))
+    equal = GroupLayout(((2, 0), (1, 3)))  # rows need not be contiguous: statistics follow the layout
+    grouped = equal.gather(torch.tensor([10.0, 11.0, 12.0, 13.0]))
+    assert grouped.tolist() == [[12.0, 10.0], [11.0, 13.0]]
+    assert equal.scatter(grouped).tolist() == [10.0, 11.0, 12.0, 13.0]

@@ -1,12 +1,12 @@
-"""The driver's advantage stage on hand-made samples: order of operations, masks, KL penalty, GAE."""
+"""The driver's advantage stage on hand-made groups of trajectories: order of operations, masks, KL penalty, GAE."""
 
 import pytest
 import torch
 
 from gyre.config import load_config, make_plan
-from gyre.data.batching import samples_to_batch
+from gyre.data.batching import collate_groups
 from gyre.pipelines.advantage import AlgorithmState, correct_mismatch, estimate_advantages
-from gyre.types import GenerationResult, PromptRecord, RewardResult, Sample
+from gyre.types import Group, PromptRecord, RewardResult, Segment, Trajectory
 
 
 def stage(*overrides, n=2, max_new=4):
@@ -17,15 +17,27 @@ def stage(*overrides, n=2, max_new=4):
 
 def sample(group, index, score, length, finish="eos", tag=None):
     prompt = PromptRecord(f"p{group}", "q", [1, 2], "0", tag)
-    result = GenerationResult(f"r{group}", index, [1, 2], [5] * length, "x", [-1.0] * length, finish, 0)
-    return Sample(prompt, result, RewardResult(score))
+    return Trajectory(prompt, index, [Segment([5] * length, [-1.0] * length, 0)], "x", finish, RewardResult(score),
+                      "scored")
+
+
+def groups_of(samples):
+    """Trajectories grouped by their prompt, in order of first appearance."""
+    groups: dict[str, Group] = {}
+    for t in samples:
+        groups.setdefault(t.prompt.uid, Group(t.prompt.uid, t.prompt, 0, 0, 0)).trajectories.append(t)
+    return list(groups.values())
+
+
+def to_batch(samples, pad_id):
+    return collate_groups(groups_of(samples), pad_id)[0]
 
 
 def run(cfg, plan, samples, n, batch=None, state=None, keep=None):
-    batch = batch if batch is not None else samples_to_batch(samples, 0)
+    batch = batch if batch is not None else to_batch(samples, 0)
     state = state or AlgorithmState.create(cfg.algorithm)
-    metrics = estimate_advantages(batch, samples, cfg.algorithm, plan, state, n, cfg.rollout.sampling.max_new_tokens,
-                                  keep)
+    metrics = estimate_advantages(batch, groups_of(samples), cfg.algorithm, plan, state,
+                                  cfg.rollout.sampling.max_new_tokens, keep)
     return batch, metrics, state
 
 
@@ -47,7 +59,7 @@ def test_kl_penalty_in_the_reward_then_returns():
     # returns (gamma 1) = [0.96, 0.98, 0.97]. One sample per prompt: batch-level estimator, no normalisation.
     cfg, plan = stage("algorithm.norm_mean=none", "algorithm.norm_std=none", "algorithm.kl_reward_coef=0.1", n=1)
     samples = [sample(0, 0, 1.0, 3)]
-    batch = samples_to_batch(samples, 0)
+    batch = to_batch(samples, 0)
     batch.old_logprobs = torch.tensor([[0.0, 0.0, -1.0, -1.0, -1.0]])
     batch.ref_logprobs = batch.old_logprobs - torch.tensor([[0.0, 0.0, 0.2, -0.1, 0.3]])
     batch, metrics, state = run(cfg, plan, samples, 1, batch)
@@ -60,7 +72,7 @@ def test_gae_with_critic_values():
     # returns [0.96575, 0.985, 1.0].
     cfg, plan = stage("algorithm.estimator=gae", "algorithm.norm_mean=none", "algorithm.norm_std=none", n=1)
     samples = [sample(0, 0, 1.0, 3)]
-    batch = samples_to_batch(samples, 0)
+    batch = to_batch(samples, 0)
     batch.values = torch.tensor([[0.0, 0.0, 0.5, 0.6, 0.7]])
     batch, metrics, _ = run(cfg, plan, samples, 1, batch)
     assert batch.advantages[0, 2:].tolist() == pytest.approx([0.46575, 0.385, 0.3], abs=1e-6)
@@ -93,7 +105,7 @@ def test_running_moments_are_kept_per_tag_and_checkpointed():
 def test_mismatch_filter_drops_tokens_and_weights_the_rest():
     cfg, plan = stage("algorithm.mismatch.weight=token", "algorithm.mismatch.filter=token")
     samples = [sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 2)]
-    batch = samples_to_batch(samples, 0)
+    batch = to_batch(samples, 0)
     batch.old_logprobs = batch.rollout_logprobs.clone()
     batch.old_logprobs[0, 3] += 0.5  # ratio e^0.5 = 1.65 > 1.2: filtered; weight capped at 1.2
     keep, metrics = correct_mismatch(batch, cfg.algorithm.mismatch)

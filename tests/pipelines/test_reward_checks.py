@@ -8,16 +8,15 @@ from gyre.cli import main
 from gyre.config import load_config
 from gyre.pipelines.reward_checks import RewardFailureError, check_reward_failures
 from gyre.tracking.progress import _summary
-from gyre.types import GenerationResult, PromptRecord, RewardResult, Sample
+from gyre.types import PromptRecord, RewardResult, Segment, Trajectory
 
 
 def _samples(domain, statuses):
     out = []
     for i, status in enumerate(statuses):
         prompt = PromptRecord(f"train.jsonl:{i + 1}", "q", [1], "4", domain=domain)
-        result = GenerationResult("r", i, [1], [2], "x", [0.0], "eos", 0)
         reward = RewardResult(1.0) if status == "ok" else RewardResult.failed(status, f"{status} number {i}")
-        out.append(Sample(prompt, result, reward))
+        out.append(Trajectory(prompt, i, [Segment([2], [0.0], 0)], "x", "eos", reward, "scored"))
     return out
 
 

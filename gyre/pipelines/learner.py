@@ -1,0 +1,121 @@
+"""The driver's side of the models that learn or score: policy, reference and critic role groups.
+
+The pipeline asks the learner for what it needs by name (``score`` a batch with pi_old, pi_ref and values,
+``update`` the critic and the policy, ``export`` the new weights, ``save`` / ``restore``) and never touches
+the role groups itself. Mini-batches are cut here, on the driver, so every rank and every role sees the
+same ones, with global loss denominators (the result does not depend on the number of ranks).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gyre.algos.aggregation import denominator_for
+from gyre.config.derive import RunPlan
+from gyre.config.schema import RLVRConfig
+from gyre.data.batching import gather_rows, split_for_ranks
+from gyre.engines.losses import PolicyLossSpec
+from gyre.seeding import derive_seed
+from gyre.types import TrainBatch, TrainStepResult, select_rows
+
+
+class Learner:
+    def __init__(self, cfg: RLVRConfig, plan: RunPlan, roles):
+        """``roles``: the run's ``gyre.pipelines.roles.Roles`` (policy, reference, critic, time-share)."""
+        self.cfg, self.plan = cfg, plan
+        self.policy, self.reference, self.critic = roles.policy, roles.reference, roles.critic
+        self.timeshare = roles.timeshare
+        self.hybrid = roles.hybrid
+        # Trainer log-probs use the sampling temperature (validated > 0 for training).
+        self.temperature = cfg.rollout.sampling.temperature
+
+    # ---- scoring ----------------------------------------------------------------------------------
+    def score(self, batch: TrainBatch) -> None:
+        """What the advantage stage and the losses need besides the samples: pi_old, pi_ref, values."""
+        if self.plan.recompute_old_logprobs:
+            self.timeshare.activate("policy")
+            batch.old_logprobs = self._forward(self.policy, "compute_logprobs", batch, self.temperature)
+        if self.reference is not None:
+            self.timeshare.activate("reference")
+            batch.ref_logprobs = self._forward(self.reference, "compute_logprobs", batch, self.temperature)
+        if self.critic is not None:
+            self.timeshare.activate("critic")
+            batch.values = self._forward(self.critic, "compute_values", batch)
+
+    def _forward(self, group, method: str, batch: TrainBatch, *args) -> torch.Tensor:
+        # Trainer ranks (FSDP2 collectives) need equal shards; reference workers do not.
+        equal = group is self.policy or group is self.critic
+        shards, index = split_for_ranks(batch, len(group), equal=equal)
+        parts = group.call_each(method, [(shard, *args) for shard in shards])
+        return gather_rows(parts, index, len(batch))
+
+    # ---- updates ----------------------------------------------------------------------------------
+    def update(self, batch: TrainBatch, step: int) -> dict:
+        """The critic's optimizer steps, then the policy's once the critic has warmed up; their metrics."""
+        metrics = self._train_critic(batch, step)
+        if step > self.cfg.algorithm.critic_warmup:
+            metrics.update(self._train_policy(batch, step))
+        return metrics
+
+    def minibatches(self, batch: TrainBatch, step: int, ranks: int) -> tuple[list[list[TrainBatch]], list]:
+        """Per-rank shards of every optimizer step's mini-batch (epochs x shuffled mini-batches) and each
+        step's global loss denominator. Policy and critic see the same mini-batches."""
+        mini = self.plan.mini_batch_size
+        per_rank: list[list[TrainBatch]] = [[] for _ in range(ranks)]
+        denoms = []
+        for epoch in range(self.cfg.policy.epochs):
+            g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, "minibatch", step, epoch))
+            order = torch.randperm(len(batch), generator=g)
+            for start in range(0, len(batch), mini):
+                minibatch = select_rows(batch, order[start:start + mini])
+                denoms.append(denominator_for(minibatch.response_mask, ranks, self.plan.loss_agg_norm))
+                for rank, shard in enumerate(split_for_ranks(minibatch, ranks)[0]):
+                    per_rank[rank].append(shard)
+        return per_rank, denoms
+
+    def _train_policy(self, batch: TrainBatch, step: int) -> dict:
+        self.timeshare.activate("policy")
+        per_rank, denoms = self.minibatches(batch, step, self.plan.dp_size)
+        a = self.cfg.algorithm
+        old_source = "recomputed" if self.plan.recompute_old_logprobs else (
+            "rollout" if a.old_logprobs == "rollout" else "current")
+        spec = PolicyLossSpec.from_config(a, self.temperature, old_source)
+        results = self.policy.call_each("train", [(shards, denoms, spec) for shards in per_rank])
+        return TrainStepResult.summarize(results)
+
+    def _train_critic(self, batch: TrainBatch, step: int) -> dict:
+        if self.critic is None:
+            return {}
+        self.timeshare.activate("critic")
+        per_rank, denoms = self.minibatches(batch, step, self.plan.critic_dp_size)
+        a = self.cfg.algorithm
+        results = self.critic.call_each("train", [(shards, denoms, a.value_clip, a.loss_agg) for shards in per_rank])
+        out = TrainStepResult.summarize(results)
+        return {**{k: v for k, v in out.items() if k.startswith("critic/")}, "critic/grad_norm": out["grad_norm"],
+                "critic/lr": out["lr"]}
+
+    # ---- weights and persistence ------------------------------------------------------------------
+    def export(self, version: int):
+        """The policy's weights for the rollout engines as ``version`` (a ``WeightBundle`` per rank's share);
+        None when the engines are the policy's own ranks (hybrid: nothing to copy)."""
+        if self.hybrid:
+            return None
+        return self.policy.call("export_weights", version, self.cfg.model.dtype)[0]
+
+    def save(self, directory: Path) -> None:
+        """Trainer states (weights, optimizer, scheduler, RNG) of the policy and the critic under ``directory``."""
+        self.policy.call("save_checkpoint", str(directory / "policy"))
+        if self.critic is not None:
+            (directory / "critic").mkdir()
+            self.critic.call("save_checkpoint", str(directory / "critic"))
+
+    def restore(self, directory: Path) -> None:
+        self.policy.call("load_checkpoint", str(directory / "policy"))
+        if self.critic is not None:
+            self.critic.call("load_checkpoint", str(directory / "critic"))
+
+    def save_model(self, directory: Path, tokenizer_path: str) -> None:
+        """The policy as a Hugging Face model directory (with its tokenizer)."""
+        self.policy.call("save_hf", str(directory), tokenizer_path)
