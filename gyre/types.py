@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are touched: reward process
     import torch
 
 WeightVersion = int
-FinishReason = Literal["eos", "stop", "length"]
+FinishReason = Literal["eos", "stop", "length", "abort"]
 RewardStatus = Literal["ok", "error", "timeout"]
 
 
@@ -59,7 +59,7 @@ class PromptRecord:
 
 @dataclass
 class GenerationRequest:
-    """Ask an engine for ``n`` samples of one prompt."""
+    """Ask an engine for ``n`` samples of one prompt (samples ``first_sample`` .. ``first_sample + n - 1``)."""
 
     request_id: str
     prompt_ids: list[int]
@@ -67,22 +67,41 @@ class GenerationRequest:
     n: int = 1
     seed: int = 0
     """Seeds the sampler; the same request, seed and weights give the same samples."""
+    first_sample: int = 0
+    """Index of the first sample: a prompt's samples sent as separate requests keep their own streams."""
+    prefix: tuple[int, ...] = ()
+    """Response tokens already sampled (continuing an interrupted sample; needs n == 1): the engine
+    re-prefills them and samples on from position len(prefix) within ``params.max_new_tokens``."""
+
+    def __post_init__(self) -> None:
+        if self.prefix and self.n != 1:
+            raise ValueError(f"request {self.request_id}: a continuation (prefix) is one sample, got n={self.n}")
 
 
 @dataclass
 class GenerationResult:
-    """One sampled response (token-in, token-out: ``response_ids`` are exactly what was sampled)."""
+    """One sampled response, or the part of it a request added (token-in, token-out: ``response_ids``
+    are exactly what was sampled). A continuation's result holds only the tokens after its prefix."""
 
     request_id: str
     sample_index: int
     prompt_ids: list[int]
     response_ids: list[int]
     response_text: str
-    """Decoded response without special tokens."""
+    """Decoded response without special tokens (prefix included for a continuation)."""
     logprobs: list[float]
     """Sampler log-prob of each response token, len == len(response_ids)."""
     finish_reason: FinishReason
-    weight_version: WeightVersion
+    """"abort": the request was aborted; the tokens so far are returned so it can be continued."""
+    versions: list[WeightVersion]
+    """The weight version that sampled each token (a request continued across a weight update spans several)."""
+    offset: int = 0
+    """Response tokens before these (the request's prefix)."""
+
+    @property
+    def weight_version(self) -> WeightVersion:
+        """The oldest version among its tokens."""
+        return min(self.versions) if self.versions else -1
 
 
 @dataclass
@@ -141,10 +160,23 @@ class Trajectory:
 
     @classmethod
     def from_result(cls, prompt: PromptRecord, result: GenerationResult) -> Trajectory:
-        """A finished single-turn trajectory: the engine's result as one trainable segment."""
-        segment = Segment(list(result.response_ids), list(result.logprobs), result.weight_version)
-        return cls(prompt, result.sample_index, [segment], result.response_text, result.finish_reason,
-                   status="generated")
+        """A single-turn trajectory from the engine's result: one trainable segment per weight version."""
+        t = cls(prompt, result.sample_index, status="generated")
+        t.extend(result)
+        return t
+
+    def extend(self, result: GenerationResult) -> None:
+        """Append what a (continued) request sampled: a segment per run of equal weight versions."""
+        if result.offset != len(self.response_ids):
+            raise ValueError(f"trajectory {self.prompt.uid}#{self.sample_index} has {len(self.response_ids)} "
+                             f"tokens, the result continues from {result.offset}")
+        start = 0
+        for end in range(1, len(result.versions) + 1):
+            if end == len(result.versions) or result.versions[end] != result.versions[start]:
+                self.segments.append(Segment(list(result.response_ids[start:end]), list(result.logprobs[start:end]),
+                                             result.versions[start]))
+                start = end
+        self.response_text, self.finish_reason = result.response_text, result.finish_reason
 
     @property
     def response_ids(self) -> list[int]:

@@ -1,10 +1,10 @@
 """The rollout-engine protocol every backend (HF today, vLLM later) implements.
 
-Requests carry ids, so the same protocol extends to per-request scheduling: a continuous-batching
-engine adds ``add_request(request)``, ``abort(request_ids)`` and ``step() -> finished results``
-between decoding steps, and ``generate`` becomes "add all, step until done". The batched ``generate``
-and its streaming form ``generate_stream`` (finished samples first, so rewards overlap decoding) are
-what the synchronous RLVR pipeline needs.
+Per-request control, between decoding steps: ``add`` requests (they join the running batch),
+``step`` (one token for every decoding row; returns the samples that finished), ``abort`` requests
+(returns their tokens so far, to be continued as a request with that prefix), and ``suspend`` ->
+``load_weights`` -> ``resume`` for a weight update with rows in flight (their tokens are kept and
+re-prefilled). ``generate`` / ``generate_stream`` run a set of requests to completion on an idle engine.
 """
 
 from __future__ import annotations
@@ -21,7 +21,32 @@ from gyre.types import GenerationRequest, GenerationResult, WeightVersion
 class RolloutEngine(Protocol):
     @property
     def weight_version(self) -> WeightVersion:
-        """Version of the weights currently loaded; stamped on every result."""
+        """Version of the weights currently loaded; stamped on every token sampled."""
+        ...
+
+    @property
+    def busy(self) -> bool:
+        """Some request is waiting or decoding."""
+        ...
+
+    def add(self, requests: Sequence[GenerationRequest]) -> None:
+        """Queue requests; they join the running batch at the next step with room."""
+        ...
+
+    def step(self) -> list[GenerationResult]:
+        """Admit queued requests, sample one token for every decoding row; the samples that finished."""
+        ...
+
+    def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
+        """Remove these requests; their unfinished samples so far, with finish_reason "abort"."""
+        ...
+
+    def suspend(self) -> None:
+        """Stop decoding and free the KV cache; requests keep their tokens."""
+        ...
+
+    def resume(self) -> None:
+        """Decode again, re-prefilling suspended requests (under the weights loaded meanwhile)."""
         ...
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -34,7 +59,8 @@ class RolloutEngine(Protocol):
         ...
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: WeightVersion) -> None:
-        """Replace the model weights (full, unsharded, HF parameter names) and set the version."""
+        """Replace the model weights (full, unsharded, HF parameter names) and set the version; only
+        while no request is decoding (idle or suspended)."""
         ...
 
     def offload(self) -> None:

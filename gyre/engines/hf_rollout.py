@@ -1,20 +1,28 @@
-"""Rollout engine on a local Hugging Face causal LM: batched sampling with a KV cache.
+"""Rollout engine on a local Hugging Face causal LM: continuous batching with per-request control.
 
-Each distinct prompt is prefilled once and its KV cache is repeated for its ``n`` samples. Finished
-rows are dropped from the batch (and the cache) as decoding goes on, so a long tail does not keep
-paying for rows that are done.
+Requests join the running batch between decoding steps (``add``), finished samples leave it and are
+reported at once (``step``), and any request can be aborted with its tokens so far (``abort``). A
+weight update goes ``suspend`` -> ``load_weights`` -> ``resume``: the KV cache is dropped, every row
+keeps its tokens, and the next step re-prefills them under the new weights; each token records the
+version that sampled it. Each distinct context is prefilled once and its cache repeated for the rows
+that share it (a request's ``n`` samples).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from gyre.engines import memory
+from gyre.engines.kv_batch import KVBatch
+from gyre.engines.sampling import StopChecker, filter_logits, position_noise, sample_tokens
 from gyre.models.loading import eos_token_ids
 from gyre.types import GenerationRequest, GenerationResult, SamplingParams, WeightVersion
+
+__all__ = ["HFRolloutEngine", "filter_logits"]
 
 # Compact the decoding batch once at least this fraction of its rows has finished.
 _COMPACT_FRACTION = 0.25
@@ -22,97 +30,24 @@ _COMPACT_FRACTION = 0.25
 
 @dataclass
 class _Row:
-    """Book-keeping for one sample while it is decoded."""
+    """One sample while it is decoded."""
 
     request: GenerationRequest
-    request_index: int
     sample_index: int
     tokens: list[int] = field(default_factory=list)
+    """Sampled by this request, after its prefix."""
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     finish: str | None = None
 
+    @property
+    def response(self) -> list[int]:
+        return [*self.request.prefix, *self.tokens]
 
-@dataclass
-class _Batch:
-    """The decoding batch: batch row j is ``rows[active[j]]``; tensors are [len(active), ...]."""
-
-    rows: list[_Row]
-    active: list[int]
-    cache: object
-    attention: torch.Tensor | None
-    """[len(active), L] padding mask, or None when no prompt of the chunk is padded."""
-    next_pos: torch.Tensor
-
-    def select(self, keep: list[int], tokens: torch.Tensor) -> torch.Tensor:
-        """Drop finished rows from the batch and the KV cache; returns the kept rows' tokens."""
-        index = torch.tensor(keep, device=tokens.device)
-        self.cache.batch_select_indices(index)
-        self.next_pos = self.next_pos[index]
-        if self.attention is not None:
-            self.attention = self.attention[index]
-        self.active = [self.active[j] for j in keep]
-        return tokens[index]
-
-
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k / top-p (nucleus) set to -inf. logits: [B, V] float32."""
-    if top_k and 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token when the mass strictly before it already reaches top_p (the top token always stays).
-        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def sample_tokens(logits: torch.Tensor, params: SamplingParams,
-                  noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; returns (tokens [B], log-prob under the sampled distribution [B]).
-
-    Sampling uses the exponential race: argmax_v p_v / E_v with E_v ~ Exp(1) draws v with probability
-    p_v. ``noise`` [B, V] holds the E values, drawn from each request's own generator, so a row's
-    sample does not depend on which other rows share its batch. Greedy decoding needs no noise.
-    """
-    logits = logits.float()
-    if params.temperature == 0.0:
-        tokens = logits.argmax(dim=-1)
-        return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-    logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
-    logp = torch.log_softmax(logits, dim=-1)
-    tokens = (logp - noise.clamp_min(1e-30).log()).argmax(dim=-1)  # a float32 draw of exactly 0 stays finite
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-class _RowNoise:
-    """Exponential noise for every decoding row, one generator per request.
-
-    Each step draws a [n, V] block per request that still has an unfinished row, whatever rows are
-    active, so sample i of a request always sees the same noise sequence: the same request, seed and
-    weights give the same samples however requests are split over workers and batches (up to the
-    floating-point effects of batching on the logits).
-    """
-
-    def __init__(self, requests: list[GenerationRequest], device: torch.device, vocab: int):
-        self.requests = requests
-        self.vocab = vocab
-        self.generators = [torch.Generator(device=device).manual_seed(r.seed) for r in requests]
-        self.device = device
-
-    def draw(self, rows: list[_Row]) -> torch.Tensor:
-        """Noise [len(rows), V] for the active rows (row.request_index, row.sample_index)."""
-        out = torch.empty((len(rows), self.vocab), device=self.device)
-        wanted: dict[int, list[tuple[int, int]]] = {}
-        for j, row in enumerate(rows):
-            wanted.setdefault(row.request_index, []).append((j, row.sample_index))
-        for r, pairs in wanted.items():
-            block = torch.empty((self.requests[r].n, self.vocab), device=self.device)
-            block.exponential_(generator=self.generators[r])
-            out[[j for j, _ in pairs]] = block[[i for _, i in pairs]]
-        return out
+    @property
+    def context(self) -> list[int]:
+        """What a prefill must encode to sample this row's next token."""
+        return [*self.request.prompt_ids, *self.request.prefix, *self.tokens]
 
 
 class HFRolloutEngine:
@@ -126,6 +61,11 @@ class HFRolloutEngine:
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._version: WeightVersion = 0
+        self._stop = StopChecker(tokenizer, self.eos_ids)
+        self._waiting: deque[_Row] = deque()
+        """Rows admitted and not decoding: new ones, and those a ``suspend`` took out of the batch."""
+        self._batch: KVBatch | None = None
+        self._suspended = False
 
     @property
     def weight_version(self) -> WeightVersion:
@@ -133,6 +73,8 @@ class HFRolloutEngine:
 
     # ---- weights and memory -------------------------------------------------------------
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: WeightVersion) -> None:
+        if self._batch is not None:
+            raise RuntimeError(f"the engine is decoding {len(self._batch)} rows: suspend it before loading weights")
         params = self.model.state_dict(keep_vars=True)  # persistent tensors only, sharing storage with the model
         missing = [name for name in params if name not in weights and not _is_tied_alias(name, weights)]
         if missing:
@@ -154,7 +96,74 @@ class HFRolloutEngine:
     def reload(self) -> None:
         memory.reload(self.model, self.device)
 
-    # ---- generation ---------------------------------------------------------------------
+    # ---- per-request control ----------------------------------------------------------------
+    def add(self, requests: Sequence[GenerationRequest]) -> None:
+        """Queue requests; their rows join the running batch at the next ``step`` with room for them."""
+        for r in requests:
+            self._waiting.extend(_Row(r, r.first_sample + i) for i in range(r.n))
+
+    def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
+        """Remove the rows of these requests wherever they are; returns each unfinished row's tokens so far
+        (finish_reason "abort"), so it can be continued as a request with that prefix."""
+        ids = set(request_ids)
+        gone = [row for row in self._waiting if row.request.request_id in ids]
+        self._waiting = deque(row for row in self._waiting if row.request.request_id not in ids)
+        if self._batch is not None:
+            gone += [row for row in self._batch.rows if row.request.request_id in ids and row.finish is None]
+            self._batch.select([j for j, row in enumerate(self._batch.rows) if row.request.request_id not in ids])
+            self._drop_if_empty()
+        for row in gone:
+            row.finish = "abort"
+        return [self._result(row) for row in gone]
+
+    def suspend(self) -> None:
+        """Stop decoding and drop the KV cache (e.g. for a weight update); rows keep their tokens and
+        are re-prefilled, ahead of newer requests, after ``resume``."""
+        if self._batch is not None:
+            live = [row for row in self._batch.rows if row.finish is None]
+            self._waiting.extendleft(reversed(live))
+            self._batch = None
+        self._suspended = True
+
+    def resume(self) -> None:
+        self._suspended = False
+
+    @property
+    def busy(self) -> bool:
+        """Some row is waiting or decoding."""
+        return bool(self._waiting) or self._batch is not None
+
+    def step(self) -> list[GenerationResult]:
+        """Admit waiting rows, sample one token for every decoding row, then run the next forward pass;
+        returns the samples that finished."""
+        if self._suspended:
+            return []
+        done = self._admit()
+        if self._batch is None:
+            return done
+        batch = self._batch
+        live = [j for j, row in enumerate(batch.rows) if row.finish is None]
+        tokens = torch.full((len(batch),), self.pad_id, dtype=torch.long, device=self.device)
+        for params, members in _by_params(batch.rows, live).items():
+            index = torch.tensor(members, dtype=torch.long, device=self.device)
+            keys = [(batch.rows[j].request.seed, batch.rows[j].sample_index, len(batch.rows[j].response))
+                    for j in members]
+            noise = position_noise(keys, batch.logits.shape[-1], self.device) if params.temperature > 0 else None
+            picked, logps = sample_tokens(batch.logits[index], params, noise)
+            tokens[index] = picked
+            for j, tok, lp in zip(members, picked.tolist(), logps.tolist()):
+                row = batch.rows[j]
+                row.tokens.append(tok)
+                row.logprobs.append(lp)
+                row.versions.append(self._version)
+                row.finish = self._stop(row.response, params.stop) or (
+                    "length" if len(row.response) >= params.max_new_tokens else None)
+                if row.finish is not None:
+                    done.append(self._result(row))
+        self._decode(tokens)
+        return done
+
+    # ---- batched generation (the synchronous path) -----------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         results = [res for part in self.generate_stream(requests, parts=1) for res in part]
         order = {r.request_id: i for i, r in enumerate(requests)}
@@ -163,88 +172,92 @@ class HFRolloutEngine:
 
     def generate_stream(self, requests: Sequence[GenerationRequest],
                         parts: int = 8) -> Iterator[list[GenerationResult]]:
-        """The same samples as ``generate``, handed out as they finish in up to ``parts`` parts per chunk,
-        so rewards can start on early finishers while the rest still decode (1: one part per chunk)."""
-        for chunk in self._chunks(requests):
-            yield from self._generate_chunk(chunk, parts)
+        """Run ``requests`` to completion, handing out finished samples in about ``parts`` parts, so
+        rewards can start on early finishers while the rest still decode (1: everything at the end)."""
+        if self.busy:
+            raise RuntimeError("generate_stream needs an idle engine: it runs its requests to completion")
+        self.add(requests)
+        emit_every = max(1, sum(r.n for r in requests) // parts)
+        done: list[GenerationResult] = []
+        while self.busy:
+            done += self.step()
+            if len(done) >= emit_every:
+                yield done
+                done = []
+        if done:
+            yield done
 
-    def _chunks(self, requests: Sequence[GenerationRequest]):
-        """Requests with equal sampling params, at most ``max_batch_size`` sequences per chunk."""
-        by_params: dict[SamplingParams, list[GenerationRequest]] = {}
-        for req in requests:
-            by_params.setdefault(req.params, []).append(req)
+    # ---- internals ------------------------------------------------------------------------------
+    def _admit(self) -> list[GenerationResult]:
+        """Prefill waiting rows while the batch has room; returns rows that had nothing left to sample."""
         limit = self.max_batch_size or 1 << 30
-        for group in by_params.values():
-            chunk: list[GenerationRequest] = []
-            size = 0
-            for req in group:
-                if chunk and size + req.n > limit:
-                    yield chunk
-                    chunk, size = [], 0
-                chunk.append(req)
-                size += req.n
-            if chunk:
-                yield chunk
+        room = limit - (sum(row.finish is None for row in self._batch.rows) if self._batch else 0)
+        joining, done = [], []
+        while self._waiting and len(joining) < room:
+            row = self._waiting.popleft()
+            if len(row.response) >= row.request.params.max_new_tokens:  # a continuation with no budget left
+                row.finish = "length"
+                done.append(self._result(row))
+            else:
+                joining.append(row)
+        if joining:
+            self._compact(force=True)
+            fresh = self._prefill(joining)
+            if self._batch is None:
+                self._batch = fresh
+            else:
+                self._batch.merge(fresh)
+        return done
 
     @torch.inference_mode()
-    def _generate_chunk(self, requests: list[GenerationRequest], parts: int) -> Iterator[list[GenerationResult]]:
-        params = requests[0].params
-        batch, logits = self._prefill(requests)
-        noise = _RowNoise(requests, self.device, logits.shape[-1]) if params.temperature > 0 else None
-        stop_check = _StopChecker(self.tokenizer, params.stop, self.eos_ids)
-        emit_every = max(1, len(batch.rows) // parts)
-        done: list[_Row] = []
-        for step in range(params.max_new_tokens):
-            active_rows = [batch.rows[i] for i in batch.active]
-            tokens, logps = sample_tokens(logits, params, noise.draw(active_rows) if noise else None)
-            last = step + 1 == params.max_new_tokens
-            for row, tok, lp in zip(active_rows, tokens.tolist(), logps.tolist()):
-                if row.finish is not None:  # finished, still in the batch until the next compaction
-                    continue
-                row.tokens.append(tok)
-                row.logprobs.append(lp)
-                row.finish = stop_check(row.tokens) or ("length" if last else None)
-                if row.finish is not None:
-                    done.append(row)
-            if len(done) >= emit_every:
-                yield [self._result(row) for row in done]
-                done = []
-            keep = [j for j, row in enumerate(active_rows) if row.finish is None]
-            if not keep:
-                break
-            if len(keep) <= (1 - _COMPACT_FRACTION) * len(active_rows):
-                tokens = batch.select(keep, tokens)
-            logits = self._decode(batch, tokens)
-        if done:
-            yield [self._result(row) for row in done]
-
-    def _prefill(self, requests: list[GenerationRequest]) -> tuple[_Batch, torch.Tensor]:
-        """Run each distinct prompt once, then give each of its n samples its own copy of the cache."""
+    def _prefill(self, rows: list[_Row]) -> KVBatch:
+        """Run each distinct context once, then give each row sharing it its own copy of the cache."""
         from transformers import DynamicCache
 
-        input_ids, attention = self._left_pad([r.prompt_ids for r in requests])
+        contexts: dict[tuple[int, ...], int] = {}
+        owner = [contexts.setdefault(tuple(row.context), len(contexts)) for row in rows]
+        input_ids, attention = self._left_pad([list(c) for c in contexts])
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         # Without padding the mask is all ones: leave it out so attention takes the plain causal path.
         padded = bool((attention == 0).any())
         out = self.model(input_ids=input_ids, attention_mask=attention if padded else None, position_ids=positions,
                          past_key_values=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1)
-        counts = torch.tensor([r.n for r in requests], device=self.device)
-        expand = torch.repeat_interleave(torch.arange(len(requests), device=self.device), counts)
+        expand = torch.tensor(owner, device=self.device)
         cache = out.past_key_values
         cache.batch_select_indices(expand)
-        rows = [_Row(r, k, i) for k, r in enumerate(requests) for i in range(r.n)]
-        batch = _Batch(rows, list(range(len(rows))), cache, attention[expand] if padded else None,
-                       positions[expand, -1] + 1)
-        return batch, out.logits[expand, -1, :]
+        return KVBatch(rows, cache, attention[expand], positions[expand, -1] + 1, out.logits[expand, -1, :].float())
 
-    def _decode(self, batch: _Batch, tokens: torch.Tensor) -> torch.Tensor:
-        """One decoding step for the active rows; returns next-token logits [len(active), V]."""
-        if batch.attention is not None:
-            batch.attention = torch.cat([batch.attention, batch.attention.new_ones(len(batch.active), 1)], dim=1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=batch.attention,
-                         position_ids=batch.next_pos[:, None], past_key_values=batch.cache, use_cache=True)
+    @torch.inference_mode()
+    def _decode(self, tokens: torch.Tensor) -> None:
+        """One forward step for the batch's rows (finished ones are compacted away first when many)."""
+        batch = self._batch
+        keep = self._compact()
+        if keep is not None:
+            tokens = tokens[torch.tensor(keep, dtype=torch.long, device=self.device)]
+        if self._drop_if_empty():
+            return
+        batch.attention = torch.cat([batch.attention, batch.attention.new_ones(len(batch), 1)], dim=1)
+        mask = None if bool(batch.attention.all()) else batch.attention
+        out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=batch.next_pos[:, None],
+                         past_key_values=batch.cache, use_cache=True)
         batch.next_pos = batch.next_pos + 1
-        return out.logits[:, -1, :]
+        batch.logits = out.logits[:, -1, :].float()
+
+    def _compact(self, force: bool = False) -> list[int] | None:
+        """Drop finished rows from the batch once they are a quarter of it (always with ``force``)."""
+        batch = self._batch
+        if batch is None:
+            return None
+        keep = [j for j, row in enumerate(batch.rows) if row.finish is None]
+        if len(keep) == len(batch) or (not force and keep and len(keep) > (1 - _COMPACT_FRACTION) * len(batch)):
+            return None
+        batch.select(keep)
+        return keep
+
+    def _drop_if_empty(self) -> bool:
+        if self._batch is not None and not any(row.finish is None for row in self._batch.rows):
+            self._batch = None
+        return self._batch is None
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
@@ -259,31 +272,17 @@ class HFRolloutEngine:
     def _result(self, row: _Row) -> GenerationResult:
         return GenerationResult(
             request_id=row.request.request_id, sample_index=row.sample_index, prompt_ids=list(row.request.prompt_ids),
-            response_ids=row.tokens, response_text=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
-            logprobs=row.logprobs, finish_reason=row.finish or "length",  # type: ignore[arg-type]
-            weight_version=self._version)
+            response_ids=list(row.tokens),
+            response_text=self.tokenizer.decode(row.response, skip_special_tokens=True),
+            logprobs=list(row.logprobs), finish_reason=row.finish or "length",  # type: ignore[arg-type]
+            versions=list(row.versions), offset=len(row.request.prefix))
 
 
-class _StopChecker:
-    """Decides whether a row just finished: EOS token, or a stop string completed by the last token."""
-
-    def __init__(self, tokenizer, stop: tuple[str, ...], eos_ids: list[int]):
-        self.tokenizer = tokenizer
-        self.stop = stop
-        self.eos = set(eos_ids)
-        # A stop string of k characters spans at most k tokens (every token decodes to >= 1 character),
-        # so decoding that many trailing tokens (+1 for a token that straddles the boundary) suffices.
-        self.window = max((len(s) for s in stop), default=0) + 1
-
-    def __call__(self, tokens: list[int]) -> str | None:
-        if tokens[-1] in self.eos:
-            return "eos"
-        if self.stop:
-            tail = self.tokenizer.decode(tokens[-self.window:], skip_special_tokens=True)
-            if any(s in tail for s in self.stop):
-                return "stop"
-        return None
-
+def _by_params(rows: list[_Row], members: list[int]) -> dict[SamplingParams, list[int]]:
+    groups: dict[SamplingParams, list[int]] = {}
+    for j in members:
+        groups.setdefault(rows[j].request.params, []).append(j)
+    return groups
 
 def _is_tied_alias(name: str, weights: Mapping[str, torch.Tensor]) -> bool:
     """lm_head.weight may be absent when tied to the input embedding (and vice versa)."""

@@ -39,7 +39,7 @@ def test_sampler_logprobs_match_a_full_forward(engine, tok, temperature):
             logits = engine.model(ids).logits
         ref = token_logprobs(logits[:, :-1], ids[:, 1:], temperature)[0, len(r.prompt_ids) - 1:]
         assert torch.allclose(torch.tensor(r.logprobs), ref, atol=1e-4), r.finish_reason
-        assert r.weight_version == 0 and len(r.logprobs) == len(r.response_ids)
+        assert r.versions == [0] * len(r.response_ids) and len(r.logprobs) == len(r.response_ids)
 
 
 def test_same_seed_same_samples_other_seed_differs(engine, tok):
@@ -145,3 +145,88 @@ def test_streamed_parts_are_the_batched_samples(tiny_model_dir):
     streamed = sorted((r for p in parts for r in p), key=lambda r: (r.request_id, r.sample_index))
     assert [(r.request_id, r.sample_index, r.response_ids) for r in streamed] == \
         [(r.request_id, r.sample_index, r.response_ids) for r in batched]
+
+
+# ---- per-request control: continuous batching, abort, continuation, suspend / update / resume ----------
+SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=10)
+
+
+def run_to_end(engine):
+    out = []
+    while engine.busy:
+        out += engine.step()
+    return {(r.request_id, r.sample_index): r for r in out}
+
+
+def test_a_request_joining_mid_generation_samples_as_if_alone(engine, tok):
+    alone = engine.generate([req(tok, "9+9=", SAMPLED, n=2, seed=4, rid="late")])
+    engine.add([req(tok, "12+345=", SAMPLED, n=3, seed=1, rid="early")])
+    finished = engine.step() + engine.step() + engine.step()  # three tokens into the first request
+    engine.add([req(tok, "9+9=", SAMPLED, n=2, seed=4, rid="late")])
+    results = run_to_end(engine)
+    assert all(r.request_id == "early" for r in finished) and len(finished) < 3
+    assert [results[("late", i)].response_ids for i in range(2)] == [r.response_ids for r in alone]
+    assert sorted(k for k in results if k[0] == "early") == [("early", i) for i in range(3) if
+                                                            ("early", i) not in {(r.request_id, r.sample_index)
+                                                                                 for r in finished}]
+
+
+def test_split_requests_keep_their_sample_streams(engine, tok):
+    whole = engine.generate([req(tok, "5*5=", SAMPLED, n=3, seed=9, rid="g")])
+    split = engine.generate([GenerationRequest(f"g/{i}", tok("5*5=")["input_ids"], SAMPLED, n=1, seed=9,
+                                               first_sample=i) for i in range(3)])
+    assert [r.sample_index for r in split] == [0, 1, 2]
+    assert [r.response_ids for r in split] == [r.response_ids for r in whole]
+
+
+def test_an_aborted_request_continues_to_the_uninterrupted_tokens(engine, tok):
+    long = SamplingParams(temperature=1.0, max_new_tokens=14)
+    (full,) = engine.generate([req(tok, "77+88=", long, seed=3, rid="a")])
+    engine.add([req(tok, "77+88=", long, seed=3, rid="a"), req(tok, "1+2=", long, seed=5, rid="b")])
+    for _ in range(4):
+        assert not [r for r in engine.step() if r.request_id == "a"]
+    (partial,) = engine.abort(["a"])
+    assert partial.finish_reason == "abort" and partial.response_ids == full.response_ids[:4]
+    rest = GenerationRequest("a", partial.prompt_ids, long, seed=3, prefix=tuple(partial.response_ids))
+    engine.add([rest])
+    results = run_to_end(engine)
+    cont = results[("a", 0)]
+    assert cont.offset == 4 and partial.response_ids + cont.response_ids == full.response_ids
+    assert partial.logprobs + cont.logprobs == pytest.approx(full.logprobs, abs=1e-5)
+    assert cont.response_text == full.response_text and cont.finish_reason == full.finish_reason
+
+
+def test_suspend_update_resume_keeps_tokens_and_stamps_versions(engine, tok):
+    long = SamplingParams(temperature=1.0, max_new_tokens=12)
+    (full,) = engine.generate([req(tok, "40-13=", long, seed=8, rid="s")])
+    engine.add([req(tok, "40-13=", long, seed=8, rid="s")])
+    for _ in range(5):
+        engine.step()
+    engine.suspend()
+    assert engine.step() == []  # suspended: nothing decodes
+    same = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    engine.load_weights(same, version=1)  # unchanged weights under a new version
+    engine.resume()
+    (result,) = run_to_end(engine).values()
+    assert result.response_ids == full.response_ids  # re-prefilled, then continued exactly
+    assert result.versions == [0] * 5 + [1] * (len(full.response_ids) - 5)
+
+
+def test_load_weights_refuses_while_decoding(engine, tok):
+    engine.add([req(tok, "1+1=", SAMPLED, rid="x")])
+    engine.step()
+    with pytest.raises(RuntimeError, match="suspend it"):
+        engine.load_weights(engine.model.state_dict(), version=1)
+
+
+def test_a_full_batch_queues_requests_until_rows_free(engine, tok):
+    engine.max_batch_size = 2
+    params = SamplingParams(temperature=0.0, max_new_tokens=5)
+    requests = [req(tok, f"{i}{i}+1=", params, rid=f"q{i}") for i in range(5)]
+    engine.add(requests)
+    engine.step()
+    assert len(engine._batch) <= 2 and len(engine._waiting) >= 3
+    queued = run_to_end(engine)
+    engine.max_batch_size = None
+    alone = {(r.request_id, r.sample_index): r for r in engine.generate(requests)}
+    assert {k: r.response_ids for k, r in queued.items()} == {k: r.response_ids for k, r in alone.items()}

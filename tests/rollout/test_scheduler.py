@@ -14,7 +14,8 @@ def prompts(k, start=0):
 
 
 def results_for(command: Generate, version=0):
-    return [GenerationResult(r.request_id, i, r.prompt_ids, [7] * (1 + i), "x", [-0.5] * (1 + i), "eos", version)
+    return [GenerationResult(r.request_id, i, r.prompt_ids, [7] * (1 + i), "x", [-0.5] * (1 + i), "eos",
+                             [version] * (1 + i))
             for r in command.requests for i in range(r.n)]
 
 
