@@ -38,6 +38,8 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    """Keep sampling past end-of-sequence tokens (benchmarks that need set lengths)."""
 
 
 @dataclass

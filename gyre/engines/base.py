@@ -41,6 +41,10 @@ class RolloutEngine(Protocol):
         """Remove these requests; their unfinished samples so far, with finish_reason "abort"."""
         ...
 
+    def request_ids(self) -> list[str]:
+        """Requests with a sample waiting or decoding."""
+        ...
+
     def suspend(self) -> None:
         """Stop decoding and free the KV cache; requests keep their tokens."""
         ...

@@ -128,6 +128,11 @@ class HFRolloutEngine:
     def resume(self) -> None:
         self._suspended = False
 
+    def request_ids(self) -> list[str]:
+        """Requests with a sample waiting or decoding."""
+        rows = [*self._waiting, *(r for r in (self._batch.rows if self._batch else []) if r.finish is None)]
+        return list(dict.fromkeys(row.request.request_id for row in rows))
+
     @property
     def busy(self) -> bool:
         """Some row is waiting or decoding."""
@@ -156,7 +161,7 @@ class HFRolloutEngine:
                 row.tokens.append(tok)
                 row.logprobs.append(lp)
                 row.versions.append(self._version)
-                row.finish = self._stop(row.response, params.stop) or (
+                row.finish = self._stop(row.response, params.stop, params.ignore_eos) or (
                     "length" if len(row.response) >= params.max_new_tokens else None)
                 if row.finish is not None:
                     done.append(self._result(row))

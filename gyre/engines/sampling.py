@@ -68,8 +68,8 @@ class StopChecker:
         self.tokenizer = tokenizer
         self.eos = set(eos_ids)
 
-    def __call__(self, tokens: list[int], stop: tuple[str, ...]) -> str | None:
-        if tokens[-1] in self.eos:
+    def __call__(self, tokens: list[int], stop: tuple[str, ...], ignore_eos: bool = False) -> str | None:
+        if tokens[-1] in self.eos and not ignore_eos:
             return "eos"
         if stop:
             # A stop string of k characters spans at most k tokens (every token decodes to >= 1 character),
