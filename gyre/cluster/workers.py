@@ -40,6 +40,57 @@ class HybridRollout:
     max_batch_size: int | None = None
 
 
+SERVE = "serve"
+"""The concurrency group in which a rollout engine's ``serve`` loop runs (control calls use the default one)."""
+
+
+class EngineHost:
+    """The actor methods of a rollout engine behind its command loop (``gyre.engines.loop``): rollout
+    workers and hybrid policy ranks. ``serve`` streams finished samples for as long as the run lasts;
+    ``add`` / ``abort`` / ``update_weights`` take effect at the engine's next step boundary."""
+
+    _loop = None
+
+    def _engine(self):
+        raise NotImplementedError
+
+    def _engine_loop(self):
+        from gyre.engines.loop import EngineLoop
+
+        if self._loop is None:
+            self._loop = EngineLoop(self._engine(), **self._loop_hooks())
+        return self._loop
+
+    def _loop_hooks(self) -> dict:
+        return {}
+
+    def _load(self, bundle_refs: list | None, version: int) -> int:
+        """Put the published weights into the (suspended) engine; returns the version it holds."""
+        raise NotImplementedError
+
+    def serve(self, emit_every: int = 1, emit_after_s: float = 0.05):
+        """Ray streams each yielded list of finished samples to the driver as soon as it is ready."""
+        loop = self._engine_loop()
+        loop.emit_every, loop.emit_after_s = max(1, emit_every), emit_after_s
+        yield from loop.serve()
+
+    def add(self, requests: list[GenerationRequest]) -> None:
+        self._engine_loop().add(requests)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._engine_loop().abort(request_ids)
+
+    def update_weights(self, bundle_refs: list | None, version: int, partial: bool = True,
+                       timeout_s: float | None = None) -> int:
+        """Suspend -> load -> resume at the next step boundary; requests in flight continue under the new
+        weights (``partial``) or come back aborted. Returns the version the engine holds."""
+        return self._engine_loop().update(lambda: self._load(bundle_refs, version), partial, timeout_s)
+
+    def stop_serving(self) -> None:
+        if self._loop is not None:
+            self._loop.stop(timeout_s=60)
+
+
 class TrainerRank:
     """What every data-parallel trainer actor shares: the process group, checkpoints, memory.
     Not an actor itself; PolicyWorker and CriticWorker are."""
@@ -94,40 +145,37 @@ class TrainerRank:
         self.backend.reload()
 
 
-class PolicyWorker(TrainerRank):
+class PolicyWorker(TrainerRank, EngineHost):
     """One data-parallel rank of the policy trainer (and, in hybrid mode, a rollout engine too)."""
 
     def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int,
                  hybrid: HybridRollout | None = None):
         super().__init__(rank, world_size, spec, device_kind, threads, seed)
         self.hybrid = hybrid
-        self._engine = None
-        self._version = 0
 
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.backend.compute_logprobs(shard, temperature)
 
     # ---- hybrid rollout: sampling with the training weights themselves --------------------------
-    def generate_stream(self, requests: list[GenerationRequest], parts: int = 8):
-        if self._engine is None:
-            from gyre.engines.hf_rollout import HFRolloutEngine
-            from gyre.models.loading import load_tokenizer
+    def _engine(self):
+        from gyre.engines.hf_rollout import HFRolloutEngine
+        from gyre.models.loading import load_tokenizer
 
-            h = self.hybrid
-            tokenizer = load_tokenizer(h.tokenizer_path, h.trust_remote_code)
-            # The unwrapped module: sampling must not go through DDP's forward hooks.
-            self._engine = HFRolloutEngine(self.backend.hf_model, tokenizer, self.backend.device, h.max_batch_size)
-        self._engine.set_version(self._version)
-        self.backend.hf_model.eval()
-        try:
-            yield from self._engine.generate_stream(requests, parts)
-        finally:
-            self.backend.model.train()
+        h = self.hybrid
+        if h is None:
+            raise RuntimeError("this policy rank is not a rollout engine (rollout.mode is not hybrid)")
+        # The unwrapped module: sampling must not go through DDP's forward hooks.
+        return HFRolloutEngine(self.backend.hf_model, load_tokenizer(h.tokenizer_path, h.trust_remote_code),
+                               self.backend.device, h.max_batch_size)
 
-    def set_weight_version(self, version: int) -> int:
-        """Hybrid mode: the optimizer step already changed the weights in place; only the stamp moves."""
-        self._version = version
-        return version
+    def _loop_hooks(self) -> dict:
+        return {"on_busy": self.backend.hf_model.eval, "on_idle": self.backend.model.train}
+
+    def _load(self, bundle_refs: list | None, version: int) -> int:
+        """The optimizer steps already changed the shared weights in place: only the stamp moves."""
+        engine = self._engine_loop().engine
+        engine.set_version(version)
+        return engine.weight_version
 
     def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], loss: PolicyLossSpec) -> TrainStepResult:
         return self._train(shards, denoms, lambda denom: PolicyLoss(denom=denom, spec=loss))
@@ -171,7 +219,7 @@ class CriticWorker(TrainerRank):
         return self._train(shards, denoms, lambda denom: ValueLoss(denom=denom, clip=clip, loss_agg=loss_agg))
 
 
-class RolloutWorker:
+class RolloutWorker(EngineHost):
     """One rollout engine replica."""
 
     def __init__(self, rank: int, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
@@ -186,14 +234,15 @@ class RolloutWorker:
         model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device))
         self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path, trust_remote_code), device, max_batch_size)
 
-    def generate_stream(self, requests: list[GenerationRequest], parts: int = 8):
-        """Ray streams each yielded list to the driver as soon as it is ready (finished samples first)."""
-        yield from self.engine.generate_stream(requests, parts)
+    def _engine(self):
+        return self.engine
 
-    def load_weights(self, bundle_refs: list) -> int:
+    def _load(self, bundle_refs: list | None, version: int) -> int:
         import ray
 
         bundle: WeightBundle = ray.get(bundle_refs[0])
+        if bundle.version != version:
+            raise ValueError(f"weight bundle holds version {bundle.version}, expected {version}")
         self.engine.load_weights(unpack_weights(bundle), bundle.version)
         return self.engine.weight_version
 

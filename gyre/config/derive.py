@@ -96,6 +96,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
                      f"reference role is created on devices {list(cfg.reference.devices)}")
     use_critic = a.estimator == "gae"
     hybrid = _check_hybrid(cfg, notes)
+    _check_rollout_schedule(cfg, hybrid, notes)
     roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
     if use_reference:
         roles["reference"] = cfg.reference.devices
@@ -242,6 +243,30 @@ def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> 
     if a.difficulty_mask == (0.0, 1.0):
         notes.append("algorithm.difficulty_mask (0, 1): groups whose samples all score the same leave the loss "
                      "(no refill: the batch shrinks instead)")
+
+
+def _check_rollout_schedule(cfg: RLVRConfig, hybrid: bool, notes: list[str]) -> None:
+    r = cfg.rollout
+    if r.async_ratio > 0:
+        if hybrid:
+            raise ConfigError(f"rollout.async_ratio={r.async_ratio:g} overlaps rollout with training, which needs "
+                              "rollout engines of their own: set rollout.mode=separate")
+        shared = sorted(set(r.devices) & set(cfg.policy.devices))
+        if shared:
+            raise ConfigError(f"rollout.async_ratio={r.async_ratio:g} overlaps rollout with training, but rollout and "
+                              f"policy share devices {shared}: give rollout.devices and policy.devices disjoint "
+                              "devices, or set rollout.async_ratio=0")
+        if r.tail_batching is not None:
+            raise ConfigError("rollout.tail_batching keeps synchronous semantics: it needs rollout.async_ratio=0")
+        if r.schedule == "sync":
+            notes.append(f"rollout.async_ratio={r.async_ratio:g}: samples are queued one request each (queue "
+                         "scheduling), over engines that keep generating while the policy trains")
+    if r.tail_batching is not None and r.dynamic_sampling is not None:
+        raise ConfigError("rollout.tail_batching and rollout.dynamic_sampling both decide which groups of a round "
+                          "train: use one of them")
+    if r.dynamic_sampling is not None and cfg.algorithm.difficulty_mask is not None:
+        notes.append("rollout.dynamic_sampling refills dropped groups, algorithm.difficulty_mask zeroes groups that "
+                     "are generated: with both, a group can be masked that the filter kept")
 
 
 def _check_hybrid(cfg: RLVRConfig, notes: list[str]) -> bool:

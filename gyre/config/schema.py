@@ -97,6 +97,28 @@ class SamplingConfig(StrictModel):
     """Extra stop strings; generation also stops at the tokenizer's EOS."""
 
 
+class DynamicSamplingConfig(StrictModel):
+    """Committed groups that teach nothing are dropped and replaced by newly admitted prompts until the
+    batch is full (DAPO). Counted per step: rollout/groups_filtered, rollout/groups_admitted."""
+
+    min_std: Annotated[float, Field(ge=0)] | None = 0.0
+    """Drop groups whose reward std (population) is at or below this (0: all samples scored the same)."""
+    mean_range: tuple[float, float] | None = None
+    """Keep only groups whose mean reward lies strictly inside (low, high), e.g. [0, 1] for accuracy."""
+    max_draws: Annotated[float, Field(ge=1)] = 3.0
+    """Most groups admitted for one step, as a multiple of prompts_per_step; when they run out, dropped
+    groups complete the batch (rollout/filter_fallback counts them)."""
+
+
+class TailBatchingConfig(StrictModel):
+    """RollPacker: short rounds launch eta_prompts x P prompts with eta_samples x R samples each and keep the
+    first R samples of the first P prompts to complete; cut prompts wait in a long queue and run, P at a
+    time, in a long round to completion. Every prompt still trains exactly once."""
+
+    eta_prompts: Annotated[float, Field(ge=1)] = 1.25
+    eta_samples: Annotated[float, Field(ge=1)] = 1.25
+
+
 class RolloutConfig(StrictModel):
     devices: DeviceList = (0,)
     backend: Literal["hf"] = "hf"
@@ -108,11 +130,36 @@ class RolloutConfig(StrictModel):
     prompts_per_step: PositiveInt = 8
     samples_per_prompt: PositiveInt = 8
     max_batch_size: PositiveInt | None = None
-    """Most sequences one engine decodes at once; None decodes a worker's whole share together."""
-    stream_parts: PositiveInt = 8
-    """Parts each engine streams a batch's finished samples back in, so rewards start on early finishers
-    while the rest decode; 1 sends each batch whole (best when rewards are cheap and cores are few)."""
+    """Most sequences one engine decodes at once (more requests queue and join as rows finish); None
+    decodes everything it is given together."""
+    emit_every: PositiveInt = 8
+    """Finished samples an engine hands back together (or 50 ms after the first), so rewards start on
+    early finishers while the rest decode, in calls big enough to be cheap."""
+    schedule: Literal["sync", "queue"] = "sync"
+    """sync: a step admits its prompts at once and a prompt's samples share one request on one engine
+    (its prompt is prefilled once). queue: each sample is its own request, sent to the least-loaded
+    engine (prompt replication: a long-tailed prompt does not pin one engine). async_ratio > 0 queues."""
+    async_ratio: Annotated[float, Field(ge=0)] = 0.0
+    """alpha of ROLL Flash: at step n no sample trains whose generation started before policy version
+    n - 1 - ceil(alpha); for fractional alpha only frac(alpha) of the batch may be that old. 0 is
+    synchronous. Above 0, rollout runs on its own devices while the policy trains (disjoint devices)."""
+    partial: bool = True
+    """Requests in flight at a weight update keep their tokens and continue under the new weights (each
+    token records its version); false regenerates them from scratch (their tokens are wasted)."""
+    redundancy: NonNegInt = 0
+    """Extra prompts in flight per step; the first prompts_per_step groups to complete train, the rest are
+    aborted (counted in rollout/groups_redundant)."""
+    dynamic_sampling: DynamicSamplingConfig | None = None
+    """DAPO's dynamic sampling (drop and refill); ``{}`` turns it on with its defaults."""
+    tail_batching: TailBatchingConfig | None = None
+    """RollPacker's tail batching (short rounds with speculation, long rounds for cut prompts); ``{}``
+    turns it on with eta 1.25 for both."""
     sampling: SamplingConfig = SamplingConfig()
+
+    @property
+    def replicate(self) -> bool:
+        """Each sample its own request (queue scheduling, always with asynchrony)."""
+        return self.schedule == "queue" or self.async_ratio > 0
 
 
 class OptimizerConfig(StrictModel):

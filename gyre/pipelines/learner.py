@@ -8,6 +8,7 @@ same ones, with global loss denominators (the result does not depend on the numb
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -22,9 +23,12 @@ from gyre.types import TrainBatch, TrainStepResult, select_rows
 
 
 class Learner:
-    def __init__(self, cfg: RLVRConfig, plan: RunPlan, roles):
-        """``roles``: the run's ``gyre.pipelines.roles.Roles`` (policy, reference, critic, time-share)."""
+    def __init__(self, cfg: RLVRConfig, plan: RunPlan, roles, wait: Callable | None = None):
+        """``roles``: the run's ``gyre.pipelines.roles.Roles`` (policy, reference, critic, time-share).
+        ``wait(group, method, refs)``, when given, is called while each call runs (the asynchronous
+        pipeline carries the rollout on meanwhile); the results are then gathered with their deadline."""
         self.cfg, self.plan = cfg, plan
+        self.wait = wait
         self.policy, self.reference, self.critic = roles.policy, roles.reference, roles.critic
         self.timeshare = roles.timeshare
         self.hybrid = roles.hybrid
@@ -48,8 +52,14 @@ class Learner:
         # Trainer ranks (FSDP2 collectives) need equal shards; reference workers do not.
         equal = group is self.policy or group is self.critic
         shards, index = split_for_ranks(batch, len(group), equal=equal)
-        parts = group.call_each(method, [(shard, *args) for shard in shards])
+        parts = self._call_each(group, method, [(shard, *args) for shard in shards])
         return gather_rows(parts, index, len(batch))
+
+    def _call_each(self, group, method: str, per_rank: Sequence[tuple]) -> list:
+        refs = group.submit_each(method, per_rank)
+        if self.wait is not None:
+            self.wait(group, method, refs)
+        return group.gather(refs, method)
 
     # ---- updates ----------------------------------------------------------------------------------
     def update(self, batch: TrainBatch, step: int) -> dict:
@@ -82,7 +92,7 @@ class Learner:
         old_source = "recomputed" if self.plan.recompute_old_logprobs else (
             "rollout" if a.old_logprobs == "rollout" else "current")
         spec = PolicyLossSpec.from_config(a, self.temperature, old_source)
-        results = self.policy.call_each("train", [(shards, denoms, spec) for shards in per_rank])
+        results = self._call_each(self.policy, "train", [(shards, denoms, spec) for shards in per_rank])
         return TrainStepResult.summarize(results)
 
     def _train_critic(self, batch: TrainBatch, step: int) -> dict:
@@ -91,7 +101,8 @@ class Learner:
         self.timeshare.activate("critic")
         per_rank, denoms = self.minibatches(batch, step, self.plan.critic_dp_size)
         a = self.cfg.algorithm
-        results = self.critic.call_each("train", [(shards, denoms, a.value_clip, a.loss_agg) for shards in per_rank])
+        results = self._call_each(self.critic, "train", [(shards, denoms, a.value_clip, a.loss_agg)
+                                                         for shards in per_rank])
         out = TrainStepResult.summarize(results)
         return {**{k: v for k, v in out.items() if k.startswith("critic/")}, "critic/grad_norm": out["grad_norm"],
                 "critic/lr": out["lr"]}

@@ -8,6 +8,7 @@ bottom.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from gyre.pipelines.reward_checks import check_reward_failures
 from gyre.pipelines.rlvr_data import RunData, config_fingerprint
 from gyre.pipelines.roles import Roles, reward_scorers
 from gyre.rollout.machine import RolloutMachine
+from gyre.rollout.policies import GroupFilter, TailSpec
 from gyre.rollout.scheduler import ScheduleSpec
 from gyre.tracking.progress import Progress
 from gyre.tracking.tables import write_validation_table
@@ -49,11 +51,11 @@ class RLVRPipeline:
         s = cfg.rollout.sampling
         self.sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop))
         self.rewards = RewardPool(reward_scorers(cfg, roles))
-        spec = ScheduleSpec(cfg.rollout.samples_per_prompt, cfg.rollout.prompts_per_step, self.sampling, cfg.run.seed)
-        self.rollout = RolloutMachine(roles.rollout, self.rewards, spec, data.next_train_prompts,
-                                      lambda: roles.timeshare.activate(roles.rollout_role), roles.hybrid,
-                                      cfg.rollout.stream_parts)
-        self.learner = Learner(cfg, plan, roles)
+        self.rollout = RolloutMachine(roles.rollout, self.rewards, schedule_spec(cfg, self.sampling),
+                                      data.next_train_prompts, lambda: roles.timeshare.activate(roles.rollout_role),
+                                      cfg.rollout.partial, cfg.rollout.emit_every)
+        # With asynchrony the rollout goes on while the learner's calls run.
+        self.learner = Learner(cfg, plan, roles, self.rollout.wait_for if cfg.rollout.async_ratio > 0 else None)
         self.reward_totals = {"errors": 0, "timeouts": 0}
         self.val_history: list[float] = []
         self.algo_state = AlgorithmState.create(cfg.algorithm)
@@ -81,6 +83,7 @@ class RLVRPipeline:
                     self.save_checkpoint(step)
         finally:
             progress.close()
+        self.rollout.close()
         final = self.save_final_model()
         return RunSummary(self.cfg.run.steps, self.val_history[0] if self.val_history else None,
                           self.val_history[-1] if self.val_history else None, final, time.perf_counter() - t0)
@@ -120,7 +123,8 @@ class RLVRPipeline:
                     "weight_version": self.rollout.version}
         faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries}
         return {**sample_metrics(trajectories), **domain_metrics(trajectories, self.cfg.reward), **reward_stats,
-                **algo_metrics, **train_metrics, **versions, **faults, **{f"time/{k}": v for k, v in timer.items()}}
+                **algo_metrics, **train_metrics, **versions, **rollout.stats, **faults,
+                **{f"time/{k}": v for k, v in timer.items()}}
 
     # ---- steps ------------------------------------------------------------------------------
     def reward_metrics(self, trajectories: list[Trajectory]) -> dict:
@@ -199,6 +203,18 @@ class RLVRPipeline:
         tok = self.cfg.model.tokenizer_path or self.cfg.model.path
         self.learner.save_model(out, tok)
         return out
+
+
+def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
+    """The rollout scheduler's rules, from the ``rollout`` section."""
+    r = cfg.rollout
+    ds, tail = r.dynamic_sampling, r.tail_batching
+    return ScheduleSpec(
+        r.samples_per_prompt, r.prompts_per_step, sampling, cfg.run.seed, async_ratio=r.async_ratio,
+        replicate=r.replicate, redundancy=r.redundancy,
+        group_filter=GroupFilter(ds.min_std, ds.mean_range) if ds else None,
+        max_draws=math.ceil(ds.max_draws * r.prompts_per_step) if ds else None,
+        tail=TailSpec(tail.eta_prompts, tail.eta_samples) if tail else None)
 
 
 def domain_metrics(samples: list[Trajectory], reward) -> dict:

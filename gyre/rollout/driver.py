@@ -1,20 +1,26 @@
 """The rollout IO loop: the one place that waits on rollout engines and reward workers together.
 
-It carries out the scheduler's commands (``Generate`` on an engine, ``Score`` on the reward pool) and turns
-what comes back into the scheduler's events, until the caller's condition holds (a batch is ready).
-Engines stream finished samples back in parts, so each is scored as soon as it is generated. A dead
-or stalled engine raises ``RoleFault`` (named role, rank, cause) within the watchdog's deadline.
+Each engine serves one stream for the whole run (``EngineHost.serve``): finished samples come back on it
+as they finish. The driver carries out the scheduler's commands (``Generate``: add requests to an engine;
+``Abort``; ``Score``: hand trajectories to the reward pool), and turns what comes back (samples from the
+streams, rewards from the pool) into the scheduler's events, until the caller's condition holds. It can
+also wait on other refs meanwhile (a training call), so rollout goes on while the learner works.
+
+A dead engine, or one that stalls past the watchdog's deadline with work outstanding, raises
+``RoleFault`` (role, rank, cause).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gyre.cluster import transport
 from gyre.cluster.faults import CallClock, fault_from
 from gyre.cluster.group import RoleGroup
-from gyre.rollout.scheduler import Generate, RolloutScheduler, Score
+from gyre.cluster.workers import SERVE, EngineHost
+from gyre.rollout.scheduler import Abort, Generate, RolloutScheduler, Score
 
 
 @dataclass
@@ -22,66 +28,111 @@ class PhaseTimes:
     """Where one ``run`` spent its wall-clock time."""
 
     generate: float = 0.0
-    """Until the last engine finished (scoring overlaps it)."""
+    """Until no sample was left to generate (scoring overlaps it)."""
     reward: float = 0.0
-    """Scoring still running after the engines finished."""
+    """Scoring still running after that."""
 
 
 class RolloutDriver:
-    def __init__(self, engines: RoleGroup, rewards, stream_parts: int = 8):
+    def __init__(self, engines: RoleGroup, rewards, emit_every: int = 1, emit_after_s: float = 0.05):
+        """``rewards``: the reward pool (``gyre.cluster.reward_pool.RewardPool``). Engines hand finished
+        samples back ``emit_every`` at a time or ``emit_after_s`` after the first (fewer, larger reward calls)."""
         self.engines = engines
         self.rewards = rewards
-        """The reward pool (``gyre.cluster.reward_pool.RewardPool``)."""
-        self.stream_parts = stream_parts
+        self.emit_every, self.emit_after_s = emit_every, emit_after_s
+        self._streams: dict = {}
+        """Each engine's serve stream -> its rank."""
+        self.schedulers: dict[str, RolloutScheduler] = {}
+        """Every scheduler with work on the engines, by the stream name that prefixes its request ids."""
 
-    def run(self, scheduler: RolloutScheduler, commands: list, done: Callable[[], bool],
-            label: str = "train") -> PhaseTimes:
-        """Carry out ``commands`` and every command they lead to until ``done()``; ``label`` keeps the usual
-        durations of different kinds of generation (training, validation) apart in the watchdog."""
+    def run(self, scheduler: RolloutScheduler, done: Callable[[], bool], label: str = "train",
+            refill: Callable[[], None] | None = None, until: Sequence = (),
+            until_call: tuple[RoleGroup, str] | None = None) -> PhaseTimes:
+        """Carry out ``scheduler``'s commands and every command they lead to until ``done()`` (or, with
+        ``until``, until those refs are ready, returning early; ``until_call`` = (group, method) names the
+        call they belong to, whose deadline then applies). ``refill()`` may admit more after each event
+        (queue scheduling admits as capacity frees). ``label`` keys the watchdog's usual durations."""
+        self._open()
+        self.schedulers[scheduler.spec.stream] = scheduler
         t0 = time.perf_counter()
-        streams: dict = {}
-        scoring: list = []
-        self._dispatch(commands, streams, scoring)
+        times = PhaseTimes()
+        self.send(scheduler.drain())
         clock = CallClock(self.engines.watchdog, self.engines.name, f"generate({label})")
-        while streams:
-            if clock.expired():
-                raise clock.hung(self.engines.actors, sorted(streams.values()))
-            for part in self._parts(streams, clock.slice(), label):
-                self._dispatch(scheduler.on_generated(part), streams, scoring)
+        until = list(until)
+        waited = CallClock(until_call[0].watchdog, until_call[0].name, until_call[1]) if until_call else None
+        while not done():
+            if until and not transport.wait(until, num_returns=len(until), timeout=0)[1]:
+                break
+            if waited is not None and waited.expired():
+                pending = transport.wait(until, num_returns=len(until), timeout=0)[1]
+                raise waited.hung(until_call[0].actors, [i for i, r in enumerate(until) if r in pending])
+            busy = sorted({e for s in self.schedulers.values() for e in s.busy_engines()})
+            if busy and clock.expired() and not until:
+                raise clock.hung(self.engines.actors, busy)
+            self._events(clock.slice(), until)
+            if refill is not None:
+                refill()
+            for s in self.schedulers.values():
+                self.send(s.drain())
             clock.tick()
+            if not scheduler.outstanding and not times.generate:
+                times.generate = time.perf_counter() - t0
+            if not scheduler.outstanding and not self.rewards.busy and not done() and not until:
+                raise RuntimeError("the rollout went idle before the batch was complete (too few groups admitted)")
         clock.done()
-        times = PhaseTimes(generate=time.perf_counter() - t0)
-        if scoring:
-            self.rewards.wait()
-            scheduler.on_scored(scoring)
+        times.generate = times.generate or time.perf_counter() - t0
         times.reward = time.perf_counter() - t0 - times.generate
-        if not done():
-            raise RuntimeError("the rollout went idle before the batch was complete (the scheduler admitted too "
-                               "few groups)")
         return times
 
-    def _dispatch(self, commands: list, streams: dict, scoring: list) -> None:
+    def send(self, commands: list) -> None:
         for command in commands:
             if isinstance(command, Generate):
-                actor = self.engines.actors[command.engine]
-                streams[actor.generate_stream.remote(list(command.requests), self.stream_parts)] = command.engine
+                self.engines.actors[command.engine].add.remote(list(command.requests))
+            elif isinstance(command, Abort):
+                for engine, ids in command.by_engine.items():
+                    self.engines.actors[engine].abort.remote(list(ids))
             elif isinstance(command, Score):
-                scoring.extend(command.trajectories)
                 self.rewards.submit(list(command.trajectories))
             else:
                 raise TypeError(f"unknown rollout command {command!r}")
 
-    def _parts(self, streams: dict, timeout: float, label: str) -> list:
-        """The parts that arrived within ``timeout`` (ended streams removed)."""
-        import ray
+    def close(self) -> None:
+        """End the serve streams (the actors live on)."""
+        if self._streams:
+            self.engines.call(EngineHost.stop_serving)
+            self._streams.clear()
 
-        ready, _ = ray.wait(list(streams), num_returns=1, timeout=timeout)
-        parts = []
-        for stream in ready:
-            try:
-                parts.append(ray.get(next(stream)))
-            except StopIteration:
-                del streams[stream]
-            except Exception as exc:  # noqa: BLE001 - a dead or failing engine, named in a RoleFault
-                raise fault_from(exc, self.engines.name, streams[stream], f"generate({label})") from None
-        return parts
+    # ---- internals ------------------------------------------------------------------------------
+    def _open(self) -> None:
+        if not self._streams:
+            for rank, actor in enumerate(self.engines.actors):
+                stream = actor.serve.options(concurrency_group=SERVE).remote(self.emit_every, self.emit_after_s)
+                self._streams[stream] = rank
+
+    def _events(self, timeout: float, until: list) -> None:
+        """Wait up to ``timeout`` for samples, rewards or ``until``; feed what arrived to the schedulers."""
+        watched = [*self._streams, *self.rewards.refs(), *until]
+        ready, _ = transport.wait(watched, num_returns=1, timeout=timeout)
+        if ready:  # everything else that is in as well, before judging any deadline
+            ready += transport.wait([r for r in watched if r not in ready], num_returns=len(watched), timeout=0)[0]
+        for stream in [r for r in ready if r in self._streams]:
+            by_stream: dict[str, list] = {}
+            for result in self._next(stream):
+                by_stream.setdefault(result.request_id.split("-")[0], []).append(result)
+            for name, results in by_stream.items():
+                if name in self.schedulers:  # a finished scheduler's late samples are dropped
+                    self.schedulers[name].on_generated(results)
+        scored = self.rewards.poll(0)
+        if scored:
+            for s in self.schedulers.values():
+                s.on_scored(scored)
+
+    def _next(self, stream) -> list:
+        rank = self._streams[stream]
+        try:
+            part = transport.next_part(stream)
+        except transport.RemoteError as exc:
+            raise fault_from(exc, self.engines.name, rank, "serve") from None
+        if part is transport.STREAM_END:
+            raise fault_from(RuntimeError("its serve stream ended"), self.engines.name, rank, "serve")
+        return part

@@ -1,44 +1,50 @@
 """What the pipeline asks of the rollout: the next training batch, an evaluation, a weight publication.
 
-``RolloutMachine`` owns the training scheduler (its prompt source, its buffer) and the IO driver. A
-training step reads ``groups = rollout.next_batch(step)``; after the update,
-``rollout.publish(version, weights)`` hands the new policy to the engines.
+``RolloutMachine`` owns the training scheduler, its prompt source and the IO driver. A training step
+reads ``rollout.next_batch(step)``; after the update, ``rollout.publish(version, weights)`` hands the
+new policy to every engine (suspend -> load -> resume at its next step boundary, no global barrier).
+With alpha > 0 the engines keep generating for later steps meanwhile, and ``wait_for(refs)`` lets
+the learner's calls run while the rollout goes on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gyre.cluster.group import RoleGroup
+from gyre.cluster.workers import EngineHost
 from gyre.rollout.driver import PhaseTimes, RolloutDriver
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
-from gyre.types import Group, PromptRecord, SamplingParams, WeightVersion
+from gyre.types import Group, PromptRecord, SamplingParams, Trajectory, WeightVersion
 
 
 @dataclass
 class Batch:
-    """One training step's rollout: committed groups in admission order, and where the time went."""
+    """One training step's rollout: committed groups in admission order, where the time went, and the
+    scheduler's counters since the previous batch."""
 
     groups: list[Group]
     times: PhaseTimes
+    stats: dict[str, float] = field(default_factory=dict)
 
     @property
-    def trajectories(self):
+    def trajectories(self) -> list[Trajectory]:
         return [t for g in self.groups for t in g.trajectories]
 
 
 class RolloutMachine:
     def __init__(self, engines: RoleGroup, rewards, spec: ScheduleSpec, prompts: Callable[[int], list[PromptRecord]],
-                 activate: Callable[[], None], hybrid: bool, stream_parts: int = 8):
+                 activate: Callable[[], None], partial: bool = True, emit_every: int = 1):
         """``prompts(k)`` draws the next k training prompts; ``activate()`` gives the engines the devices
-        (time-shared roles); ``hybrid``: the engines are the policy's own ranks (weights shared in place)."""
+        (time-shared roles); ``partial``: requests in flight at a weight update continue under the new
+        weights (else they are regenerated)."""
         self.engines = engines
         self.spec = spec
         self.prompts = prompts
         self.activate = activate
-        self.hybrid = hybrid
-        self.driver = RolloutDriver(engines, rewards, stream_parts)
+        self.partial = partial
+        self.driver = RolloutDriver(engines, rewards, emit_every)
         self.scheduler = RolloutScheduler(spec, len(engines))
 
     @property
@@ -48,30 +54,45 @@ class RolloutMachine:
     def next_batch(self, step: int) -> Batch:
         """Admit what the window allows, run until step ``step``'s batch is committed, take it."""
         self.activate()
-        commands = self.scheduler.admit(step, self.prompts(self.scheduler.capacity(step)))
-        times = self.driver.run(self.scheduler, commands, lambda: self.scheduler.ready(step), label="train")
-        return Batch(self.scheduler.take(step), times)
+        sched = self.scheduler
+        sched.admit(step, self.prompts)
+        times = self.driver.run(sched, lambda: sched.ready(step), "train",
+                                refill=lambda: sched.admit(step, self.prompts))
+        groups = sched.take(step)
+        self.driver.send(sched.drain())  # what this step no longer needs is aborted
+        return Batch(groups, times, sched.take_stats())
+
+    def wait_for(self, group: RoleGroup, method: str, refs: Sequence) -> None:
+        """Return once ``refs`` (a call of ``method`` on ``group``, within its deadline) are ready, carrying
+        the rollout on meanwhile: samples scored and committed, new groups admitted as capacity frees."""
+        sched, step = self.scheduler, self.version + 1
+        if refs:
+            self.driver.run(sched, lambda: False, "train", refill=lambda: sched.admit(step, self.prompts),
+                            until=refs, until_call=(group, method))
 
     def evaluate(self, prompts: Sequence[PromptRecord], params: SamplingParams, n: int) -> list[Group]:
         """Every prompt's n samples, scored (validation): a one-off scheduler on the same driver."""
         self.activate()
         spec = ScheduleSpec(n, len(prompts), params, self.spec.run_seed, stream="val")
         scheduler = RolloutScheduler(spec, len(self.engines), version=self.version)
-        commands = scheduler.admit(0, prompts)
+        scheduler.admit(0, lambda k: list(prompts[:k]))
         step = self.version + 1  # the step these weights would train: every group is on-policy for it
-        self.driver.run(scheduler, commands, lambda: scheduler.ready(step), label="val")
+        try:
+            self.driver.run(scheduler, lambda: scheduler.ready(step), "val")
+        finally:
+            self.driver.schedulers.pop("val", None)
         return scheduler.take(step)
 
     def publish(self, version: WeightVersion, weights=None) -> None:
-        """The engines take the policy's ``version``: loaded from ``weights`` (a ``WeightBundle``), or, for
-        hybrid engines that sample with the training weights, only the stamp moves. Verified on every engine."""
-        if self.hybrid:
-            versions = self.engines.call("set_weight_version", version)
-        else:
-            if weights is None:
-                raise ValueError("separate rollout engines need the exported weights to publish a version")
-            self.activate()
-            versions = self.engines.call("load_weights", weights)
+        """Every engine takes the policy's ``version`` at its next step boundary: loaded from ``weights``
+        (a ``WeightBundle`` ref list), or for hybrid engines (the policy's own ranks) only the stamp moves.
+        Verified on every engine; groups too stale to ever train are then aborted."""
+        self.activate()
+        versions = self.engines.call(EngineHost.update_weights, weights, version, self.partial)
         if any(v != version for v in versions):
             raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
         self.scheduler.on_published(version)
+        self.driver.send(self.scheduler.drain())
+
+    def close(self) -> None:
+        self.driver.close()

@@ -1,89 +1,168 @@
-"""The sans-IO scheduler driven by scripted and random event orders, without engines or Ray."""
+"""The sans-IO scheduler through scripted and random event orders (``harness.World``): admission,
+commit exactly once, the async window, redundancy, dynamic sampling, tail batching, speculation."""
 
 import random
 
 import pytest
 
-from gyre.rollout.scheduler import Generate, RolloutScheduler, ScheduleSpec, Score
+from gyre.rollout.buffer import staleness_limit
+from gyre.rollout.policies import GroupFilter, TailSpec
+from gyre.rollout.scheduler import Generate, RolloutScheduler, ScheduleSpec
 from gyre.seeding import derive_seed
-from gyre.types import GenerationResult, PromptRecord, RewardResult, SamplingParams
+from gyre.types import GenerationResult, RewardResult, SamplingParams
+from tests.rollout.harness import Source, World, prompts
 
 
-def prompts(k, start=0):
-    return [PromptRecord(f"p{i}", "q", [1] * (1 + i % 3), "0") for i in range(start, start + k)]
-
-
-def results_for(command: Generate, version=0):
-    return [GenerationResult(r.request_id, i, r.prompt_ids, [7] * (1 + i), "x", [-0.5] * (1 + i), "eos",
-                             [version] * (1 + i))
-            for r in command.requests for i in range(r.n)]
-
-
-def spec(n=3, groups=4, alpha=0.0):
-    return ScheduleSpec(n, groups, SamplingParams(max_new_tokens=4), run_seed=7, async_ratio=alpha)
+def spec(n=3, groups=4, **kw):
+    return ScheduleSpec(n, groups, SamplingParams(max_new_tokens=4), run_seed=7, **kw)
 
 
 def test_admission_builds_seeded_requests_spread_over_engines():
     sched = RolloutScheduler(spec(), engines=2)
     assert sched.capacity(1) == 4
-    commands = sched.admit(1, prompts(4))
-    assert {c.engine for c in commands} == {0, 1}
+    sched.admit(1, Source())
+    commands = sched.drain()
+    assert {c.engine for c in commands} == {0, 1} and all(isinstance(c, Generate) for c in commands)
     requests = sorted((r for c in commands for r in c.requests), key=lambda r: r.request_id)
     assert [r.request_id for r in requests] == ["train-1-0", "train-1-1", "train-1-2", "train-1-3"]
     assert requests[2].seed == derive_seed(7, "train", 1, 2) and all(r.n == 3 for r in requests)
     assert sched.capacity(1) == 0  # alpha 0: one batch per step
 
 
-def test_every_group_commits_once_whatever_the_order_of_events():
-    """Random interleavings of generation parts and rewards: each admitted group is committed exactly
-    once, with its samples in index order, and the batch keeps admission order."""
-    for seed in range(30):
-        rng = random.Random(seed)
-        sched = RolloutScheduler(spec(n=3, groups=5), engines=3)
-        pending = [res for c in sched.admit(1, prompts(5)) for res in results_for(c)]
-        rng.shuffle(pending)
-        unscored = []
-        while pending or unscored:
-            if pending and (not unscored or rng.random() < 0.6):
-                k = rng.randint(1, 4)
-                part, pending = pending[:k], pending[k:]
-                for cmd in sched.on_generated(part):
-                    assert isinstance(cmd, Score)
-                    unscored.extend(cmd.trajectories)
-            else:
-                rng.shuffle(unscored)
-                k = rng.randint(1, len(unscored))
-                done, unscored = unscored[:k], unscored[k:]
-                for t in done:
-                    t.reward = RewardResult(1.0)
-                sched.on_scored(done)
-        assert sched.idle and sched.ready(1)
-        batch = sched.take(1)
-        assert [g.group_id for g in batch] == [f"train-1-{i}" for i in range(5)]
+def test_replication_sends_each_sample_alone_to_the_least_loaded_engine():
+    sched = RolloutScheduler(spec(n=4, groups=1, replicate=True), engines=3)
+    sched.admit(1, Source())
+    requests = [(c.engine, r) for c in sched.drain() for r in c.requests]
+    assert sorted(r.request_id for _, r in requests) == [f"train-1-0/{i}" for i in range(4)]
+    assert all(r.n == 1 and r.first_sample == int(r.request_id[-1]) for _, r in requests)
+    assert sorted(e for e, _ in requests) == [0, 0, 1, 2]  # spread, not pinned to one engine
+
+
+@pytest.mark.parametrize("replicate", [False, True])
+def test_every_group_commits_once_whatever_the_order_of_events(replicate):
+    for seed in range(20):
+        world = World(RolloutScheduler(spec(n=3, groups=5, replicate=replicate), engines=3), random.Random(seed))
+        batch = world.run_until_ready(1, Source())
+        assert [g.group_id for g in batch] == [f"train-1-{i}" for i in range(5)]  # admission order
         assert all([t.sample_index for t in g.trajectories] == [0, 1, 2] for g in batch)
-        assert len(sched.buffer) == 0
+        assert world.sched.idle and len(world.sched.buffer) == 0 and world.sched.outstanding == 0
 
 
 def test_a_group_commits_only_when_every_sample_is_scored():
     sched = RolloutScheduler(spec(n=2, groups=1), engines=1)
-    (cmd,) = sched.admit(1, prompts(1))
-    (score,) = sched.on_generated(results_for(cmd))
+    sched.admit(1, Source())
+    (cmd,) = sched.drain()
+    (r,) = cmd.requests
+    sched.on_generated([GenerationResult(r.request_id, i, [1], [5], "x", [-1.0], "eos", [0]) for i in range(2)])
+    (score,) = sched.drain()
     first, second = score.trajectories
     first.reward = RewardResult(0.0)
-    assert sched.on_scored([first]) == [] and not sched.ready(1)
+    sched.on_scored([first])
+    assert not sched.ready(1)
     second.reward = RewardResult(1.0)
-    (group,) = sched.on_scored([second])
-    assert group.status == "committed" and sched.ready(1)
+    sched.on_scored([second])
+    assert sched.ready(1) and sched.take(1)[0].status == "committed"
     with pytest.raises(ValueError, match="without a reward"):
         sched.on_scored([first.__class__(first.prompt, 0)])
 
 
-def test_groups_start_at_the_published_version():
+@pytest.mark.parametrize("alpha", [0.5, 1, 1.5, 2, 3])
+def test_the_staleness_window_is_never_exceeded(alpha):
+    """A random asynchronous run: engines finish samples in any order while versions move. No batch holds
+    a group older than the window, and every admitted group ends trained or aborted, exactly once."""
+    for seed in range(6):
+        rng = random.Random(seed)
+        world = World(RolloutScheduler(spec(n=2, groups=4, async_ratio=alpha, replicate=True), engines=2), rng)
+        source, trained = Source(), []
+        for step in range(1, 13):
+            batch = world.run_until_ready(step, source)
+            assert all(step - 1 - g.admitted_version <= staleness_limit(alpha) for g in batch)
+            stats = world.sched.take_stats()
+            assert stats["staleness/violations"] == 0
+            oldest = sum(step - 1 - g.admitted_version == staleness_limit(alpha) for g in batch)
+            if alpha != int(alpha):
+                assert oldest <= int((alpha % 1) * 4)
+            trained += [g.prompt.uid for g in batch]
+            world.publish(step, events=rng.randrange(12))
+        assert len(trained) == len(set(trained))  # no group trained twice
+        in_flight = {f.group.prompt.uid for f in world.sched.flights.values()}
+        buffered = {g.prompt.uid for _, g in world.sched.buffer.entries}
+        assert not (set(trained) & (in_flight | buffered)) and not (in_flight & buffered)
+
+
+def test_async_admits_ahead_of_need():
+    sched = RolloutScheduler(spec(n=2, groups=4, async_ratio=1.5, replicate=True), engines=2)
+    sched.admit(1, Source())
+    assert len(sched.flights) == 4 + 6  # P + round(alpha * P) before the first batch
+
+
+def test_redundant_groups_are_aborted_once_the_batch_is_full():
+    world = World(RolloutScheduler(spec(n=2, groups=3, redundancy=2), engines=2), random.Random(3))
+    batch = world.run_until_ready(1, Source())
+    stats = world.sched.take_stats()
+    assert len(batch) == 3 and stats["rollout/groups_admitted"] == 5
+    assert stats["rollout/groups_redundant"] == 2 and world.sched.idle
+    order = [int(g.group_id.split("-")[-1]) for g in batch]
+    assert order == sorted(order)  # the first three to complete, in admission order
+
+
+def test_dynamic_sampling_drops_uniform_groups_and_refills():
+    # Prompts p0, p2, p4... score the same on every sample (filtered); odd prompts vary.
+    def reward(prompt, sample):
+        return 1.0 if int(prompt.uid[1:]) % 2 == 0 else float(sample % 2)
+
+    world = World(RolloutScheduler(spec(n=2, groups=3, group_filter=GroupFilter(0.0), max_draws=9), engines=2),
+                  random.Random(0), reward)
+    batch = world.run_until_ready(1, Source())
+    stats = world.sched.take_stats()
+    assert all(int(g.prompt.uid[1:]) % 2 == 1 for g in batch)
+    assert stats["rollout/groups_filtered"] >= 3 and stats["rollout/groups_admitted"] <= 9
+
+
+def test_dynamic_sampling_falls_back_when_draws_run_out():
+    world = World(RolloutScheduler(spec(n=2, groups=3, group_filter=GroupFilter(0.0), max_draws=4), engines=1),
+                  random.Random(0), lambda prompt, sample: 1.0)  # every group is uniform
+    batch = world.run_until_ready(1, Source())
+    stats = world.sched.take_stats()
+    assert len(batch) == 3 and stats["rollout/groups_admitted"] == 4 and stats["rollout/filter_fallback"] == 3
+
+
+def test_tail_batching_trains_every_prompt_exactly_once():
+    world = World(RolloutScheduler(spec(n=4, groups=4, tail=TailSpec(1.5, 1.5)), engines=2), random.Random(1))
+    source, trained, rounds = Source(), [], []
+    for step in range(1, 16):
+        batch = world.run_until_ready(step, source)
+        stats = world.sched.take_stats()
+        rounds.append(stats["rollout/long_round"])
+        assert len(batch) == 4 and all(len(g.trajectories) == 4 for g in batch)
+        trained += [g.prompt.uid for g in batch]
+        world.publish(step)
+    waiting = [p.uid for p in world.sched.tail.long_queue]
+    assert len(trained) == len(set(trained))  # never twice
+    assert sorted(trained + waiting) == sorted(p.uid for p in source.drawn)  # never lost
+    assert 1.0 in rounds and 0.0 in rounds and len(waiting) < 4
+    # A short round launches ceil(1.5 * 4) = 6 prompts with 6 samples each; a long one 4 x 4.
+    assert world.sched.tail.rounds["long"] == sum(rounds)
+
+
+def test_speculative_samples_beyond_the_group_are_aborted():
+    world = World(RolloutScheduler(spec(n=2, groups=1, tail=TailSpec(1.0, 2.0)), engines=1), random.Random(2))
+    world.run_until_ready(1, Source())
+    assert world.aborted_results + world.sched.take_stats().get("rollout/samples_aborted", 0) >= 2
+
+
+def test_an_engine_dropped_sample_is_regenerated_with_its_stream():
     sched = RolloutScheduler(spec(n=1, groups=1), engines=1)
-    sched.on_published(3)
-    (cmd,) = sched.admit(4, prompts(1))
-    (score,) = sched.on_generated(results_for(cmd, version=3))
-    score.trajectories[0].reward = RewardResult(1.0)
-    (group,) = sched.on_scored(score.trajectories)
-    assert group.admitted_version == 3 and group.trajectories[0].weight_version == 3
-    assert not sched.ready(5) and sched.ready(4)  # alpha 0: only step 4 (training version 3) may take it
+    sched.admit(1, Source())
+    (cmd,) = sched.drain()
+    (r,) = cmd.requests
+    sched.on_generated([GenerationResult(r.request_id, 0, [1], [5, 5], "x", [-1.0, -1.0], "abort", [0, 0])])
+    (retry,) = sched.drain()
+    (again,) = retry.requests
+    assert again.seed == r.seed and again.first_sample == 0 and again.n == 1 and again.request_id != r.request_id
+    assert sched.take_stats()["rollout/tokens_wasted"] == 2
+
+
+def test_tail_batching_refuses_asynchrony():
+    with pytest.raises(ValueError, match="async_ratio 0"):
+        spec(tail=TailSpec(), async_ratio=1.0)
