@@ -74,7 +74,9 @@ class RLVRPipeline:
                 metrics = self.train_step(step)
                 validated = self._due(self.cfg.validation.every, step)
                 if validated:
+                    t_val = time.perf_counter()
                     metrics.update(self.validate())
+                    metrics["time/validate"] = time.perf_counter() - t_val
                 self.logger.log(step, metrics)
                 if validated:
                     self.write_validation_table()
