@@ -20,7 +20,6 @@ from gyre.cluster.reward_pool import RewardPool
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, samples_to_batch, split_for_ranks
-from gyre.engines.losses import PolicyLossSpec
 from gyre.pipelines.advantage import AlgorithmState, correct_mismatch, estimate_advantages
 from gyre.pipelines.checkpoint import CheckpointManager, DriverState, ResumeError
 from gyre.pipelines.reward_checks import check_reward_failures
@@ -222,7 +221,7 @@ class RLVRPipeline:
         a = self.cfg.algorithm
         old_source = "recomputed" if self.plan.recompute_old_logprobs else (
             "rollout" if a.old_logprobs == "rollout" else "current")
-        spec = PolicyLossSpec.from_config(a, self.temperature, old_source)
+        spec = a.loss_spec(self.temperature, old_source)
         results = self.roles.policy.call_each("train", [(shards, denoms, spec) for shards in per_rank])
         return TrainStepResult.summarize(results)
 
