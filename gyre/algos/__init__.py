@@ -1,12 +1,15 @@
 """Algorithm maths as pure tensor functions (torch and numpy only; no Ray or transformers).
 
 Shapes use B for samples, T for padded response tokens, N for prompt groups of G samples each.
-Modules: ``advantages`` (estimators and reward normalisation), ``policy_loss`` (PPO and its variants),
-``aggregation`` (loss modes with global denominators), ``kl``, ``masks``, ``mismatch`` (train-inference
-correction), ``value`` (critic loss) and ``stats``.
+Modules: ``advantages`` (estimators and reward normalisation; the ``ESTIMATORS`` table), ``policy_loss``
+(PPO and its variants; the ``POLICY_LOSSES`` table and ``PolicyLossSpec``), ``tables`` (the ``Registry``
+behind both), ``aggregation`` (loss modes with global denominators), ``kl``, ``masks``, ``mismatch``
+(train-inference correction), ``value`` (critic loss) and ``stats``.
 """
 
 from gyre.algos.advantages import (
+    ESTIMATORS,
+    AdvantageEstimator,
     discounted_returns,
     gae_advantages,
     group_normalized_advantages,
@@ -21,7 +24,11 @@ from gyre.algos.kl import AdaptiveKLController, kl_estimate, kl_penalized_reward
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
 from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
 from gyre.algos.policy_loss import (
+    POLICY_LOSSES,
+    PolicyLossInputs,
     PolicyLossOutput,
+    PolicyLossSpec,
+    PolicyLossVariant,
     cispo_loss,
     decoupled_ppo_loss,
     kimi15_loss,
@@ -31,10 +38,13 @@ from gyre.algos.policy_loss import (
     vanilla_pg_loss,
 )
 from gyre.algos.stats import RunningMoments, masked_mean, masked_sum, masked_whiten
+from gyre.algos.tables import Registry
 from gyre.algos.value import explained_variance, value_loss
 
 __all__ = [
-    "AdaptiveKLController", "LossDenominator", "PolicyLossOutput", "RunningMoments", "aggregate_loss",
+    "ESTIMATORS", "POLICY_LOSSES", "AdaptiveKLController", "AdvantageEstimator", "LossDenominator",
+    "PolicyLossInputs", "PolicyLossOutput", "PolicyLossSpec", "PolicyLossVariant", "Registry", "RunningMoments",
+    "aggregate_loss",
     "cispo_loss", "decoupled_ppo_loss", "denominator_for", "difficulty_mask", "discounted_returns",
     "explained_variance", "gae_advantages", "group_normalized_advantages", "importance_weights", "kimi15_loss",
     "kl_estimate", "kl_penalized_rewards", "masked_mean", "masked_sum", "masked_whiten", "mismatch_filter",

@@ -27,11 +27,13 @@ last valid token as terminal (no bootstrap for truncated episodes).
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 
 from gyre.algos.stats import RunningMoments, masked_mean, masked_var
+from gyre.algos.tables import Registry
 
 NormScope = Literal["none", "group", "batch", "running"]
 
@@ -249,3 +251,67 @@ def rebn_advantages(turn_rewards: torch.Tensor, mask: torch.Tensor, gamma: float
     mean = masked_mean(returns, m)
     std = masked_var(returns, m, ddof=ddof).sqrt()
     return torch.where(valid, (returns - mean) / (std + eps), torch.zeros_like(returns))
+
+
+# ---- selection by name ----------------------------------------------------------------------------
+
+
+class Baseline(Protocol):
+    """Response-level rewards [N, G] -> baselined (and scaled) rewards [N, G]; every estimator takes the
+    normalisation scopes, eps, ddof and running moments, and uses what it needs."""
+
+    def __call__(self, rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
+                 running: RunningMoments | None = None) -> torch.Tensor: ...
+
+
+class TokenEstimator(Protocol):
+    """Token rewards [B, T] (critic values, mask) -> (advantages [B, T], returns [B, T] or None); returns are
+    the critic's regression targets, None for a critic-free estimator."""
+
+    def __call__(self, token_rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor, gamma: float,
+                 lam: float) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """One row of ``ESTIMATORS``: the two stages of the advantage and what the config must know."""
+
+    baseline: Baseline
+    """Response level, before the reward is placed on the last token."""
+    advantages: TokenEstimator
+    """Token level, after the KL penalty."""
+    scoped: bool
+    """True: the baseline is the ``norm_mean`` / ``norm_std`` normalisation. False: the estimator has its own
+    baseline and scale, and the config requires both scopes to be none."""
+    groups: bool
+    """Compares the samples of one prompt with each other (needs several samples per prompt)."""
+    critic: bool
+    """Needs the critic's values (the config creates the critic role)."""
+
+
+def _rloo_baseline(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
+                   running: RunningMoments | None = None) -> torch.Tensor:
+    return rloo_advantages(rewards)
+
+
+def _reinforce_pp_baseline(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float,
+                           ddof: int, running: RunningMoments | None = None) -> torch.Tensor:
+    return reinforce_pp_baseline_advantages(rewards, eps, ddof)
+
+
+def _returns(token_rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor, gamma: float,
+             lam: float) -> tuple[torch.Tensor, None]:
+    return discounted_returns(token_rewards, mask, gamma), None
+
+
+ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", {
+    "reinforce": AdvantageEstimator(normalize_rewards, _returns, scoped=True, groups=False, critic=False),
+    "rloo": AdvantageEstimator(_rloo_baseline, _returns, scoped=False, groups=True, critic=False),
+    "reinforce_pp_baseline": AdvantageEstimator(_reinforce_pp_baseline, _returns, scoped=False, groups=True,
+                                                critic=False),
+    "gae": AdvantageEstimator(normalize_rewards, gae_advantages, scoped=True, groups=False, critic=True),
+})
+"""The advantage estimators by config name (``algorithm.estimator``): reinforce (the normalised outcome
+reward as returns; GRPO, Dr.GRPO, Lite PPO and REINFORCE++ are its scope pairs), rloo, reinforce_pp_baseline,
+and gae (PPO with a critic). A new estimator is a function with one of the signatures above and a row here;
+the config accepts the name from this table."""

@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
+
+from gyre.algos.aggregation import AggMode
+from gyre.algos.kl import KLKind
+from gyre.algos.tables import Registry, knob, run_field
 
 RatioLevel = Literal["token", "sequence"]
 
@@ -260,3 +264,147 @@ def decoupled_ppo_loss(logprobs: torch.Tensor, proximal_logprobs: torch.Tensor, 
     token_loss = torch.exp(log_weight) * inner.token_loss
     return PolicyLossOutput(token_loss=token_loss, ratio=inner.ratio, clipped_low=inner.clipped_low,
                             clipped_high=inner.clipped_high)
+
+
+# ---- selection by name ----------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyLossInputs:
+    """What a policy loss may read: [B, T] tensors on the log-probs' device unless noted."""
+
+    logprobs: torch.Tensor
+    """log pi_theta of the sampled tokens (with gradient)."""
+    old_logprobs: torch.Tensor
+    """log pi_old (the proximal policy of decoupled PPO)."""
+    advantages: torch.Tensor
+    """Broadcastable to [B, T]."""
+    mask: torch.Tensor
+    """The loss mask, 1 for tokens that train."""
+    behaviour_logprobs: torch.Tensor
+    """log mu, the sampler's log-probs."""
+    scores: torch.Tensor | None
+    """[B] outcome reward of each sample (TOPR splits on its sign), or None when the batch has none."""
+
+
+class PolicyLossFn(Protocol):
+    """The one signature of every registered loss: the inputs, and the spec for the variant's knobs."""
+
+    def __call__(self, x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput: ...
+
+
+@dataclass(frozen=True)
+class PolicyLossVariant:
+    """One row of ``POLICY_LOSSES``: the loss and what the config must know about it."""
+
+    loss: PolicyLossFn
+    sequence_ratio: bool = False
+    """Honours ``ratio_level="sequence"`` (GSPO); the config refuses that level for the others."""
+    uses_behaviour: bool = False
+    """Compares the trainer's pi_old with the sampler's log-probs, so pi_old must be recomputed."""
+    has_ratio: bool = True
+    """False for a loss without importance ratio: correct only on-policy (the config warns otherwise)."""
+
+
+def _ppo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return ppo_clip_loss(x.logprobs, x.old_logprobs, x.advantages, s.clip_low, s.clip_high, s.dual_clip_c,
+                         s.ratio_level, x.mask)
+
+
+def _vanilla(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return vanilla_pg_loss(x.logprobs, x.advantages)
+
+
+def _tis(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return tis_loss(x.logprobs, x.old_logprobs, x.advantages, s.tis_low, s.tis_high)
+
+
+def _topr(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    if x.scores is None:
+        raise ValueError("policy_loss topr needs batch.scores (the outcome reward of each sample)")
+    return topr_loss(x.logprobs, x.old_logprobs, x.advantages, (x.scores > 0)[:, None], s.topr_positive_weight,
+                     s.topr_negative_weight)
+
+
+def _cispo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return cispo_loss(x.logprobs, x.old_logprobs, x.advantages, s.cispo_low, s.cispo_high, s.cispo_unified_mask)
+
+
+def _kimi15(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return kimi15_loss(x.logprobs, x.old_logprobs, x.advantages, s.kimi15_tau)
+
+
+def _decoupled_ppo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return decoupled_ppo_loss(x.logprobs, x.old_logprobs, x.behaviour_logprobs, x.advantages, s.clip_low,
+                              s.clip_high, s.behaviour_cap)
+
+
+POLICY_LOSSES: Registry[PolicyLossVariant] = Registry("policy loss", {
+    "ppo": PolicyLossVariant(_ppo, sequence_ratio=True),
+    "vanilla": PolicyLossVariant(_vanilla, has_ratio=False),
+    "tis": PolicyLossVariant(_tis),
+    "topr": PolicyLossVariant(_topr),
+    "cispo": PolicyLossVariant(_cispo),
+    "kimi15": PolicyLossVariant(_kimi15),
+    "decoupled_ppo": PolicyLossVariant(_decoupled_ppo, uses_behaviour=True),
+})
+"""The policy losses by config name (``algorithm.policy_loss``). A new loss is a function above, an
+adapter ``(PolicyLossInputs, PolicyLossSpec) -> PolicyLossOutput`` and a row here (plus a ``knob`` in
+``PolicyLossSpec`` for each new parameter); the config accepts the name from this table."""
+
+OldSource = Literal["recomputed", "rollout", "current"]
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """The policy loss's variant and knobs: everything the step loss needs besides the batch.
+
+    Declared once, here: the config's ``algorithm`` section takes its loss keys from these fields
+    (names, types, defaults and bounds; ``gyre.config.schema.PolicyLossKnobs``) and builds the spec from
+    them by name (``AlgorithmConfig.loss_spec``); ``run_field`` fields are filled in by the driver. A plain
+    frozen record, it pickles cheaply to every trainer rank, which looks the variant up in
+    ``POLICY_LOSSES`` once, when it builds the loss.
+    """
+
+    policy_loss: str = knob("ppo", choices=POLICY_LOSSES)
+    """The variant: a name of ``POLICY_LOSSES``."""
+    ratio_level: RatioLevel = "token"
+    """sequence: GSPO's length-normalised sequence ratio (ppo loss only)."""
+    clip_low: float = knob(0.2, ge=0, lt=1)
+    """eps_low of the trust region (ppo, decoupled_ppo)."""
+    clip_high: float = knob(0.2, ge=0)
+    """eps_high of the trust region (ppo, decoupled_ppo); DAPO's clip-higher raises it."""
+    dual_clip_c: float | None = knob(3.0, gt=1)
+    """Dual clip of the ppo loss for negative advantages (arXiv 1912.09729): the loss is capped at c * |A|.
+    An independent constant (ROLL ties it to 1 + 2 * clip, 1.4, far tighter); None turns it off."""
+    tis_low: float = knob(0.0, ge=0)
+    """tis: lower truncation of the ratio weight."""
+    tis_high: float = knob(1.0, gt=0)
+    """tis: upper truncation of the ratio weight."""
+    topr_positive_weight: float = knob(1.0, ge=0)
+    """topr: weight of the samples with a positive reward (no importance ratio)."""
+    topr_negative_weight: float = knob(1.0, ge=0)
+    """topr: weight of the other samples (ratio truncated at 1)."""
+    cispo_low: float = knob(0.1, ge=0)
+    """cispo: the weight is clipped from below at 1 - cispo_low."""
+    cispo_high: float = knob(0.1, ge=0)
+    """cispo: the weight is clipped from above at 1 + cispo_high."""
+    cispo_unified_mask: bool = False
+    """cispo: add PPO's trust-region mask (ROLL ``cispo_use_unified_mask``)."""
+    kimi15_tau: float = knob(0.1, ge=0)
+    """kimi15: weight of the squared log-ratio proximity term."""
+    behaviour_cap: float | None = knob(None, gt=0)
+    """decoupled_ppo: truncate the weight pi_prox / mu at this value."""
+    loss_agg: AggMode = "token-mean"
+    """How token losses become the step loss (``gyre.algos.aggregation``)."""
+    kl_loss_coef: float = knob(0.0, ge=0)
+    """KL-to-reference loss term (GRPO style); > 0 creates the reference role."""
+    kl_loss_estimator: KLKind = "k3"
+    """The KL estimator of that term."""
+    entropy_coef: float = knob(0.0, ge=0)
+    """Entropy bonus subtracted from the loss."""
+    temperature: float = run_field(1.0, "rollout.sampling.temperature")
+    """Log-probs are taken at the sampling temperature."""
+    old_source: OldSource = run_field("recomputed", "the run plan")
+    """Where pi_old comes from: "recomputed" (batch.old_logprobs), "rollout" (the sampler's log-probs) or
+    "current" (the detached current log-probs)."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Annotated
+import typing
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
@@ -55,3 +57,20 @@ class StrictModel(BaseModel):
     """Base for every config section: unknown keys are errors, values are validated on assignment."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def section_from_spec(spec: type, name: str, module: str, doc: str) -> type[StrictModel]:
+    """A strict config section whose keys are the fields of the dataclass ``spec``: same names, types and
+    defaults; a ``knob``'s choices (a ``Registry``) become a Literal of its names and its bounds become
+    constraints; ``run_field`` fields are left out. So a knob is declared once, on the spec, and the spec
+    is built back from the section by field name."""
+    hints = typing.get_type_hints(spec)
+    fields: dict[str, typing.Any] = {}
+    for f in dataclasses.fields(spec):
+        rules = dict(f.metadata)
+        if "from_run" in rules:
+            continue
+        choices = rules.pop("choices", None)
+        kind = Literal[choices.names] if choices is not None else hints[f.name]
+        fields[f.name] = (kind, Field(f.default, **rules))
+    return create_model(name, __base__=StrictModel, __module__=module, __doc__=doc, **fields)

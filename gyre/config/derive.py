@@ -94,7 +94,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     if use_reference:
         notes.append(f"KL to the reference (kl_loss_coef={a.kl_loss_coef}, kl_reward_coef={a.kl_reward_coef}): a "
                      f"reference role is created on devices {list(cfg.reference.devices)}")
-    use_critic = a.estimator == "gae"
+    use_critic = a.uses_critic
     hybrid = _check_hybrid(cfg, notes)
     _check_rollout_schedule(cfg, hybrid, notes)
     roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
@@ -218,7 +218,7 @@ def _check_groups(cfg: RLVRConfig) -> None:
     a = cfg.algorithm
     if not a.uses_groups:
         return
-    what = (f"estimator={a.estimator}" if a.estimator in ("rloo", "reinforce_pp_baseline") else
+    what = (f"estimator={a.estimator}" if a.advantage_estimator.groups else
             "difficulty_mask" if a.difficulty_mask is not None and "group" not in (a.norm_mean, a.norm_std)
             else f"norm_mean={a.norm_mean}, norm_std={a.norm_std}")
     if cfg.rollout.samples_per_prompt < 2:
@@ -232,13 +232,13 @@ def _check_groups(cfg: RLVRConfig) -> None:
 
 def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> None:
     a = cfg.algorithm
-    if a.estimator != "gae" and (a.value_clip is not None or a.critic_warmup):
+    if not a.uses_critic and (a.value_clip is not None or a.critic_warmup):
         notes.append(f"algorithm.value_clip / critic_warmup have no effect: estimator={a.estimator} has no critic")
-    if a.critic_warmup >= cfg.run.steps and a.estimator == "gae":
+    if a.critic_warmup >= cfg.run.steps and a.uses_critic:
         raise ConfigError(f"algorithm.critic_warmup={a.critic_warmup} >= run.steps={cfg.run.steps}: the policy "
                           "would never train")
-    if a.policy_loss == "vanilla" and steps_per_batch > 1:
-        notes.append("warning: policy_loss=vanilla has no importance ratio, so it is only correct on-policy; "
+    if not a.loss_variant.has_ratio and steps_per_batch > 1:
+        notes.append(f"warning: policy_loss={a.policy_loss} has no importance ratio, so it is only correct on-policy; "
                      f"with {steps_per_batch} optimizer steps per rollout batch later steps are off-policy")
     if a.difficulty_mask == (0.0, 1.0):
         notes.append("algorithm.difficulty_mask (0, 1): groups whose samples all score the same leave the loss "

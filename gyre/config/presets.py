@@ -85,10 +85,10 @@ def algorithm_problems(a) -> list[str]:
     """Knob combinations that make no sense on their own (those that depend on other sections, such as
     the group size, are checked in ``derive.make_plan``)."""
     problems = []
-    if a.ratio_level == "sequence" and a.policy_loss != "ppo":
+    if a.ratio_level == "sequence" and not a.loss_variant.sequence_ratio:
         problems.append(f"algorithm.ratio_level=sequence (GSPO) clips a sequence ratio inside the ppo loss; "
                         f"it does not apply to policy_loss={a.policy_loss}")
-    if a.estimator in ("rloo", "reinforce_pp_baseline") and (a.norm_mean, a.norm_std) != ("none", "none"):
+    if not a.advantage_estimator.scoped and (a.norm_mean, a.norm_std) != ("none", "none"):
         problems.append(f"algorithm.estimator={a.estimator} computes its own baseline and scale; set "
                         "algorithm.norm_mean=none and algorithm.norm_std=none")
     if a.kl_target is not None and a.kl_reward_coef == 0:

@@ -13,7 +13,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gyre.config.base import DeviceList, NonNegInt, PositiveFloat, PositiveInt, StrictModel, UnitFloat
+from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator
+from gyre.algos.policy_loss import POLICY_LOSSES, OldSource, PolicyLossSpec, PolicyLossVariant
+from gyre.config.base import (
+    DeviceList,
+    NonNegInt,
+    PositiveFloat,
+    PositiveInt,
+    StrictModel,
+    UnitFloat,
+    section_from_spec,
+)
 from gyre.config.presets import algorithm_problems, expand_preset
 from gyre.config.reward_schema import RewardConfig
 
@@ -218,16 +228,25 @@ class MismatchConfig(StrictModel):
         return self.weight != "none" or self.filter != "none"
 
 
-class AlgorithmConfig(StrictModel):
+PolicyLossKnobs = section_from_spec(
+    PolicyLossSpec, "PolicyLossKnobs", __name__,
+    """The policy-loss keys of the algorithm section: the fields of ``gyre.algos.policy_loss.PolicyLossSpec``
+    (declared and documented there), checked here; ``AlgorithmConfig.loss_spec`` builds the spec back.""")
+
+
+class AlgorithmConfig(PolicyLossKnobs):
     """Advantage estimation, policy loss, aggregation, KL and masks. ``preset`` (or ``algorithm: NAME``)
-    fills these knobs from ``gyre.config.presets``; keys written here override the preset's values."""
+    fills these knobs from ``gyre.config.presets``; keys written here override the preset's values.
+    The policy-loss keys (policy_loss, ratio_level, clip_low, ..., loss_agg, kl_loss_coef,
+    kl_loss_estimator, entropy_coef) come from ``PolicyLossKnobs``."""
 
     preset: str | None = None
     """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr."""
     # ---- advantages -------------------------------------------------------------------------
-    estimator: Literal["reinforce", "rloo", "reinforce_pp_baseline", "gae"] = "reinforce"
-    """reinforce: (normalised) outcome reward as returns; rloo: leave-one-out baseline; reinforce_pp_baseline:
-    group-centred over batch std; gae: PPO with a critic (creates the critic role)."""
+    estimator: Literal[ESTIMATORS.names] = "reinforce"
+    """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
+    rloo: leave-one-out baseline; reinforce_pp_baseline: group-centred over batch std; gae: PPO with a
+    critic (creates the critic role)."""
     norm_mean: NormScope = "group"
     """Scope of the mean subtracted from rewards: group (per prompt), batch, running (per tag) or none."""
     norm_std: NormScope = "group"
@@ -242,40 +261,16 @@ class AlgorithmConfig(StrictModel):
     whiten_advantages: bool = False
     """Whiten advantages over every valid token of the batch."""
     advantage_clip: PositiveFloat | None = None
-    # ---- policy loss ------------------------------------------------------------------------
-    policy_loss: Literal["ppo", "vanilla", "tis", "topr", "cispo", "kimi15", "decoupled_ppo"] = "ppo"
-    ratio_level: Literal["token", "sequence"] = "token"
-    """sequence: GSPO's length-normalised sequence ratio (ppo loss only)."""
-    clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
-    clip_high: Annotated[float, Field(ge=0)] = 0.2
-    dual_clip_c: Annotated[float, Field(gt=1)] | None = 3.0
-    """Dual clip of the ppo loss for negative advantages (arXiv 1912.09729): the loss is capped at c * |A|.
-    An independent constant (ROLL ties it to 1 + 2 * clip, 1.4, far tighter); None turns it off."""
-    tis_low: Annotated[float, Field(ge=0)] = 0.0
-    tis_high: PositiveFloat = 1.0
-    topr_positive_weight: Annotated[float, Field(ge=0)] = 1.0
-    topr_negative_weight: Annotated[float, Field(ge=0)] = 1.0
-    cispo_low: Annotated[float, Field(ge=0)] = 0.1
-    cispo_high: Annotated[float, Field(ge=0)] = 0.1
-    cispo_unified_mask: bool = False
-    kimi15_tau: Annotated[float, Field(ge=0)] = 0.1
-    behaviour_cap: PositiveFloat | None = None
-    """decoupled_ppo: truncate the weight pi_prox / mu at this value."""
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        "token-mean")
+    # ---- policy loss: the keys of PolicyLossKnobs, and the aggregation constant ------------
     loss_agg_norm: PositiveInt | None = None
     """The constant of seq-mean-token-sum-norm; default rollout.sampling.max_new_tokens."""
-    # ---- KL and entropy ---------------------------------------------------------------------
-    kl_loss_coef: Annotated[float, Field(ge=0)] = 0.0
-    """KL-to-reference loss term (GRPO style); > 0 creates the reference role."""
-    kl_loss_estimator: Literal["k1", "k2", "k3", "abs"] = "k3"
+    # ---- KL (the KL loss term is a policy-loss key) ---------------------------------------
     kl_reward_coef: Annotated[float, Field(ge=0)] = 0.0
     """Per-token KL penalty subtracted from the rewards (PPO / REINFORCE++ style); > 0 creates the reference."""
     kl_reward_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
     kl_target: PositiveFloat | None = None
     """Adaptive KL coefficient (arXiv 1909.08593) aiming at this per-token KL; None keeps it fixed."""
     kl_horizon: PositiveInt = 10000
-    entropy_coef: Annotated[float, Field(ge=0)] = 0.0
     # ---- masks and shaping ------------------------------------------------------------------
     overlong_mask: bool = False
     """Truncated responses (hit max_new_tokens) leave the loss (DAPO overlong filtering)."""
@@ -305,19 +300,38 @@ class AlgorithmConfig(StrictModel):
         return self
 
     @property
+    def advantage_estimator(self) -> AdvantageEstimator:
+        """The row of ``ESTIMATORS`` that ``estimator`` names."""
+        return ESTIMATORS.get(self.estimator)
+
+    @property
+    def loss_variant(self) -> PolicyLossVariant:
+        """The row of ``POLICY_LOSSES`` that ``policy_loss`` names."""
+        return POLICY_LOSSES.get(self.policy_loss)
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.advantage_estimator.critic
+
+    def loss_spec(self, temperature: float, old_source: OldSource) -> PolicyLossSpec:
+        """The loss spec trainers get: this section's policy-loss keys by name, and the run's values."""
+        return PolicyLossSpec(temperature=temperature, old_source=old_source,
+                              **{name: getattr(self, name) for name in PolicyLossKnobs.model_fields})
+
+    @property
     def uses_reference(self) -> bool:
         return self.kl_loss_coef > 0 or self.kl_reward_coef > 0
 
     @property
     def needs_trainer_old_logprobs(self) -> list[str]:
         """Knobs that compare the trainer's pi_old with the sampler's log-probs (so pi_old is recomputed)."""
-        return [knob for knob, on in (("policy_loss=decoupled_ppo", self.policy_loss == "decoupled_ppo"),
+        return [knob for knob, on in ((f"policy_loss={self.policy_loss}", self.loss_variant.uses_behaviour),
                                       ("algorithm.mismatch", self.mismatch.enabled)) if on]
 
     @property
     def uses_groups(self) -> bool:
         """Whether advantages or masks compare the samples of one prompt with each other."""
-        return ("group" in (self.norm_mean, self.norm_std) or self.estimator in ("rloo", "reinforce_pp_baseline")
+        return ("group" in (self.norm_mean, self.norm_std) or self.advantage_estimator.groups
                 or self.difficulty_mask is not None)
 
 

@@ -8,22 +8,19 @@ maths with hand-made log-probs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
 
 import torch
 
 from gyre.algos.aggregation import AggMode, LossDenominator, aggregate_loss
-from gyre.algos.kl import KLKind, kl_estimate
+from gyre.algos.kl import kl_estimate
 from gyre.algos.policy_loss import (
+    POLICY_LOSSES,
+    OldSource,
+    PolicyLossInputs,
     PolicyLossOutput,
-    cispo_loss,
-    decoupled_ppo_loss,
-    kimi15_loss,
-    ppo_clip_loss,
-    tis_loss,
-    topr_loss,
-    vanilla_pg_loss,
+    PolicyLossSpec,
+    PolicyLossVariant,
 )
 from gyre.algos.stats import masked_sum
 from gyre.algos.value import value_loss
@@ -31,39 +28,7 @@ from gyre.engines.forward import sequence_logprobs, sequence_values
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
-OldSource = Literal["recomputed", "rollout", "current"]
-
-
-@dataclass(frozen=True)
-class PolicyLossSpec:
-    """The knobs of the policy loss; the driver sends these to every trainer rank (see AlgorithmConfig)."""
-
-    temperature: float = 1.0
-    policy_loss: str = "ppo"
-    ratio_level: Literal["token", "sequence"] = "token"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip_c: float | None = None
-    tis_low: float = 0.0
-    tis_high: float = 1.0
-    topr_positive_weight: float = 1.0
-    topr_negative_weight: float = 1.0
-    cispo_low: float = 0.1
-    cispo_high: float = 0.1
-    cispo_unified_mask: bool = False
-    kimi15_tau: float = 0.1
-    behaviour_cap: float | None = None
-    loss_agg: AggMode = "token-mean"
-    kl_loss_coef: float = 0.0
-    kl_loss_estimator: KLKind = "k3"
-    entropy_coef: float = 0.0
-    old_source: OldSource = "recomputed"
-    """"recomputed" (batch.old_logprobs), "rollout" (sampler log-probs) or "current" (detached)."""
-
-    @classmethod
-    def from_config(cls, algorithm, temperature: float, old_source: OldSource) -> PolicyLossSpec:
-        names = [f for f in cls.__dataclass_fields__ if f not in ("temperature", "old_source")]
-        return cls(temperature=temperature, old_source=old_source, **{n: getattr(algorithm, n) for n in names})
+__all__ = ["OldSource", "PolicyLoss", "PolicyLossSpec", "SFTLoss", "ValueLoss"]
 
 
 @dataclass
@@ -72,6 +37,11 @@ class PolicyLoss:
 
     denom: LossDenominator
     spec: PolicyLossSpec = PolicyLossSpec()
+    variant: PolicyLossVariant = field(init=False, repr=False)
+    """The spec's row of ``POLICY_LOSSES``, looked up once, here."""
+
+    def __post_init__(self) -> None:
+        self.variant = POLICY_LOSSES.get(self.spec.policy_loss)
 
     def compute(self, model, micro: TrainBatch, device, autocast_dtype, metrics: MetricSums) -> torch.Tensor:
         lp, ent = sequence_logprobs(model, micro, device, self.spec.temperature, autocast_dtype, entropy=True,
@@ -103,26 +73,10 @@ class PolicyLoss:
 
     def _policy_terms(self, batch: TrainBatch, lp: torch.Tensor, old: torch.Tensor,
                       mask: torch.Tensor) -> PolicyLossOutput:
-        s, adv = self.spec, batch.advantages.to(lp.device)
-        if s.policy_loss == "ppo":
-            return ppo_clip_loss(lp, old, adv, s.clip_low, s.clip_high, s.dual_clip_c, s.ratio_level, mask)
-        if s.policy_loss == "vanilla":
-            return vanilla_pg_loss(lp, adv)
-        if s.policy_loss == "tis":
-            return tis_loss(lp, old, adv, s.tis_low, s.tis_high)
-        if s.policy_loss == "topr":
-            if batch.scores is None:
-                raise ValueError("policy_loss topr needs batch.scores (the outcome reward of each sample)")
-            positive = (batch.scores.to(lp.device) > 0)[:, None]
-            return topr_loss(lp, old, adv, positive, s.topr_positive_weight, s.topr_negative_weight)
-        if s.policy_loss == "cispo":
-            return cispo_loss(lp, old, adv, s.cispo_low, s.cispo_high, s.cispo_unified_mask)
-        if s.policy_loss == "kimi15":
-            return kimi15_loss(lp, old, adv, s.kimi15_tau)
-        if s.policy_loss == "decoupled_ppo":
-            behaviour = batch.rollout_logprobs.to(lp.device)
-            return decoupled_ppo_loss(lp, old, behaviour, adv, s.clip_low, s.clip_high, s.behaviour_cap)
-        raise ValueError(f"unknown policy loss {s.policy_loss!r}")
+        dev = lp.device
+        scores = batch.scores.to(dev) if batch.scores is not None else None
+        inputs = PolicyLossInputs(lp, old, batch.advantages.to(dev), mask, batch.rollout_logprobs.to(dev), scores)
+        return self.variant.loss(inputs, self.spec)
 
     @torch.no_grad()
     def _metrics(self, batch: TrainBatch, out: PolicyLossOutput, old: torch.Tensor, lp: torch.Tensor,

@@ -16,14 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gyre.algos.advantages import (
-    discounted_returns,
-    gae_advantages,
-    normalize_rewards,
-    outcome_token_rewards,
-    reinforce_pp_baseline_advantages,
-    rloo_advantages,
-)
+from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator, outcome_token_rewards
 from gyre.algos.kl import AdaptiveKLController, kl_penalized_rewards
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
 from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
@@ -37,8 +30,10 @@ from gyre.types import Group, TrainBatch
 
 @dataclass
 class AlgorithmState:
-    """Algorithm state carried from step to step and saved in checkpoints."""
+    """The estimator, looked up once, and the algorithm state carried from step to step (saved in checkpoints)."""
 
+    estimator: AdvantageEstimator
+    """The row of ``ESTIMATORS`` that ``algorithm.estimator`` names."""
     running: dict[str, RunningMoments] = field(default_factory=dict)
     """Running reward moments per tag (domain), for the ``running`` normalisation scopes."""
     kl: AdaptiveKLController | None = None
@@ -46,7 +41,7 @@ class AlgorithmState:
     @classmethod
     def create(cls, a: AlgorithmConfig) -> AlgorithmState:
         kl = AdaptiveKLController(a.kl_reward_coef, a.kl_target, a.kl_horizon) if a.kl_reward_coef > 0 else None
-        return cls(kl=kl)
+        return cls(ESTIMATORS.get(a.estimator), kl=kl)
 
     def to_dict(self) -> dict:
         return {"running": {k: v.to_dict() for k, v in self.running.items()},
@@ -99,13 +94,11 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
     resp = batch.response_mask
     token_rewards = outcome_token_rewards(rewards, resp)
     token_rewards = _kl_penalty(batch, token_rewards, a, state, metrics)
-    if a.estimator == "gae":
-        adv, returns = gae_advantages(token_rewards, batch.values, resp, a.gamma, a.lam)
+    adv, returns = state.estimator.advantages(token_rewards, batch.values, resp, a.gamma, a.lam)
+    if returns is not None:  # the critic's regression targets
         batch.returns = returns
         metrics["critic/explained_variance"] = explained_variance(batch.values, returns, resp)
         metrics["returns/mean"] = float(masked_mean(returns, resp))
-    else:
-        adv = discounted_returns(token_rewards, resp, a.gamma)
     final = resp * keep[:, None] * (token_keep if token_keep is not None else 1.0)
     if a.whiten_advantages:
         adv = masked_whiten(adv, final)
@@ -138,12 +131,9 @@ def _response_rewards(scores: torch.Tensor, groups: list[Group], a: AlgorithmCon
                       layout: GroupLayout) -> torch.Tensor:
     """Response-level rewards after the estimator's baseline / normalisation, [B]."""
     rows = layout.gather(scores)
-    if a.estimator == "rloo":
-        return layout.scatter(rloo_advantages(rows))
-    if a.estimator == "reinforce_pp_baseline":
-        return layout.scatter(reinforce_pp_baseline_advantages(rows, a.std_eps, a.std_ddof))
+    baseline = state.estimator.baseline
     if "running" not in (a.norm_mean, a.norm_std):
-        return layout.scatter(normalize_rewards(rows, a.norm_mean, a.norm_std, a.std_eps, a.std_ddof))
+        return layout.scatter(baseline(rows, a.norm_mean, a.norm_std, a.std_eps, a.std_ddof))
     # Running moments are kept per tag (domain): the trajectories of one group share its prompt's tag.
     tags = [g.prompt.tag or "default" for g in groups]
     out = torch.zeros_like(rows)
@@ -151,7 +141,7 @@ def _response_rewards(scores: torch.Tensor, groups: list[Group], a: AlgorithmCon
         idx = torch.tensor([i for i, t in enumerate(tags) if t == tag])
         moments = state.running.setdefault(tag, RunningMoments())
         moments.update(rows[idx])
-        out[idx] = normalize_rewards(rows[idx], a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, moments)
+        out[idx] = baseline(rows[idx], a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, moments)
     return layout.scatter(out)
 
 

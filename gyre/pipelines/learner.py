@@ -17,7 +17,6 @@ from gyre.algos.aggregation import denominator_for
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, split_for_ranks
-from gyre.engines.losses import PolicyLossSpec
 from gyre.seeding import derive_seed
 from gyre.types import TrainBatch, TrainStepResult, select_rows
 
@@ -91,7 +90,7 @@ class Learner:
         a = self.cfg.algorithm
         old_source = "recomputed" if self.plan.recompute_old_logprobs else (
             "rollout" if a.old_logprobs == "rollout" else "current")
-        spec = PolicyLossSpec.from_config(a, self.temperature, old_source)
+        spec = a.loss_spec(self.temperature, old_source)
         results = self._call_each(self.policy, "train", [(shards, denoms, spec) for shards in per_rank])
         return TrainStepResult.summarize(results)
 

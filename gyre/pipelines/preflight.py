@@ -48,7 +48,7 @@ def check_models(cfg: RLVRConfig) -> None:
     check_model_dir(cfg.model.path, tokenizer=not cfg.model.tokenizer_path)
     if cfg.model.tokenizer_path:
         check_model_dir(cfg.model.tokenizer_path, key="model.tokenizer_path", weights=False)
-    if cfg.critic.model_path and cfg.algorithm.estimator == "gae":
+    if cfg.critic.model_path and cfg.algorithm.uses_critic:
         check_model_dir(cfg.critic.model_path, key="critic.model_path", tokenizer=False)
     for name, domain in cfg.reward.domains.items():
         if domain.model_role == "judge":

@@ -10,7 +10,7 @@ from gyre.rollout.policies import GroupFilter, TailSpec
 from gyre.rollout.scheduler import Generate, RolloutScheduler, ScheduleSpec
 from gyre.seeding import derive_seed
 from gyre.types import GenerationResult, RewardResult, SamplingParams
-from tests.rollout.harness import Source, World, prompts
+from tests.rollout.harness import Source, World
 
 
 def spec(n=3, groups=4, **kw):

@@ -1,0 +1,77 @@
+"""The name tables of gyre.algos: lookup errors, and that each row wires its knobs to its function."""
+
+import math
+
+import pytest
+import torch
+
+from gyre.algos.advantages import ESTIMATORS
+from gyre.algos.policy_loss import POLICY_LOSSES, PolicyLossInputs, PolicyLossSpec
+from gyre.algos.tables import Registry
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(ValueError) as err:
+        POLICY_LOSSES.get("ppo2")
+    assert str(err.value) == ("unknown policy loss 'ppo2'; valid names: ppo, vanilla, tis, topr, cispo, kimi15, "
+                              "decoupled_ppo")
+    with pytest.raises(ValueError, match=r"^unknown advantage estimator 'grpo'; valid names: reinforce, rloo, "
+                                         r"reinforce_pp_baseline, gae$"):
+        ESTIMATORS.get("grpo")
+    with pytest.raises(ValueError, match="unknown thing None; valid names: a"):
+        Registry("thing", {"a": 1}).get(None)
+
+
+# One token: rho = pi / pi_old = 1.5, A = +1, pi_old / mu = 2, a sample with reward 0 (TOPR's negative set).
+# Every knob is off its default, so a row that drops or swaps one gets a different number.
+SPEC = PolicyLossSpec(clip_low=0.1, clip_high=0.3, dual_clip_c=None, tis_high=0.9, topr_negative_weight=0.5,
+                      cispo_low=0.2, cispo_high=0.25, kimi15_tau=0.4, behaviour_cap=1.5)
+LN = math.log(1.5)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("ppo", -1.3),                         # -min(1.5, clip(1.5, 0.9, 1.3)) A
+    ("vanilla", -LN),                      # -A log pi
+    ("tis", -0.9 * LN),                    # -clip(rho, 0, 0.9) A log pi
+    ("topr", -0.5 * 1.0 * LN),             # negative set: -w- clip(rho, 0, 1) A log pi
+    ("cispo", -1.25 * LN),                 # -clip(rho, 0.8, 1.25) A log pi
+    ("kimi15", -LN + 0.5 * 0.4 * LN ** 2),  # -A log pi + tau/2 (log rho)^2
+    ("decoupled_ppo", -1.5 * 1.3),         # min(pi_old / mu = 2, cap 1.5) x the PPO term -1.3
+])
+def test_each_policy_loss_row_uses_its_knobs(name, expected):
+    inputs = PolicyLossInputs(logprobs=torch.tensor([[LN]], requires_grad=True), old_logprobs=torch.zeros(1, 1),
+                              advantages=torch.ones(1, 1), mask=torch.ones(1, 1),
+                              behaviour_logprobs=torch.tensor([[math.log(0.5)]]), scores=torch.tensor([0.0]))
+    out = POLICY_LOSSES.get(name).loss(inputs, SPEC)
+    assert out.token_loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_topr_row_needs_scores():
+    x = PolicyLossInputs(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
+                         torch.zeros(1, 1), scores=None)
+    with pytest.raises(ValueError, match="topr needs batch.scores"):
+        POLICY_LOSSES.get("topr").loss(x, SPEC)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("reinforce", [[0.70711, -0.70711], [0.0, 0.0]]),  # group mean / group std (the scopes below)
+    ("gae", [[0.70711, -0.70711], [0.0, 0.0]]),        # same response-level stage as reinforce
+    ("rloo", [[1.0, -1.0], [0.0, 0.0]]),               # r_i - mean of the others
+    # centred [0.5, -0.5, 0, 0], batch std (ddof 1) sqrt(0.5 / 3) = 0.40825
+    ("reinforce_pp_baseline", [[1.22474, -1.22474], [0.0, 0.0]]),
+])
+def test_each_estimator_baseline(name, expected):
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    got = ESTIMATORS.get(name).baseline(rewards, "group", "group", 1e-6, 1)
+    assert got.tolist() == [pytest.approx(row, abs=1e-4) for row in expected]
+
+
+def test_token_estimators_returns_and_gae():
+    # r = [0, 0, 1], V = [0.5, 0.6, 0.7], gamma 1, lambda 0.95 -> GAE [0.46575, 0.385, 0.3], returns A + V.
+    rewards, values, mask = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3)
+    adv, returns = ESTIMATORS.get("reinforce").advantages(rewards, None, mask, 1.0, 0.95)
+    assert adv.tolist() == [[1.0, 1.0, 1.0]] and returns is None
+    adv, returns = ESTIMATORS.get("gae").advantages(rewards, values, mask, 1.0, 0.95)
+    assert adv[0].tolist() == pytest.approx([0.46575, 0.385, 0.3], abs=1e-6)
+    assert returns[0].tolist() == pytest.approx([0.96575, 0.985, 1.0], abs=1e-6)
+    assert [n for n in ESTIMATORS.names if ESTIMATORS.get(n).critic] == ["gae"]

@@ -1,0 +1,88 @@
+"""Every policy loss and estimator of the tables is reachable from a config, and the config's loss keys
+are the loss spec's fields (declared once, on the spec)."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from gyre.algos import LossDenominator
+from gyre.algos.advantages import ESTIMATORS
+from gyre.algos.policy_loss import POLICY_LOSSES, PolicyLossSpec
+from gyre.config import ConfigError
+from gyre.config.schema import AlgorithmConfig, PolicyLossKnobs
+from gyre.data.batching import samples_to_batch
+from gyre.engines.losses import PolicyLoss
+from gyre.pipelines.advantage import AlgorithmState, estimate_advantages
+from gyre.tracking.sums import MetricSums
+from gyre.types import TrainBatch
+from tests.pipelines.test_advantage import sample, stage
+
+RUN_FIELDS = {"temperature", "old_source"}
+
+
+def test_loss_keys_are_the_spec_fields_with_its_defaults():
+    spec_fields = [f.name for f in dataclasses.fields(PolicyLossSpec) if f.name not in RUN_FIELDS]
+    assert list(PolicyLossKnobs.model_fields) == spec_fields
+    assert set(spec_fields) <= set(AlgorithmConfig.model_fields)
+    assert AlgorithmConfig().loss_spec(1.0, "recomputed") == PolicyLossSpec()
+
+
+def test_loss_spec_carries_every_key():
+    overrides = {"policy_loss": "decoupled_ppo", "clip_low": 0.1, "clip_high": 0.3, "dual_clip_c": 2.0,
+                 "tis_low": 0.1, "tis_high": 0.9, "topr_positive_weight": 0.7, "topr_negative_weight": 0.5,
+                 "cispo_low": 0.2, "cispo_high": 0.25, "cispo_unified_mask": True, "kimi15_tau": 0.4,
+                 "behaviour_cap": 1.5, "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.01,
+                 "kl_loss_estimator": "k1", "entropy_coef": 0.001}
+    assert set(overrides) == set(PolicyLossKnobs.model_fields) - {"ratio_level"}  # sequence needs ppo
+    cfg, _ = stage(*(f"algorithm.{k}={v}" for k, v in overrides.items()))
+    spec = cfg.algorithm.loss_spec(0.7, "rollout")
+    assert spec == PolicyLossSpec(temperature=0.7, old_source="rollout", **overrides)
+
+
+def two_token_batch() -> TrainBatch:
+    return TrainBatch(input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                      response_mask=torch.tensor([[0.0, 1.0, 1.0]]), advantages=torch.tensor([[0.0, 1.0, -1.0]]),
+                      rollout_logprobs=torch.tensor([[0.0, -1.1, -2.2]]),
+                      old_logprobs=torch.tensor([[0.0, -1.0, -2.0]]), ref_logprobs=None, scores=torch.tensor([1.0]))
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names)
+def test_every_policy_loss_is_reachable_from_config(name):
+    cfg, _ = stage(f"algorithm.policy_loss={name}")
+    loss = PolicyLoss(LossDenominator(tokens=2), cfg.algorithm.loss_spec(1.0, "recomputed"))
+    assert loss.variant is POLICY_LOSSES.get(name)
+    lp = torch.tensor([[0.0, -0.9, -2.1]], requires_grad=True)
+    value = loss(two_token_batch(), lp, None, MetricSums())
+    value.backward()
+    assert math.isfinite(value.item()) and lp.grad[0, 1:].abs().sum() > 0
+
+
+def test_unknown_names_are_refused_with_the_valid_ones():
+    with pytest.raises(ConfigError, match="algorithm.policy_loss: Input should be 'ppo', 'vanilla', 'tis', 'topr', "
+                                          "'cispo', 'kimi15' or 'decoupled_ppo'"):
+        stage("algorithm.policy_loss=ppo2")
+    with pytest.raises(ConfigError, match="algorithm.estimator: Input should be 'reinforce', 'rloo', "
+                                          "'reinforce_pp_baseline' or 'gae'"):
+        stage("algorithm.estimator=grpo")
+    # A spec built by hand is checked when the trainer builds its loss, before any batch.
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo2'; valid names: ppo, vanilla"):
+        PolicyLoss(LossDenominator(tokens=2), PolicyLossSpec(policy_loss="ppo2"))
+
+
+@pytest.mark.parametrize("name", ESTIMATORS.names)
+def test_every_estimator_is_reachable_from_config(name):
+    entry = ESTIMATORS.get(name)
+    scopes = [] if entry.scoped else ["algorithm.norm_mean=none", "algorithm.norm_std=none"]
+    cfg, plan = stage(f"algorithm.estimator={name}", *scopes)
+    assert plan.use_critic == entry.critic
+    state = AlgorithmState.create(cfg.algorithm)
+    assert state.estimator is entry
+    samples = [sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 2)]
+    batch = samples_to_batch(samples, 0)
+    batch.values = torch.zeros_like(batch.response_mask) if entry.critic else None
+    estimate_advantages(batch, samples, cfg.algorithm, plan, state, 2, cfg.rollout.sampling.max_new_tokens)
+    # Sample 0 scored 1, sample 1 scored 0: every estimator gives the first a positive advantage.
+    assert batch.advantages[0].sum() > 0 > batch.advantages[1].sum()
+    assert (batch.returns is not None) == entry.critic
