@@ -12,12 +12,11 @@ from gyre.algos.advantages import ESTIMATORS
 from gyre.algos.policy_loss import POLICY_LOSSES, PolicyLossSpec
 from gyre.config import ConfigError
 from gyre.config.schema import AlgorithmConfig, PolicyLossKnobs
-from gyre.data.batching import samples_to_batch
 from gyre.engines.losses import PolicyLoss
 from gyre.pipelines.advantage import AlgorithmState, estimate_advantages
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
-from tests.pipelines.test_advantage import sample, stage
+from tests.pipelines.test_advantage import groups_of, sample, stage, to_batch
 
 RUN_FIELDS = {"temperature", "old_source"}
 
@@ -80,9 +79,9 @@ def test_every_estimator_is_reachable_from_config(name):
     state = AlgorithmState.create(cfg.algorithm)
     assert state.estimator is entry
     samples = [sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 2)]
-    batch = samples_to_batch(samples, 0)
+    batch = to_batch(samples, 0)
     batch.values = torch.zeros_like(batch.response_mask) if entry.critic else None
-    estimate_advantages(batch, samples, cfg.algorithm, plan, state, 2, cfg.rollout.sampling.max_new_tokens)
+    estimate_advantages(batch, groups_of(samples), cfg.algorithm, plan, state, cfg.rollout.sampling.max_new_tokens)
     # Sample 0 scored 1, sample 1 scored 0: every estimator gives the first a positive advantage.
     assert batch.advantages[0].sum() > 0 > batch.advantages[1].sum()
     assert (batch.returns is not None) == entry.critic
