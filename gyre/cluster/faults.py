@@ -30,6 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gyre.cluster import transport
+from gyre.cluster.transport import ActorLost, CallRaised
+
 FaultKind = Literal["died", "hung", "error"]
 PROBE = "probe"
 """The Ray concurrency group every role actor has for liveness probes: a thread of its own, so a probe
@@ -125,17 +128,12 @@ class Watchdog:
 
 
 def _classify_error(exc: BaseException) -> tuple[FaultKind, str]:
-    import ray.exceptions as rex
-
-    lost = (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError, rex.ObjectLostError,
-            rex.OwnerDiedError, rex.NodeDiedError, rex.LocalRayletDiedError, rex.OutOfMemoryError)
-    cause = exc
-    while isinstance(cause, rex.RayTaskError) and getattr(cause, "cause", None) is not None \
-            and cause.cause is not cause:
-        cause = cause.cause  # a task that failed because something it needed died (e.g. weights' owner)
+    exc = transport.translate(exc)  # e.g. the rollout coordinator's own ray.get
+    if isinstance(exc, ActorLost):
+        return "died", _first_line(str(exc)) or exc.origin
+    if isinstance(exc, CallRaised) and exc.lost:
+        return "died", exc.lost  # it raised because something it needed died (e.g. the weights' owner)
     text = str(exc)
-    if isinstance(exc, lost) or isinstance(cause, lost):
-        return "died", _first_line(str(cause)) or type(cause).__name__
     if any(marker in _last_lines(text) for marker in _PEER_LOST):  # the raised message, not the traceback
         return "died", "lost a peer rank inside a collective: " + _last_lines(text)
     return "error", _last_lines(text)
@@ -152,15 +150,19 @@ def _last_lines(text: str) -> str:
     return " ".join(lines[-2:])[:500] if lines else "unknown error"
 
 
-_IDLE_FRAMES = ("/ray/", "threading.py", "/concurrent/futures/", "/queue.py", "/selectors.py")
+_IDLE_FRAMES = ("/ray/", "threading.py", "/concurrent/futures/", "/queue.py", "/selectors.py", "/cluster/local.py")
 
 
 def probe_report(_instance=None) -> str:
     """Run inside a worker on the probe thread: where the worker's busy threads are (the innermost
     frames of every thread other than this one that is running more than Ray's and the pools' own code)."""
     here = threading.get_ident()
+    frames = sys._current_frames()
+    peer = getattr(threading.current_thread(), "peer_lane", None)
+    if peer is not None:  # an in-process actor (gyre.cluster.local): its own thread, not the driver's
+        frames = {peer.ident: frames[peer.ident]} if peer.ident in frames else {}
     parts = []
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in frames.items():
         if ident == here:
             continue
         stack = []
@@ -176,15 +178,13 @@ def probe_report(_instance=None) -> str:
 
 
 def _probe(actors: Sequence, ranks: list[int]) -> dict[int, str]:
-    import ray
-
     refs = {rank: actors[rank].__ray_call__.options(concurrency_group=PROBE).remote(probe_report) for rank in ranks}
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_PROBE_S)
+    ready, _ = transport.wait(list(refs.values()), num_returns=len(refs), timeout=_PROBE_S)
     out = {}
     for rank, ref in refs.items():
         if ref in ready:
             try:
-                out[rank] = ray.get(ref)
+                out[rank] = transport.get(ref)
             except Exception as exc:  # noqa: BLE001 - a probe that failed is itself the answer
                 out[rank] = f"probe failed: {_first_line(str(exc))}"
         else:
@@ -230,8 +230,6 @@ class CallClock:
 def gather(refs: Sequence, role: str, method: str, actors: Sequence, watchdog: Watchdog | None,
            ranks: Sequence[int] | None = None) -> list:
     """Results of ``refs`` (one per rank, in order), or a ``RoleFault`` (see the module docstring)."""
-    import ray
-
     ranks = list(ranks if ranks is not None else range(len(refs)))
     clock = CallClock(watchdog, role, method)
     pending = dict(zip(refs, ranks))
@@ -239,12 +237,12 @@ def gather(refs: Sequence, role: str, method: str, actors: Sequence, watchdog: W
     while pending:
         if clock.expired():
             raise clock.hung(actors, sorted(pending.values()))
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=clock.slice())
+        ready, _ = transport.wait(list(pending), num_returns=1, timeout=clock.slice())
         clock.tick()
         for ref in ready:
             rank = pending.pop(ref)
             try:
-                results[rank] = ray.get(ref)
+                results[rank] = transport.get(ref)
             except Exception as exc:  # noqa: BLE001 - classified into a RoleFault below
                 raise fault_from(exc, role, rank, method, pending) from None
     clock.done()
@@ -254,14 +252,12 @@ def gather(refs: Sequence, role: str, method: str, actors: Sequence, watchdog: W
 def fault_from(exc: BaseException, role: str, rank: int, method: str, pending: dict | None = None) -> RoleFault:
     """The fault to report for ``rank``'s failure; a raise that follows the death of a peer in
     ``pending`` (ref -> rank) is reported as that death."""
-    import ray
-
     kind, cause = _classify_error(exc)
     if kind == "error" and pending:
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_PEER_GRACE_S)
+        ready, _ = transport.wait(list(pending), num_returns=len(pending), timeout=_PEER_GRACE_S)
         for ref in ready:
             try:
-                ray.get(ref)
+                transport.get(ref)
             except Exception as peer_exc:  # noqa: BLE001 - looking for a death among the peers
                 peer_kind, peer_cause = _classify_error(peer_exc)
                 if peer_kind == "died":

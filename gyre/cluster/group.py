@@ -1,22 +1,32 @@
-"""A role group: the Ray actors of one role, called together.
+"""A role group: the actors of one role, called together.
 
 ``call`` sends the same arguments to every worker, ``call_each`` one argument tuple per worker; both
 block and return results in rank order, or raise ``RoleFault`` (a worker died, hung past its deadline,
-or raised: see ``gyre.cluster.faults``). ``submit``/``submit_each`` return the object refs instead, so
-the driver can overlap groups; ``gather`` waits on them with the same deadlines.
+or raised: see ``gyre.cluster.faults``). ``submit``/``submit_each`` return the refs instead, so the
+driver can overlap groups; ``gather`` waits on them with the same deadlines. A method is named by the
+worker class's method itself (``group.call(PolicyWorker.save_checkpoint, path)``) or by its name.
+
+The actors are Ray actors (``create``, ``create_unplaced``) or in-process ones (``local``,
+``local_unplaced``: ``gyre.cluster.local``, for tests without Ray); the group waits on both through
+``gyre.cluster.transport``, so everything built on it runs the same over either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+from gyre.cluster import transport
 from gyre.cluster.faults import PROBE, Watchdog, gather
+
+T = TypeVar("T")
+Method = Callable[..., T] | str
+"""A worker method: ``WorkerClass.method`` (go-to-definition works) or its name."""
 
 
 class RoleGroup:
     def __init__(self, name: str, actors: list, devices: Sequence[int], spawn: Callable[[], Any] | None = None,
-                 spawn_args: tuple | None = None, watchdog: Watchdog | None = None):
+                 spawn_args: tuple | None = None, watchdog: Watchdog | None = None, worker_cls: type | None = None):
         self.name = name
         self.actors = actors
         self.devices = tuple(devices)
@@ -26,6 +36,8 @@ class RoleGroup:
         """The constructor arguments ``spawn`` passes."""
         self.watchdog = watchdog
         """Deadlines for this group's calls (shared by a run's groups); None waits without a deadline."""
+        self.worker_cls = worker_cls
+        """The actors' class, when known: a method reference must be one of its methods."""
 
     @classmethod
     def create(cls, name: str, worker_cls: type, placement, args_for_rank) -> RoleGroup:
@@ -39,7 +51,7 @@ class RoleGroup:
             args, kwargs = args_for_rank(rank)
             options = placement.actor_options(name, device)
             actors.append(remote_cls.options(name=None, **options).remote(*args, **kwargs))
-        return cls(name, actors, devices)
+        return cls(name, actors, devices, worker_cls=worker_cls)
 
     @classmethod
     def create_unplaced(cls, name: str, worker_cls: type, count: int, num_cpus: float, args: tuple,
@@ -54,42 +66,74 @@ class RoleGroup:
         def spawn():
             return remote_cls.remote(*args)
 
-        return cls(name, [spawn() for _ in range(count)], (), spawn, args)
+        return cls(name, [spawn() for _ in range(count)], (), spawn, args, worker_cls=worker_cls)
+
+    @classmethod
+    def local(cls, name: str, worker_cls: type, args_per_rank: Sequence[tuple], watchdog: Watchdog | None = None,
+              ) -> RoleGroup:
+        """In-process actors (``gyre.cluster.local``), one per argument tuple, holding no device."""
+        from gyre.cluster.local import LocalActor
+
+        actors = [LocalActor(worker_cls, *args) for args in args_per_rank]
+        return cls(name, actors, (), watchdog=watchdog, worker_cls=worker_cls)
+
+    @classmethod
+    def local_unplaced(cls, name: str, worker_cls: type, count: int, args: tuple, max_restarts: int = 0) -> RoleGroup:
+        """``create_unplaced`` in this process: the same arguments and restarts, and ``respawn``."""
+        from gyre.cluster.local import LocalActor
+
+        def spawn():
+            return LocalActor(worker_cls, *args, max_restarts=max_restarts)
+
+        return cls(name, [spawn() for _ in range(count)], (), spawn, args, worker_cls=worker_cls)
 
     def respawn(self, rank: int) -> None:
         """Kill actor ``rank`` for good (Ray kills even a stopped process within seconds) and put a fresh
         one in its place."""
-        import ray
-
         if self.spawn is None:
             raise ValueError(f"{self.name}: only groups made by create_unplaced can start fresh actors")
-        ray.kill(self.actors[rank], no_restart=True)
+        transport.kill(self.actors[rank], no_restart=True)
         self.actors[rank] = self.spawn()
 
     def __len__(self) -> int:
         return len(self.actors)
 
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> list:
-        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+    def method_name(self, method: Method) -> str:
+        """The remote name of ``method``, checked against the workers' class when it is a reference."""
+        name = transport.method_name(method)
+        if not isinstance(method, str) and self.worker_cls is not None \
+                and getattr(self.worker_cls, name, None) is not method:
+            raise TypeError(f"{self.name}: {getattr(method, '__qualname__', name)} is not a method of its "
+                            f"workers' class {self.worker_cls.__name__}")
+        return name
 
-    def submit_each(self, method: str, per_worker: Sequence[tuple]) -> list:
+    def submit(self, method: Method[T], *args: Any, **kwargs: Any) -> list:
+        name = self.method_name(method)
+        return [getattr(a, name).remote(*args, **kwargs) for a in self.actors]
+
+    def submit_each(self, method: Method[T], per_worker: Sequence[tuple]) -> list:
         if len(per_worker) != len(self.actors):
             raise ValueError(f"{self.name}: {len(per_worker)} argument sets for {len(self.actors)} workers")
-        return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_worker)]
+        name = self.method_name(method)
+        return [getattr(a, name).remote(*args) for a, args in zip(self.actors, per_worker)]
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list:
+    def submit_to(self, rank: int, method: Method[T], *args: Any, probe: bool = False, **kwargs: Any):
+        """One call to worker ``rank``; ``probe`` runs it on the worker's probe thread (``PROBE``), beside
+        whatever call is running."""
+        remote = getattr(self.actors[rank], self.method_name(method))
+        return (remote.options(concurrency_group=PROBE) if probe else remote).remote(*args, **kwargs)
+
+    def call(self, method: Method[T], *args: Any, **kwargs: Any) -> list[T]:
         return self.gather(self.submit(method, *args, **kwargs), method)
 
-    def call_each(self, method: str, per_worker: Sequence[tuple]) -> list:
+    def call_each(self, method: Method[T], per_worker: Sequence[tuple]) -> list[T]:
         return self.gather(self.submit_each(method, per_worker), method)
 
-    def gather(self, refs: Sequence, method: str) -> list:
+    def gather(self, refs: Sequence, method: Method) -> list:
         """Results of one ref per worker, in rank order, within the watchdog's deadline."""
-        return gather(refs, self.name, method, self.actors, self.watchdog)
+        return gather(refs, self.name, transport.method_name(method), self.actors, self.watchdog)
 
     def kill(self) -> None:
-        import ray
-
         for actor in self.actors:
-            ray.kill(actor)
+            transport.kill(actor)
         self.actors = []

@@ -1,8 +1,12 @@
-"""Per-sample, asynchronous reward scoring over pools of Ray reward workers, one pool per domain.
+"""Per-sample, asynchronous reward scoring over pools of reward workers, one pool per domain.
 
-The driver submits samples as the rollout streams them back, so scoring overlaps generation; ``wait``
-then collects whatever is still in flight. Each sample is scored on its own (its own deadline in the
-worker's child processes, its own failure): a reward that raises or times out scores 0 and is counted.
+The driver submits samples as the rollout streams them back, so scoring overlaps generation; ``poll``
+hands back the ones scored since the last poll (a driver loop that also waits on engines waits on
+``refs()`` with them), and ``wait`` collects whatever is still in flight. The workers are Ray actors or
+in-process ones (``RoleGroup.local_unplaced``), reached through ``gyre.cluster.transport``.
+
+Each sample is scored on its own (its own deadline in the worker's child processes, its own
+failure): a reward that raises or times out scores 0 and is counted.
 Code domains with an adaptive timeout get a per-problem timeout on every request (RollPacker's
 T = min(max(T_min, lambda * slowest correct run), T_max)), learned from earlier results.
 
@@ -17,11 +21,14 @@ naming the domain, the worker and the cause. Faults are counted (``metrics``).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from gyre.cluster.faults import PROBE
+from gyre.cluster import transport
 from gyre.cluster.group import RoleGroup
+from gyre.cluster.transport import ActorLost, CallRaised, RemoteError
+from gyre.cluster.workers import RewardWorker
 from gyre.rewards.base import RewardRequest
 from gyre.rewards.runner import CHILD_START_S, MAX_RERUNS, RunnerFaults, RunnerSpec, ScoreReply
 from gyre.types import Trajectory
@@ -156,6 +163,8 @@ class RewardPool:
         self.faults = PoolFaults()
         self._calls: dict[object, _Call] = {}
         self._probes: dict[object, tuple[DomainScorer, int]] = {}
+        self._scored: list[Trajectory] = []
+        """Items that got their reward since the last ``poll``."""
 
     def submit(self, samples: list[Trajectory]) -> None:
         """Start scoring ``samples`` (each routed to its prompt's domain); returns at once."""
@@ -170,34 +179,62 @@ class RewardPool:
                 requests = [self._request(scorer, s) for s in chunk]
                 self._send(_Call(scorer, chunk, requests, self._budget(scorer, requests)))
 
-    def wait(self) -> None:
-        """Block until every submitted sample has its ``reward``; raises ``RewardWorkerError`` when a
-        domain's workers keep failing."""
-        import ray
+    @property
+    def busy(self) -> bool:
+        """Some submitted item has no reward yet."""
+        return bool(self._calls) or any(s.held for s in self.scorers.values())
 
+    def refs(self) -> list:
+        """The calls and pings in flight, for a driver that waits on them together with other work (e.g.
+        rollout streams, with ``transport.wait``): when one is ready, ``poll(0)`` takes it in."""
+        return [*self._calls, *self._probes]
+
+    def poll(self, timeout: float = 0.0) -> list[Trajectory]:
+        """The submitted items that got their ``reward`` since the last poll, in the order they got it;
+        waits up to ``timeout`` seconds for one (0: only what is in now; ``math.inf``: until one is in or
+        nothing is in flight). Each wait also checks the workers' health (pings, deadlines). Raises
+        ``RewardWorkerError`` when a domain's workers keep failing (what was in flight is dropped)."""
+        deadline = time.monotonic() + timeout
         try:
-            while self._calls or any(s.held for s in self.scorers.values()):
-                refs, poll = [*self._calls, *self._probes], min(1.0, self.limits.probe_every_s)
-                if not refs:  # only held calls, their worker's next ping not yet due
-                    time.sleep(poll)
-                ready, rest = ray.wait(refs, num_returns=1, timeout=poll) if refs else ([], [])
-                if ready and rest:  # every answer that is in, before any deadline is judged
-                    ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-                for ref in ready:  # one answer may drop others (a lost worker's calls and ping)
-                    if ref in self._calls:
-                        self._settle_call(ref)
-                    elif ref in self._probes:
-                        self._settle_probe(ref)
-                self._check_workers(time.monotonic())
+            while True:
+                self._step(min(1.0, self.limits.probe_every_s, max(0.0, deadline - time.monotonic())))
+                if self._scored or not self.busy or time.monotonic() >= deadline:
+                    break
         except RewardWorkerError:
             self._calls.clear()
             for scorer in self.scorers.values():
                 scorer.held.clear()
             raise
+        scored, self._scored = self._scored, []
+        return scored
+
+    def wait(self) -> list[Trajectory]:
+        """Block until every submitted sample has its ``reward``; returns those not yet returned by
+        ``poll``. Raises ``RewardWorkerError`` when a domain's workers keep failing."""
+        scored = []
+        while self.busy:
+            scored += self.poll(math.inf)
+        scored, self._scored = scored + self._scored, []
+        return scored
 
     def score(self, samples: list[Trajectory]) -> None:
         self.submit(samples)
         self.wait()
+
+    def _step(self, slice_s: float) -> None:
+        """Wait up to ``slice_s`` for answers, take in every one that is in, then check the workers."""
+        refs = self.refs()
+        if not refs:  # only held calls, their worker's next ping not yet due
+            time.sleep(slice_s)
+        ready, rest = transport.wait(refs, num_returns=1, timeout=slice_s) if refs else ([], [])
+        if ready and rest:  # every answer that is in, before any deadline is judged
+            ready += transport.wait(rest, num_returns=len(rest), timeout=0)[0]
+        for ref in ready:  # one answer may drop others (a lost worker's calls and ping)
+            if ref in self._calls:
+                self._settle_call(ref)
+            elif ref in self._probes:
+                self._settle_probe(ref)
+        self._check_workers(time.monotonic())
 
     def metrics(self) -> dict[str, int]:
         """Fault counters since the pool was made, as ``fault/reward_<counter>`` (see ``PoolFaults``)."""
@@ -232,20 +269,19 @@ class RewardPool:
         start = w.busy_until if w.calls else now + (0.0 if w.started else self.limits.start_s)
         w.busy_until = max(start, now) + call.budget
         w.calls += 1
-        self._calls[scorer.group.actors[call.worker].score.remote(call.requests)] = call
+        # RewardWorker.score or ModelRewardWorker.score: the same call by name
+        self._calls[scorer.group.submit_to(call.worker, "score", call.requests)] = call
 
     def _settle_call(self, ref) -> None:
-        import ray
-
         call = self._calls.pop(ref)
         scorer, w = call.scorer, call.scorer.workers[call.worker]
         w.calls -= 1
         try:
-            reply = ray.get(ref)
-        except ray.exceptions.RayTaskError as exc:  # score raised: the worker lives, the call is re-sent
+            reply = transport.get(ref)
+        except CallRaised as exc:  # score raised: the worker lives, the call is re-sent
             self._resend([call], f"worker {call.worker} failed a call ({_brief(exc)})")
             return
-        except ray.exceptions.RayError as exc:
+        except RemoteError as exc:
             self._lost(scorer, call.worker, f"died ({_brief(exc)})", hung=False, also=[call])
             return
         w.started = True
@@ -254,6 +290,7 @@ class RewardPool:
             self.faults.add(reply.faults)
         for sample, request, result in zip(call.samples, call.requests, results):
             sample.reward = result
+            self._scored.append(sample)
             if scorer.adaptive is not None:
                 scorer.adaptive.observe(request.options["case_key"], result)
 
@@ -279,10 +316,8 @@ class RewardPool:
             self.faults.worker_deaths += 1
         w.calls, w.busy_until = 0, 0.0
         if scorer.group.spawn is None:
-            import ray
-
             w.gone = True
-            ray.kill(scorer.group.actors[index])
+            transport.kill(scorer.group.actors[index])
         elif hung:
             self._replace(scorer, index, cause)
         else:  # Ray restarts it (max_restarts); a ping answers once it is back
@@ -310,7 +345,7 @@ class RewardPool:
 
     def _ping(self, scorer: DomainScorer, index: int) -> None:
         w = scorer.workers[index]
-        ref = scorer.group.actors[index].ping.options(concurrency_group=PROBE).remote()
+        ref = scorer.group.submit_to(index, RewardWorker.ping, probe=True)
         self._probes[ref] = (scorer, index)
         w.probe, w.probe_sent = ref, time.monotonic()
 
@@ -319,19 +354,17 @@ class RewardPool:
         w.probe = None
 
     def _settle_probe(self, ref) -> None:
-        import ray
-
         scorer, index = self._probes.pop(ref)
         w = scorer.workers[index]
         w.probe = None
         try:
-            ray.get(ref)
-        except ray.exceptions.RayError as exc:
+            transport.get(ref)
+        except RemoteError as exc:
             if not w.recovering:
                 self._lost(scorer, index, f"died ({_brief(exc)})", hung=False)
                 return
             # Ray's own word for "may come back" is ActorUnavailableError; ask again a little later.
-            w.dead_pings = 0 if isinstance(exc, ray.exceptions.ActorUnavailableError) else w.dead_pings + 1
+            w.dead_pings = 0 if isinstance(exc, ActorLost) and exc.restarting else w.dead_pings + 1
             w.next_ping = time.monotonic() + self.limits.probe_every_s
             if w.dead_pings >= _DEAD_PINGS:
                 self._replace(scorer, index, f"was not restarted by Ray ({_brief(exc)})")
@@ -370,11 +403,11 @@ class RewardPool:
                 scorer.adaptive = type(scorer.adaptive).from_dict(saved)
 
 
-def _brief(exc: Exception) -> str:
-    """The exception's type, first line and (Ray puts the reason there) last line."""
+def _brief(exc: RemoteError) -> str:
+    """The original error's type, first line and (Ray puts the reason there) last line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
     text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-    return f"{type(exc).__name__}: {text[:300]}"
+    return f"{exc.origin}: {text[:300]}"
 
 
 def _exhausted(call: _Call, cause: str) -> str:

@@ -297,6 +297,10 @@ class RewardWorker:
         """The reward child processes' ids (call it in the ``PROBE`` group)."""
         return self.runner.child_pids()
 
+    def close(self) -> None:
+        """Stop the child processes (an in-process actor's end: a Ray actor's children die with it)."""
+        self.runner.close()
+
 
 class ModelRewardWorker:
     """A reward scored by a model on its own device share: a local LLM judge or a reward model."""

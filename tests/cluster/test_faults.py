@@ -133,3 +133,34 @@ def test_a_rank_lost_inside_a_collective_is_reported_as_the_death(workers):
     with pytest.raises(RoleFault) as info:
         gather(refs, "policy", "train", actors, Watchdog(call_timeout_s=60))
     assert info.value.kind == "died" and info.value.ranks == (1,)
+
+
+def test_the_transport_waits_on_ray_and_in_process_calls_together(workers):
+    from gyre.cluster import transport
+    from gyre.cluster.local import LocalActor
+
+    actors, _ = workers
+    local = LocalActor(Sleeper)
+    slow, fast = actors[0].nap.remote(1.0, "ray"), local.nap.remote(0.0, "local")
+    ready, rest = transport.wait([slow, fast], num_returns=1, timeout=10)
+    assert (ready, rest) == ([fast], [slow])  # the in-process answer first, whatever the order given
+    assert transport.wait([slow, fast], num_returns=2, timeout=10) == ([slow, fast], [])
+    assert [transport.get(slow), transport.get(fast)] == ["ray", "local"]
+    with pytest.raises(transport.CallRaised, match="ValueError: the method's own error"):
+        transport.get(actors[0].fail.remote())  # Ray's errors in the same categories as local ones
+    with pytest.raises(transport.CallRaised, match="ValueError: the method's own error"):
+        transport.get(local.fail.remote())
+    transport.kill(local)
+
+
+def test_a_ray_error_the_caller_caught_itself_is_classified_the_same(workers, ray_local):
+    from gyre.cluster.faults import fault_from
+
+    actors, pids = workers
+    ref = actors[1].nap.remote(30, 1)
+    time.sleep(0.5)
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(ray_local.exceptions.RayActorError) as info:
+        ray_local.get(ref, timeout=30)
+    fault = fault_from(info.value, "rollout", 1, "generate(train)")
+    assert (fault.kind, fault.ranks) == ("died", (1,))
