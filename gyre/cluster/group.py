@@ -44,7 +44,7 @@ class RoleGroup:
         """One actor per device of ``name`` in the plan; ``args_for_rank(rank) -> (args, kwargs)``."""
         import ray
 
-        remote_cls = ray.remote(concurrency_groups={PROBE: 1})(worker_cls)
+        remote_cls = ray.remote(concurrency_groups=_groups(worker_cls))(worker_cls)
         devices = placement.plan.roles.get(name)
         actors = []
         for rank, device in enumerate(devices):
@@ -60,7 +60,7 @@ class RoleGroup:
         restarts a dead one up to ``max_restarts`` times."""
         import ray
 
-        remote = ray.remote(concurrency_groups={PROBE: 1})(worker_cls)
+        remote = ray.remote(concurrency_groups=_groups(worker_cls))(worker_cls)
         remote_cls = remote.options(num_cpus=num_cpus, max_restarts=max_restarts)
 
         def spawn():
@@ -137,3 +137,8 @@ class RoleGroup:
         for actor in self.actors:
             transport.kill(actor)
         self.actors = []
+
+
+def _groups(worker_cls: type) -> dict[str, int]:
+    """Ray concurrency groups of an actor class: the probe lane, and the class's own (a served engine's loop)."""
+    return {PROBE: 1, **getattr(worker_cls, "CONCURRENCY_GROUPS", {})}

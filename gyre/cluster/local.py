@@ -5,7 +5,8 @@ actor handle, so role groups, the reward pool and the rollout driver run in test
 one at a time and in order, like a Ray actor: ``handle.method.remote(*args) -> LocalRef``. A generator
 method returns a ``LocalStream`` whose parts arrive as the method yields them (Ray's streaming
 generators). Calls in the ``PROBE`` concurrency group (``handle.method.options(concurrency_group=PROBE)``,
-``handle.__ray_call__``) run on a second thread, so they answer while a call is running. Arguments and
+``handle.__ray_call__``) run on a second thread, so they answer while a call is running; a class's own
+groups (``CONCURRENCY_GROUPS``, e.g. a rollout engine's serve loop) get a thread each. Arguments and
 results are copied through pickle, as Ray serialises them: a worker never shares the driver's objects
 (stricter than Ray's cloudpickle: lambdas and locally defined classes do not pass).
 
@@ -36,6 +37,13 @@ from gyre.cluster.faults import PROBE
 from gyre.cluster.transport import ActorLost, CallRaised, LocalRef, LocalStream, settle
 
 log = logging.getLogger(__name__)
+_CONSTRUCTING = threading.Lock()
+
+
+def _lanes(cls: type) -> list[str]:
+    """The threads an actor of ``cls`` runs calls on: "main", the probe group, and its own groups (e.g. a
+    rollout engine's serve loop, ``cls.CONCURRENCY_GROUPS``)."""
+    return ["main", PROBE, *getattr(cls, "CONCURRENCY_GROUPS", {})]
 
 
 def _copy(value: Any) -> Any:
@@ -60,8 +68,8 @@ class _Life:
     dead: ActorLost | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     """Set once the constructor has run (calls in the probe group wait for it, as in Ray)."""
-    queues: dict[str, queue.SimpleQueue] = field(default_factory=lambda: {"main": queue.SimpleQueue(),
-                                                                          PROBE: queue.SimpleQueue()})
+    queues: dict[str, queue.SimpleQueue] = field(default_factory=dict)
+    """One queue (and thread) per lane: "main", ``PROBE``, and the class's own concurrency groups."""
     in_flight: list[Future | LocalStream] = field(default_factory=list)
     threads: dict[str, threading.Thread] = field(default_factory=dict)
 
@@ -74,8 +82,10 @@ class _Method:
         self._actor, self._name, self._lane = actor, name, lane
 
     def options(self, concurrency_group: str | None = None) -> _Method:
-        if concurrency_group not in (None, PROBE):
-            raise ValueError(f"in-process actors have one concurrency group, {PROBE!r}; not {concurrency_group!r}")
+        lanes = _lanes(self._actor._cls)
+        if concurrency_group is not None and concurrency_group not in lanes:
+            raise ValueError(f"{self._actor._cls.__name__} actors have the concurrency groups {sorted(lanes)[1:]}; "
+                             f"not {concurrency_group!r}")
         return _Method(self._actor, self._name, concurrency_group or "main")
 
     def remote(self, *args: Any, **kwargs: Any) -> LocalRef | LocalStream:
@@ -137,7 +147,7 @@ class LocalActor:
 
     # ---- its threads ------------------------------------------------------------------------------------
     def _start(self, number: int) -> _Life:
-        life = _Life(number)
+        life = _Life(number, queues={lane: queue.SimpleQueue() for lane in _lanes(self._cls)})
         for lane in life.queues:
             thread = threading.Thread(target=self._serve, args=(life, lane), daemon=True,
                                       name=f"{self._cls.__name__}-{number}-{lane}")
@@ -165,7 +175,8 @@ class LocalActor:
     def _construct(self, life: _Life) -> None:
         args, kwargs = _copy(self._init)
         try:
-            life.instance = self._cls(*args, **kwargs)
+            with _CONSTRUCTING:  # one constructor at a time: lazy imports (transformers') race across threads
+                life.instance = self._cls(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - the actor is dead, and every call says why
             with self._lock:
                 self._restarts_left = 0

@@ -49,6 +49,7 @@ class EngineHost:
     workers and hybrid policy ranks. ``serve`` streams finished samples for as long as the run lasts;
     ``add`` / ``abort`` / ``update_weights`` take effect at the engine's next step boundary."""
 
+    CONCURRENCY_GROUPS = {SERVE: 1}
     _loop = None
 
     def _engine(self):

@@ -113,8 +113,9 @@ class RolloutDriver:
         """Wait up to ``timeout`` for samples, rewards or ``until``; feed what arrived to the schedulers."""
         watched = [*self._streams, *self.rewards.refs(), *until]
         ready, _ = transport.wait(watched, num_returns=1, timeout=timeout)
-        if ready:  # everything else that is in as well, before judging any deadline
-            ready += transport.wait([r for r in watched if r not in ready], num_returns=len(watched), timeout=0)[0]
+        rest = [r for r in watched if r not in ready]
+        if ready and rest:  # everything else that is in as well, before judging any deadline
+            ready += transport.wait(rest, num_returns=len(rest), timeout=0)[0]
         for stream in [r for r in ready if r in self._streams]:
             by_stream: dict[str, list] = {}
             for result in self._next(stream):

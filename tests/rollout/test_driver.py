@@ -1,7 +1,9 @@
-"""The rollout IO loop on real actors: two engines stream samples back, each part is scored as it arrives,
-and the scheduler commits every group."""
+"""The rollout IO loop over real workers (tiny-model engines, a reward function in worker processes):
+in-process role groups for speed, and once over Ray actors."""
 
 from pathlib import Path
+
+import pytest
 
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.reward_pool import DomainScorer, RewardPool
@@ -11,6 +13,7 @@ from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
 from gyre.types import PromptRecord, SamplingParams
 
 FNS = Path(__file__).parents[1] / "cluster" / "pool_rewards.py"
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12, stop=tuple("aeiou0123"))
 
 
 class CountingPool(RewardPool):
@@ -25,19 +28,28 @@ class CountingPool(RewardPool):
         super().submit(samples)
 
 
-def test_engines_stream_parts_that_are_scored_as_they_arrive(ray_local, tiny_model_dir):
-    cls = ray_local.remote(RolloutWorker).options(num_cpus=0.5)
-    actors = [cls.remote(r, str(tiny_model_dir), str(tiny_model_dir), "float32", False, "cpu", 1, None)
-              for r in range(2)]
-    engines = RoleGroup("rollout", actors, (0, 1))
-    rewards = RoleGroup.create_unplaced("reward", RewardWorker, 1, 0.5, (f"{FNS}:length_reward", {}, 10.0, 1))
+def engine_args(model_dir, rank):
+    return (rank, str(model_dir), str(model_dir), "float32", False, "cpu", 1, None)
+
+
+def run_batch(engines, rewards, replicate=False):
     pool = CountingPool({"default": DomainScorer("default", rewards)})
-    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop=tuple("aeiou0123"))
-    scheduler = RolloutScheduler(ScheduleSpec(6, 4, params, run_seed=3), engines=2)
-    commands = scheduler.admit(1, [PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(4)])
-    times = RolloutDriver(engines, pool, stream_parts=4).run(scheduler, commands, lambda: scheduler.ready(1))
-    assert len(pool.parts) > 2 and sum(pool.parts) == 24  # several parts per engine, every sample once
+    scheduler = RolloutScheduler(ScheduleSpec(6, 4, PARAMS, run_seed=3, replicate=replicate), engines=len(engines))
+    source = iter([PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(4)])
+    scheduler.admit(1, lambda k: [next(source) for _ in range(k)])
+    driver = RolloutDriver(engines, pool, emit_every=4)
+    times = driver.run(scheduler, lambda: scheduler.ready(1))
     groups = scheduler.take(1)
+    driver.close()
+    return pool, groups, times
+
+
+@pytest.mark.parametrize("replicate", [False, True])
+def test_engines_serve_samples_that_are_scored_as_they_arrive(tiny_model_dir, replicate):
+    engines = RoleGroup.local("rollout", RolloutWorker, [engine_args(tiny_model_dir, r) for r in range(2)])
+    rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
+    pool, groups, times = run_batch(engines, rewards, replicate)
+    assert len(pool.parts) > 1 and sum(pool.parts) == 24  # several parts, every sample once
     assert [g.group_id for g in groups] == [f"train-1-{i}" for i in range(4)]
     for g in groups:
         assert [t.sample_index for t in g.trajectories] == list(range(6))
@@ -45,3 +57,22 @@ def test_engines_stream_parts_that_are_scored_as_they_arrive(ray_local, tiny_mod
     assert times.generate > 0 and times.reward >= 0
     for group in (engines, rewards):
         group.kill()
+
+
+def test_samples_do_not_depend_on_replication_or_transport(ray_local, tiny_model_dir):
+    """The same seeds give the same samples whether a prompt's samples share a request or not, and
+    whether the engines are in-process or Ray actors."""
+    local = RoleGroup.local("rollout", RolloutWorker, [engine_args(tiny_model_dir, r) for r in range(2)])
+    rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
+    _, whole, _ = run_batch(local, rewards, replicate=False)
+    _, spread, _ = run_batch(local, rewards, replicate=True)
+    cls = ray_local.remote(concurrency_groups={"probe": 1, "serve": 1})(RolloutWorker).options(num_cpus=0.5)
+    actors = [cls.remote(*engine_args(tiny_model_dir, r)) for r in range(2)]
+    _, on_ray, _ = run_batch(RoleGroup("rollout", actors, (0, 1)), rewards)
+    ids = [[t.response_ids for t in g.trajectories] for g in whole]
+    assert ids == [[t.response_ids for t in g.trajectories] for g in spread]
+    assert ids == [[t.response_ids for t in g.trajectories] for g in on_ray]
+    for actor in actors:
+        ray_local.kill(actor)
+    local.kill()
+    rewards.kill()
