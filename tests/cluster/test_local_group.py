@@ -3,6 +3,7 @@ with the real worker classes, without Ray."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -100,7 +101,7 @@ def test_a_raising_method_is_an_error_and_its_actor_lives():
     with pytest.raises(RoleFault) as info:
         group.call(Gate.fail)
     assert info.value.kind == "error" and info.value.cause.endswith("ValueError: the method's own error")
-    assert str(info.value).startswith("critic rank 0 failed during fail:")
+    assert re.match(r"critic rank [01] failed during fail: ", str(info.value))  # whichever raised first
     assert group.call(Gate.echo, 3) == [3, 3]
     group.kill()
 
