@@ -25,13 +25,13 @@ Method = Callable[..., T] | str
 
 
 class RoleGroup:
-    def __init__(self, name: str, actors: list, devices: Sequence[int], spawn: Callable[[], Any] | None = None,
+    def __init__(self, name: str, actors: list, devices: Sequence[int], spawn: Callable[[int], Any] | None = None,
                  spawn_args: tuple | None = None, watchdog: Watchdog | None = None, worker_cls: type | None = None):
         self.name = name
         self.actors = actors
         self.devices = tuple(devices)
         self.spawn = spawn
-        """Starts one more actor like the others (unplaced groups only: placed actors own a device share)."""
+        """``spawn(rank)`` starts a fresh actor for ``rank``, like the one it replaces (same device share)."""
         self.spawn_args = spawn_args
         """The constructor arguments ``spawn`` passes."""
         self.watchdog = watchdog
@@ -46,12 +46,13 @@ class RoleGroup:
 
         remote_cls = ray.remote(concurrency_groups=_groups(worker_cls))(worker_cls)
         devices = placement.plan.roles.get(name)
-        actors = []
-        for rank, device in enumerate(devices):
+
+        def spawn(rank: int):
             args, kwargs = args_for_rank(rank)
-            options = placement.actor_options(name, device)
-            actors.append(remote_cls.options(name=None, **options).remote(*args, **kwargs))
-        return cls(name, actors, devices, worker_cls=worker_cls)
+            options = placement.actor_options(name, devices[rank])
+            return remote_cls.options(name=None, **options).remote(*args, **kwargs)
+
+        return cls(name, [spawn(rank) for rank in range(len(devices))], devices, spawn, worker_cls=worker_cls)
 
     @classmethod
     def create_unplaced(cls, name: str, worker_cls: type, count: int, num_cpus: float, args: tuple,
@@ -63,10 +64,10 @@ class RoleGroup:
         remote = ray.remote(concurrency_groups=_groups(worker_cls))(worker_cls)
         remote_cls = remote.options(num_cpus=num_cpus, max_restarts=max_restarts)
 
-        def spawn():
+        def spawn(rank: int):
             return remote_cls.remote(*args)
 
-        return cls(name, [spawn() for _ in range(count)], (), spawn, args, worker_cls=worker_cls)
+        return cls(name, [spawn(rank) for rank in range(count)], (), spawn, args, worker_cls=worker_cls)
 
     @classmethod
     def local(cls, name: str, worker_cls: type, args_per_rank: Sequence[tuple], watchdog: Watchdog | None = None,
@@ -74,26 +75,29 @@ class RoleGroup:
         """In-process actors (``gyre.cluster.local``), one per argument tuple, holding no device."""
         from gyre.cluster.local import LocalActor
 
-        actors = [LocalActor(worker_cls, *args) for args in args_per_rank]
-        return cls(name, actors, (), watchdog=watchdog, worker_cls=worker_cls)
+        def spawn(rank: int):
+            return LocalActor(worker_cls, *args_per_rank[rank])
+
+        return cls(name, [spawn(rank) for rank in range(len(args_per_rank))], (), spawn, watchdog=watchdog,
+                   worker_cls=worker_cls)
 
     @classmethod
     def local_unplaced(cls, name: str, worker_cls: type, count: int, args: tuple, max_restarts: int = 0) -> RoleGroup:
         """``create_unplaced`` in this process: the same arguments and restarts, and ``respawn``."""
         from gyre.cluster.local import LocalActor
 
-        def spawn():
+        def spawn(rank: int):
             return LocalActor(worker_cls, *args, max_restarts=max_restarts)
 
-        return cls(name, [spawn() for _ in range(count)], (), spawn, args, worker_cls=worker_cls)
+        return cls(name, [spawn(rank) for rank in range(count)], (), spawn, args, worker_cls=worker_cls)
 
     def respawn(self, rank: int) -> None:
         """Kill actor ``rank`` for good (Ray kills even a stopped process within seconds) and put a fresh
         one in its place."""
         if self.spawn is None:
-            raise ValueError(f"{self.name}: only groups made by create_unplaced can start fresh actors")
+            raise ValueError(f"{self.name}: this group cannot start fresh actors (it was made from given actors)")
         transport.kill(self.actors[rank], no_restart=True)
-        self.actors[rank] = self.spawn()
+        self.actors[rank] = self.spawn(rank)
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -129,9 +133,9 @@ class RoleGroup:
     def call_each(self, method: Method[T], per_worker: Sequence[tuple]) -> list[T]:
         return self.gather(self.submit_each(method, per_worker), method)
 
-    def gather(self, refs: Sequence, method: Method) -> list:
-        """Results of one ref per worker, in rank order, within the watchdog's deadline."""
-        return gather(refs, self.name, transport.method_name(method), self.actors, self.watchdog)
+    def gather(self, refs: Sequence, method: Method, ranks: Sequence[int] | None = None) -> list:
+        """Results of one ref per worker (or per rank of ``ranks``), in order, within the watchdog's deadline."""
+        return gather(refs, self.name, transport.method_name(method), self.actors, self.watchdog, ranks)
 
     def kill(self) -> None:
         for actor in self.actors:

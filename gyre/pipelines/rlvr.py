@@ -53,7 +53,7 @@ class RLVRPipeline:
         self.rewards = RewardPool(reward_scorers(cfg, roles))
         self.rollout = RolloutMachine(roles.rollout, self.rewards, schedule_spec(cfg, self.sampling),
                                       data.next_train_prompts, lambda: roles.timeshare.activate(roles.rollout_role),
-                                      cfg.rollout.partial, cfg.rollout.emit_every)
+                                      cfg.rollout.partial, cfg.rollout.emit_every, replaceable=not roles.hybrid)
         # With asynchrony the rollout goes on while the learner's calls run.
         self.learner = Learner(cfg, plan, roles, self.rollout.wait_for if cfg.rollout.async_ratio > 0 else None)
         self.reward_totals = {"errors": 0, "timeouts": 0}
@@ -123,7 +123,8 @@ class RLVRPipeline:
         sample_version = min(t.weight_version for t in trajectories)
         versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
                     "weight_version": self.rollout.version}
-        faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries}
+        faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries,
+                  "fault/rollout_engine_deaths": self.rollout.driver.engine_deaths}
         return {**sample_metrics(trajectories), **domain_metrics(trajectories, self.cfg.reward), **reward_stats,
                 **algo_metrics, **train_metrics, **versions, **rollout.stats, **faults,
                 **{f"time/{k}": v for k, v in timer.items()}}

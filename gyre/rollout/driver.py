@@ -12,15 +12,18 @@ A dead engine, or one that stalls past the watchdog's deadline with work outstan
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gyre.cluster import transport
-from gyre.cluster.faults import CallClock, fault_from
+from gyre.cluster.faults import CallClock, RoleFault, fault_from
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.workers import SERVE, EngineHost
 from gyre.rollout.scheduler import Abort, Generate, RolloutScheduler, Score
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,10 +37,16 @@ class PhaseTimes:
 
 
 class RolloutDriver:
-    def __init__(self, engines: RoleGroup, rewards, emit_every: int = 1, emit_after_s: float = 0.05):
+    def __init__(self, engines: RoleGroup, rewards, emit_every: int = 1, emit_after_s: float = 0.05,
+                 restore: Callable[[int], None] | None = None):
         """``rewards``: the reward pool (``gyre.cluster.reward_pool.RewardPool``). Engines hand finished
-        samples back ``emit_every`` at a time or ``emit_after_s`` after the first (fewer, larger reward calls)."""
+        samples back ``emit_every`` at a time or ``emit_after_s`` after the first (fewer, larger reward calls).
+        ``restore(rank)`` replaces a dead engine with a fresh one holding the current weights; without it
+        an engine's death is the run's fault (recovered from a checkpoint)."""
         self.engines = engines
+        self.restore = restore
+        self.engine_deaths = 0
+        """Engines that died and were replaced in place."""
         self.rewards = rewards
         self.emit_every, self.emit_after_s = emit_every, emit_after_s
         self._streams: dict = {}
@@ -105,9 +114,8 @@ class RolloutDriver:
     # ---- internals ------------------------------------------------------------------------------
     def _open(self) -> None:
         if not self._streams:
-            for rank, actor in enumerate(self.engines.actors):
-                stream = actor.serve.options(concurrency_group=SERVE).remote(self.emit_every, self.emit_after_s)
-                self._streams[stream] = rank
+            for rank in range(len(self.engines)):
+                self._streams[self._serve(rank)] = rank
 
     def _events(self, timeout: float, until: list) -> None:
         """Wait up to ``timeout`` for samples, rewards or ``until``; feed what arrived to the schedulers."""
@@ -117,8 +125,15 @@ class RolloutDriver:
         if ready and rest:  # everything else that is in as well, before judging any deadline
             ready += transport.wait(rest, num_returns=len(rest), timeout=0)[0]
         for stream in [r for r in ready if r in self._streams]:
+            try:
+                part = self._next(stream)
+            except RoleFault as fault:
+                if fault.kind != "died" or self.restore is None:
+                    raise
+                self._replace(stream, fault)
+                continue
             by_stream: dict[str, list] = {}
-            for result in self._next(stream):
+            for result in part:
                 by_stream.setdefault(result.request_id.split("-")[0], []).append(result)
             for name, results in by_stream.items():
                 if name in self.schedulers:  # a finished scheduler's late samples are dropped
@@ -127,6 +142,23 @@ class RolloutDriver:
         if scored:
             for s in self.schedulers.values():
                 s.on_scored(scored)
+
+    def _replace(self, stream, fault: RoleFault) -> None:
+        """A dead engine: the schedulers ask its samples of the others, a fresh engine with the current
+        weights takes its place and serves again."""
+        rank = self._streams.pop(stream)
+        for s in self.schedulers.values():
+            s.on_engine_lost(rank)
+        self.engine_deaths += 1
+        log.warning("%s; asked its samples of the other engines and started a fresh one", fault)
+        self.restore(rank)
+        self._streams[self._serve(rank)] = rank
+        for s in self.schedulers.values():
+            s.on_engine_back(rank)
+
+    def _serve(self, rank: int):
+        actor = self.engines.actors[rank]
+        return actor.serve.options(concurrency_group=SERVE).remote(self.emit_every, self.emit_after_s)
 
     def _next(self, stream) -> list:
         rank = self._streams[stream]

@@ -35,17 +35,21 @@ class Batch:
 
 class RolloutMachine:
     def __init__(self, engines: RoleGroup, rewards, spec: ScheduleSpec, prompts: Callable[[int], list[PromptRecord]],
-                 activate: Callable[[], None], partial: bool = True, emit_every: int = 1):
+                 activate: Callable[[], None], partial: bool = True, emit_every: int = 1, replaceable: bool = True):
         """``prompts(k)`` draws the next k training prompts; ``activate()`` gives the engines the devices
         (time-shared roles); ``partial``: requests in flight at a weight update continue under the new
-        weights (else they are regenerated)."""
+        weights (else they are regenerated); ``replaceable``: a dead engine is replaced in place (not for
+        hybrid engines, which are policy ranks)."""
         self.engines = engines
         self.spec = spec
         self.prompts = prompts
         self.activate = activate
         self.partial = partial
-        self.driver = RolloutDriver(engines, rewards, emit_every)
+        self.driver = RolloutDriver(engines, rewards, emit_every,
+                                    restore=self._restore if replaceable and engines.spawn else None)
         self.scheduler = RolloutScheduler(spec, len(engines))
+        self._weights = None
+        """What the engines were last given (``publish``), for a replacement engine."""
 
     @property
     def version(self) -> WeightVersion:
@@ -91,8 +95,19 @@ class RolloutMachine:
         versions = self.engines.call(EngineHost.update_weights, weights, version, self.partial)
         if any(v != version for v in versions):
             raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
+        self._weights = weights
         self.scheduler.on_published(version)
         self.driver.send(self.scheduler.drain())
 
     def close(self) -> None:
         self.driver.close()
+
+    def _restore(self, rank: int) -> None:
+        """A fresh engine for ``rank``, loaded (it may start offloaded) and given the current weights."""
+        group, version = self.engines, self.version
+        group.respawn(rank)
+        group.gather([group.submit_to(rank, "reload")], "reload", ranks=[rank])
+        held = group.gather([group.submit_to(rank, EngineHost.update_weights, self._weights, version, self.partial)],
+                            EngineHost.update_weights, ranks=[rank])
+        if held != [version]:
+            raise RuntimeError(f"a replacement {group.name} engine reports version {held}, expected {version}")

@@ -124,8 +124,10 @@ class RolloutScheduler:
     """Request id -> group id, for live requests."""
     _load: list[int] = field(default_factory=list)
     """Outstanding work per engine (samples x (prompt + token budget))."""
-    _live: dict[str, list[int]] = field(default_factory=dict)
-    """Request id -> [engine, samples not yet back], until every sample of it is back (even aborted ones)."""
+    _live: dict[str, tuple[int, set[int]]] = field(default_factory=dict)
+    """Request id -> (engine, sample indices not yet back), until every sample is back (even aborted ones)."""
+    down: set[int] = field(default_factory=set)
+    """Engines lost and not yet replaced: nothing is assigned to them."""
     _seq: int = 0
     _admitted_for: dict[int, int] = field(default_factory=dict)
 
@@ -194,7 +196,10 @@ class RolloutScheduler:
 
     def _assign(self, requests: list[GenerationRequest]) -> None:
         """Spread requests over engines on top of their outstanding work (prompt + budget per sample)."""
-        plan = assign_requests(requests, self.engines, self._load)
+        busy = 1 << 62  # a lost engine gets nothing while another is up
+        loads = [busy if e in self.down and len(self.down) < self.engines else load
+                 for e, load in enumerate(self._load)]
+        plan = assign_requests(requests, self.engines, loads)
         for engine, idx in enumerate(plan):
             if not idx:
                 continue
@@ -202,7 +207,7 @@ class RolloutScheduler:
             for r in mine:
                 self._owner[r.request_id] = r.request_id.split("/")[0]
                 self.flights[self._owner[r.request_id]].requests[r.request_id] = engine
-                self._live[r.request_id] = [engine, r.n]
+                self._live[r.request_id] = (engine, set(range(r.first_sample, r.first_sample + r.n)))
                 self._load[engine] += r.n * self._sample_work(r.prompt_ids)
             self.outbox.append(Generate(engine, mine))
 
@@ -222,7 +227,7 @@ class RolloutScheduler:
                 continue
             if r.finish_reason == "abort":  # the engine dropped it (a weight update without partial rollouts)
                 self._count("rollout/tokens_wasted", len(r.response_ids))
-                self._retry(flight, r)
+                self._retry(flight, r.sample_index)
                 continue
             t = Trajectory.from_result(flight.group.prompt, r)
             flight.group.trajectories.append(t)
@@ -235,18 +240,38 @@ class RolloutScheduler:
 
     def _settle(self, r: GenerationResult) -> None:
         live = self._live.get(r.request_id)
-        if live is None:
+        if live is None or r.sample_index not in live[1]:
             return
         self._load[live[0]] -= self._sample_work(r.prompt_ids)
-        live[1] -= 1
-        if live[1] == 0:
+        live[1].discard(r.sample_index)
+        if not live[1]:
             del self._live[r.request_id]
 
-    def _retry(self, flight: _Flight, r: GenerationResult) -> None:
-        """Regenerate an aborted sample from scratch under the current weights (same seed, same stream)."""
+    def _retry(self, flight: _Flight, sample_index: int) -> None:
+        """Regenerate a sample from scratch under the current weights (same seed, same stream: under the
+        same weights it comes out as the lost one would have)."""
         flight.retries += 1
-        request = self._request(flight, f"{flight.group.group_id}/{r.sample_index}.{flight.retries}", r.sample_index, 1)
+        request = self._request(flight, f"{flight.group.group_id}/{sample_index}.{flight.retries}", sample_index, 1)
         self._assign([request])
+
+    def on_engine_lost(self, engine: int) -> None:
+        """Engine ``engine`` is gone with everything it held: each sample it still owed is asked again of
+        the other engines (regenerated from its seed), and nothing new goes to it until ``on_engine_back``."""
+        self.down.add(engine)
+        lost = [(rid, samples) for rid, (e, samples) in self._live.items() if e == engine]
+        self._load[engine] = 0
+        for rid, samples in lost:
+            del self._live[rid]
+            flight = self.flights.get(self._owner.pop(rid, ""))
+            if flight is None:
+                continue
+            flight.requests.pop(rid, None)
+            for i in sorted(samples):
+                self._retry(flight, i)
+                self._count("rollout/samples_requeued")
+
+    def on_engine_back(self, engine: int) -> None:
+        self.down.discard(engine)
 
     def on_scored(self, trajectories: Sequence[Trajectory]) -> None:
         """Rewards arrived (set on the trajectories): commit, or filter out, every group now complete."""
@@ -321,7 +346,7 @@ class RolloutScheduler:
     @property
     def outstanding(self) -> int:
         """Samples asked of engines and not yet back (aborted ones included until they are)."""
-        return sum(n for _, n in self._live.values())
+        return sum(len(samples) for _, samples in self._live.values())
 
     def busy_engines(self) -> list[int]:
         """Engines that owe this scheduler samples."""

@@ -12,3 +12,11 @@ def fails_on_real_responses(response: str, ground_truth: str):
     if response in ("", ground_truth):
         return float(response == ground_truth)
     return "not a number"
+
+
+def uniform_on_even_prompts(response: str, ground_truth: str) -> float:
+    """The same score for every sample of prompts whose answer is even (dynamic sampling drops those
+    groups); the digit fraction otherwise."""
+    if ground_truth.lstrip("-").isdigit() and int(ground_truth) % 2 == 0:
+        return 1.0
+    return digit_fraction(response, ground_truth)

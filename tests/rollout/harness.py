@@ -91,3 +91,12 @@ class World:
         self.version = version
         self.sched.on_published(version)
         self.pump()
+
+    def lose(self, engine: int) -> int:
+        """Engine ``engine`` dies with the samples it was generating; a fresh one takes its place."""
+        gone = [x for x in self.running if x[0] == engine]
+        self.running = [x for x in self.running if x[0] != engine]
+        self.sched.on_engine_lost(engine)
+        self.pump()
+        self.sched.on_engine_back(engine)
+        return len(gone)

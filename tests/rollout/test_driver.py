@@ -76,3 +76,33 @@ def test_samples_do_not_depend_on_replication_or_transport(ray_local, tiny_model
         ray_local.kill(actor)
     local.kill()
     rewards.kill()
+
+
+def test_a_dead_engine_is_replaced_and_its_samples_asked_of_the_others(ray_local, tiny_model_dir):
+    """Engine 0 is killed once the first samples are scored; the batch still completes with the samples a
+    run without the fault gives (regenerated from their seeds under the same weights)."""
+    cls = ray_local.remote(concurrency_groups={"probe": 1, "serve": 1})(RolloutWorker).options(num_cpus=0.5)
+    engines = RoleGroup("rollout", [cls.remote(*engine_args(tiny_model_dir, r)) for r in range(2)], (0, 1),
+                        spawn=lambda rank: cls.remote(*engine_args(tiny_model_dir, rank)))
+    rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
+    _, straight, _ = run_batch(engines, rewards, replicate=True)
+
+    class KillingPool(CountingPool):
+        def submit(self, samples):
+            if not self.parts:
+                ray_local.kill(engines.actors[0])
+            super().submit(samples)
+
+    pool = KillingPool({"default": DomainScorer("default", rewards)})
+    scheduler = RolloutScheduler(ScheduleSpec(6, 4, PARAMS, run_seed=3, replicate=True), engines=2)
+    source = iter([PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(4)])
+    scheduler.admit(1, lambda k: [next(source) for _ in range(k)])
+    driver = RolloutDriver(engines, pool, emit_every=4, restore=engines.respawn)
+    driver.run(scheduler, lambda: scheduler.ready(1))
+    groups = scheduler.take(1)
+    assert driver.engine_deaths == 1 and scheduler.take_stats()["rollout/samples_requeued"] > 0
+    assert [[t.response_ids for t in g.trajectories] for g in groups] == \
+        [[t.response_ids for t in g.trajectories] for g in straight]
+    driver.close()
+    engines.kill()
+    rewards.kill()

@@ -166,3 +166,22 @@ def test_an_engine_dropped_sample_is_regenerated_with_its_stream():
 def test_tail_batching_refuses_asynchrony():
     with pytest.raises(ValueError, match="async_ratio 0"):
         spec(tail=TailSpec(), async_ratio=1.0)
+
+
+@pytest.mark.parametrize("replicate", [False, True])
+def test_samples_of_a_lost_engine_are_asked_of_the_others(replicate):
+    for seed in range(10):
+        rng = random.Random(seed)
+        world = World(RolloutScheduler(spec(n=3, groups=4, replicate=replicate), engines=3), rng)
+        world.sched.admit(1, Source())
+        world.pump()
+        for _ in range(rng.randrange(8)):
+            world.step()
+        owed = world.lose(0)
+        assert all(engine != 0 for engine, _, _ in world.running)  # nothing new went to the lost engine
+        while not world.sched.ready(1):
+            assert world.step()
+        batch = world.sched.take(1)
+        assert [g.group_id for g in batch] == [f"train-1-{i}" for i in range(4)]
+        assert all([t.sample_index for t in g.trajectories] == [0, 1, 2] for g in batch)
+        assert world.sched.take_stats().get("rollout/samples_requeued", 0) == owed
