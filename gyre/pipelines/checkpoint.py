@@ -52,6 +52,8 @@ class DriverState:
     """Algorithm state across steps: running reward moments, the adaptive KL coefficient."""
     run_id: str = ""
     """The run that wrote it (``run.json``); empty in checkpoints written before run ids existed."""
+    rollout: dict = field(default_factory=dict)
+    """The rollout scheduler's prompts drawn and not yet trained on (``RolloutScheduler.state_dict``)."""
 
 
 class CheckpointManager:

@@ -178,7 +178,8 @@ class RLVRPipeline:
         state = DriverState(step=step, data=self.data.train_sampler.state_dict(), weight_version=self.rollout.version,
                             run_steps=self.cfg.run.steps, config_hash=config_fingerprint(self.cfg),
                             reward_totals=dict(self.reward_totals), val_history=list(self.val_history),
-                            algorithm={**self.algo_state.to_dict(), "rewards": self.rewards.state_dict()})
+                            algorithm={**self.algo_state.to_dict(), "rewards": self.rewards.state_dict()},
+                            rollout=self.rollout.state_dict())
         self.checkpoints.commit(tmp, state)
 
     def restore(self, path: Path, echo=print) -> int:
@@ -194,6 +195,7 @@ class RLVRPipeline:
         self.rewards.load_state_dict(state.algorithm.get("rewards", {}))
         try:
             self.data.train_sampler.load_state_dict(state.data)
+            self.rollout.load_state_dict(state.rollout, {p.uid: p for p in self.data.train})
         except ValueError as exc:
             raise ResumeError(f"cannot resume from {path}: {exc}") from None
         self.reward_totals.update(state.reward_totals)

@@ -50,6 +50,7 @@ class RolloutMachine:
         self.scheduler = RolloutScheduler(spec, len(engines))
         self._weights = None
         """What the engines were last given (``publish``), for a replacement engine."""
+        self._readmit: list[PromptRecord] = []
 
     @property
     def version(self) -> WeightVersion:
@@ -59,9 +60,9 @@ class RolloutMachine:
         """Admit what the window allows, run until step ``step``'s batch is committed, take it."""
         self.activate()
         sched = self.scheduler
-        sched.admit(step, self.prompts)
+        sched.admit(step, self._draw)
         times = self.driver.run(sched, lambda: sched.ready(step), "train",
-                                refill=lambda: sched.admit(step, self.prompts))
+                                refill=lambda: sched.admit(step, self._draw))
         groups = sched.take(step)
         self.driver.send(sched.drain())  # what this step no longer needs is aborted
         return Batch(groups, times, sched.take_stats())
@@ -71,7 +72,7 @@ class RolloutMachine:
         the rollout on meanwhile: samples scored and committed, new groups admitted as capacity frees."""
         sched, step = self.scheduler, self.version + 1
         if refs:
-            self.driver.run(sched, lambda: False, "train", refill=lambda: sched.admit(step, self.prompts),
+            self.driver.run(sched, lambda: False, "train", refill=lambda: sched.admit(step, self._draw),
                             until=refs, until_call=(group, method))
 
     def evaluate(self, prompts: Sequence[PromptRecord], params: SamplingParams, n: int) -> list[Group]:
@@ -101,6 +102,18 @@ class RolloutMachine:
 
     def close(self) -> None:
         self.driver.close()
+
+    def state_dict(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord]) -> None:
+        """Continue from a checkpoint: its drawn-but-untrained prompts are admitted again first."""
+        self._readmit = self.scheduler.load_state_dict(state, prompts)
+
+    def _draw(self, k: int) -> list[PromptRecord]:
+        """The next k prompts: those a checkpoint left admitted, then the prompt source's."""
+        out, self._readmit = self._readmit[:k], self._readmit[k:]
+        return out + (self.prompts(k - len(out)) if k > len(out) else [])
 
     def _restore(self, rank: int) -> None:
         """A fresh engine for ``rank``, loaded (it may start offloaded) and given the current weights."""

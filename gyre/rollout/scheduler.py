@@ -352,6 +352,25 @@ class RolloutScheduler:
         """Engines that owe this scheduler samples."""
         return sorted({engine for engine, _ in self._live.values()})
 
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The prompts drawn and not yet trained on, by uid: admitted (in flight or committed, oldest first)
+        and waiting in tail batching's long queue. What was generated for them is not kept: a resumed run
+        admits them again, before drawing new prompts, so none is lost or drawn twice."""
+        admitted = sorted([*((f.seq, f.group.prompt.uid) for f in self.flights.values()),
+                           *((seq, g.prompt.uid) for seq, g in self.buffer.entries)])
+        return {"admitted": [uid for _, uid in admitted],
+                "long_queue": [p.uid for p in self.tail.long_queue] if self.tail else []}
+
+    def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord]) -> list[PromptRecord]:
+        """Restore the long queue; returns the admitted prompts to admit again (``prompts``: uid -> record)."""
+        missing = [uid for uid in [*state.get("admitted", []), *state.get("long_queue", [])] if uid not in prompts]
+        if missing:
+            raise ValueError(f"the checkpoint's rollout holds prompts this run's data lacks, e.g. {missing[:3]}")
+        if self.tail is not None:
+            self.tail.long_queue.extend(prompts[uid] for uid in state.get("long_queue", []))
+        return [prompts[uid] for uid in state.get("admitted", [])]
+
     # ---- internals ------------------------------------------------------------------------------
     def _abort_group(self, flight: _Flight, counter: str) -> None:
         self.flights.pop(flight.group.group_id, None)

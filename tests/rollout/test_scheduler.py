@@ -185,3 +185,24 @@ def test_samples_of_a_lost_engine_are_asked_of_the_others(replicate):
         assert [g.group_id for g in batch] == [f"train-1-{i}" for i in range(4)]
         assert all([t.sample_index for t in g.trajectories] == [0, 1, 2] for g in batch)
         assert world.sched.take_stats().get("rollout/samples_requeued", 0) == owed
+
+
+def test_a_checkpoint_keeps_every_prompt_drawn_and_not_trained():
+    world = World(RolloutScheduler(spec(n=2, groups=4, tail=TailSpec(1.5, 1.0)), engines=2), random.Random(4))
+    source, trained = Source(), []
+    for step in (1, 2):
+        trained += [g.prompt.uid for g in world.run_until_ready(step, source)]
+        world.publish(step)
+    state = world.sched.state_dict()
+    assert state["admitted"] == [] and len(state["long_queue"]) == 4  # two short rounds cut 2 prompts each
+    fresh = RolloutScheduler(spec(n=2, groups=4, tail=TailSpec(1.5, 1.0)), engines=2)
+    assert fresh.load_state_dict(state, {p.uid: p for p in source.drawn}) == []
+    assert fresh.tail.plan(4, 2)[0] == "long" and sorted(state["long_queue"] + trained) == \
+        sorted(p.uid for p in source.drawn)
+    # Asynchronous: groups admitted ahead (in flight or committed) come back to be admitted again.
+    world = World(RolloutScheduler(spec(n=2, groups=2, async_ratio=2, replicate=True), engines=2), random.Random(5))
+    world.run_until_ready(1, source)
+    state = world.sched.state_dict()
+    assert len(state["admitted"]) == 4
+    with pytest.raises(ValueError, match="lacks"):
+        fresh.load_state_dict(state, {})
