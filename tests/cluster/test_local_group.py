@@ -165,6 +165,7 @@ def test_a_stream_is_read_part_by_part_while_its_method_runs(gates):
 def test_a_local_rollout_worker_streams_what_its_engine_generates(tiny_model_dir):
     import torch
 
+    from gyre.cluster.workers import SERVE
     from gyre.engines.hf_rollout import HFRolloutEngine
     from gyre.models.loading import load_causal_lm, load_tokenizer
 
@@ -174,8 +175,14 @@ def test_a_local_rollout_worker_streams_what_its_engine_generates(tiny_model_dir
                                                          torch.get_num_threads(), None)])
     params = SamplingParams(temperature=1.0, max_new_tokens=12, stop=tuple("aeiou0123"))
     requests = [GenerationRequest(f"r{i}", [3 + i, 7], params, n=6, seed=i) for i in range(4)]
-    (stream,) = group.submit(RolloutWorker.generate_stream, requests, 8)
-    parts = read_stream(stream)
+    stream = group.actors[0].serve.options(concurrency_group=SERVE).remote(8, 0.05)
+    group.call(RolloutWorker.add, requests)
+    parts = []
+    while sum(len(p) for p in parts) < 24:
+        assert transport.wait([stream], 1, 30.0)[0], "the stream sent nothing"
+        parts.append(transport.next_part(stream))
+    group.call(RolloutWorker.stop_serving)
+    assert read_stream(stream) == []  # stopping ends the stream
     assert len(parts) > 1  # finished samples came out before the rest were decoded
     engine = HFRolloutEngine(load_causal_lm(path), load_tokenizer(path), "cpu")
     streamed = sorted((r for p in parts for r in p), key=lambda r: (r.request_id, r.sample_index))

@@ -206,12 +206,12 @@ def test_hostile_programs_are_contained_and_scoring_goes_on(ray_local):
     batch = samples("code", len(responses))
     for sample, response in zip(batch, responses):
         sample.prompt.ground_truth = tests
-        sample.result.response_text = response
+        sample.response_text = response
     pool.score(batch)
     assert batch[0].reward.correct and batch[-1].reward.correct
     assert all(s.reward.score == 0.0 and not s.reward.correct for s in batch[1:-1])
     assert not os.path.exists("/tmp/gyre_escape_test")
     again = samples("code", 1)  # the workers are still healthy
-    again[0].prompt.ground_truth, again[0].result.response_text = tests, good
+    again[0].prompt.ground_truth, again[0].response_text = tests, good
     pool.score(again)
     assert again[0].reward.correct
