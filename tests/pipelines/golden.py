@@ -19,11 +19,11 @@ GOLDEN_DIR = Path(__file__).with_name("golden")
 
 CASES: dict[str, list[str]] = {
     # The quickstart recipe, shortened: SFT warm-up, then GRPO with hybrid rollout on two ranks.
-    "quickstart": ["run.steps=6", "sft_warmup.steps=200", "validation.every=3", "data.max_val_prompts=64",
+    "quickstart": ["run.steps=4", "sft_warmup.steps=150", "validation.every=2", "data.max_val_prompts=32",
                    "checkpoint.every=0", "logging.progress=false"],
     # Every role in its own process: rollout engine, reference, critic; GAE, a KL reward penalty and
     # mismatch importance weights (old log-probs recomputed).
-    "ppo_all_roles": ["algorithm.preset=ppo", "run.steps=4", "sft_warmup.steps=200", "validation.every=2",
+    "ppo_all_roles": ["algorithm.preset=ppo", "run.steps=3", "sft_warmup.steps=150", "validation.every=3",
                       "data.max_val_prompts=32", "checkpoint.every=0", "logging.progress=false",
                       "rollout.mode=separate", "cluster.cpu_slots=3", "rollout.devices=[0]", "policy.devices=[1,2]",
                       "reference.devices=[0]",
