@@ -13,6 +13,7 @@ import inspect
 import math
 import numbers
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ class RewardRequest:
     tag: str | None = None
     options: dict = field(default_factory=dict)
     """Per-request keyword arguments on top of the domain's (e.g. an adaptive code timeout)."""
+
+
+_IMPORTING = threading.Lock()
 
 
 class RewardSpecError(ValueError):
@@ -66,16 +70,19 @@ def _import_file(target: str):
     if not path.is_file():
         raise RewardSpecError(f"reward function file {target} does not exist")
     mod_name = f"gyre_user_reward_{abs(hash(str(path)))}"
-    module = sys.modules.get(mod_name)
-    if module is None:
-        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[mod_name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - the user's file failed at import: say where
-            del sys.modules[mod_name]  # a later load must run the file again, not find half a module
-            raise RewardSpecError(_import_failure(str(path), exc, path)) from None
+    with _IMPORTING:  # another thread must not find the module half run (in-process reward workers)
+        return sys.modules.get(mod_name) or _exec_file(mod_name, path)
+
+
+def _exec_file(mod_name: str, path: Path):
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[mod_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the user's file failed at import: say where
+        del sys.modules[mod_name]  # a later load must run the file again, not find half a module
+        raise RewardSpecError(_import_failure(str(path), exc, path)) from None
     return module
 
 

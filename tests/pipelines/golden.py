@@ -23,7 +23,7 @@ CASES: dict[str, list[str]] = {
                    "checkpoint.every=0", "logging.progress=false"],
     # Every role in its own process: rollout engine, reference, critic; GAE, a KL reward penalty and
     # mismatch importance weights (old log-probs recomputed).
-    "ppo_all_roles": ["algorithm.preset=ppo", "run.steps=3", "sft_warmup.steps=150", "validation.every=3",
+    "ppo_all_roles": ["algorithm.preset=ppo", "run.steps=3", "sft_warmup.steps=60", "validation.every=0",
                       "data.max_val_prompts=32", "checkpoint.every=0", "logging.progress=false",
                       "rollout.mode=separate", "cluster.cpu_slots=3", "rollout.devices=[0]", "policy.devices=[1,2]",
                       "reference.devices=[0]",
