@@ -2,7 +2,7 @@
 batching and asynchronous training (alpha 1 and 2), on the same cores, from one warm start.
 
 The task (``gyre.tasks.repeat``) asks for a character repeated k times: most answers are 1-6 characters,
-one prompt in ten asks for 24-40, so a synchronous step waits on its few longest samples. Each schedule
+one prompt in twelve asks for 40-60, so a synchronous step waits on its few longest samples. Each schedule
 trains for the same number of steps and seeds; the table gives samples trained per second and seconds
 per step (validation time excluded), their ratio to the best synchronous layout, and held-out reward at
 the end; a JSON file holds every run's curve (held-out reward against samples consumed).
@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-COMMON = ["cluster.cpu_slots=2", "rollout.prompts_per_step=16", "rollout.samples_per_prompt=4",
-          "rollout.sampling.max_new_tokens=48", "policy.micro_batch_size=64", "policy.optimizer.lr=5e-4",
+PROMPTS, SAMPLES = 32, 8
+COMMON = ["cluster.cpu_slots=2", f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}",
+          "rollout.sampling.max_new_tokens=64", "policy.micro_batch_size=128", "policy.optimizer.lr=5e-4",
           "reward.type=function", "reward.function=gyre.tasks.repeat:repeat_reward", "data.max_val_prompts=64",
           "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", "checkpoint.every=0"]
 HYBRID = ["rollout.mode=hybrid", "rollout.devices=[0,1]", "policy.devices=[0,1]"]
@@ -41,12 +42,12 @@ def warm_start(tmp: Path) -> tuple[str, dict]:
     from gyre.config import load_config
     from gyre.models.presets import init_model
     from gyre.pipelines.ablation import warm_start as shared_warm_start
-    from gyre.tasks.repeat import write_repeat_task
+    from gyre.tasks.repeat import RepeatSpec, write_repeat_task
 
-    data = write_repeat_task(tmp / "data")
+    data = write_repeat_task(tmp / "data", RepeatSpec(short=(1, 6), long=(40, 60), long_frac=0.08))
     model = init_model("tiny", tmp / "model")
     base = load_config(None, [f"model.path={model}", f"data.train_files=[{data['train']}]",
-                              f"sft_warmup.train_files=[{data['sft']}]", "sft_warmup.steps=300",
+                              f"sft_warmup.train_files=[{data['sft']}]", "sft_warmup.steps=40",
                               "sft_warmup.batch_size=64", "sft_warmup.micro_batch_size=64",
                               "sft_warmup.optimizer.lr=3e-3", *COMMON, *HYBRID])
     return shared_warm_start(base, tmp / "warm", lambda s: None), data
@@ -67,10 +68,10 @@ def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, eve
     timed = train[2:]  # the first steps pay for start-up (and async fills its pipeline)
     span = timed[-1]["time"] - timed[0]["time"] + timed[0]["time/step"]
     val_s = sum(r.get("time/validate", 0.0) for r in timed)
-    samples = 16 * 4 * len(timed)
+    samples = PROMPTS * SAMPLES * len(timed)
     curve, consumed = [], 0
     for r in records:
-        consumed += 64 if "time/step" in r else 0
+        consumed += PROMPTS * SAMPLES if "time/step" in r else 0
         if "val/reward/mean" in r:
             curve.append((consumed, r["val/reward/mean"]))
     return {"schedule": name, "seed": seed, "samples_per_s": samples / (span - val_s),
