@@ -37,6 +37,7 @@ bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/step_breakdown.py
 	$(BIN)/python bench/vs_trl.py
 	$(BIN)/python bench/code_sandbox.py
+	$(BIN)/python bench/rollout_schedules.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -77,6 +77,9 @@ def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, eve
     return {"schedule": name, "seed": seed, "samples_per_s": samples / (span - val_s),
             "s_per_step": statistics.mean(r["time/step"] for r in timed), "wall_s": wall, "curve": curve,
             "staleness_mean": statistics.mean(r.get("staleness/mean", 0.0) for r in train),
+            "generate_s": statistics.mean(r["time/generate"] for r in timed),
+            "train_s": statistics.mean(r["time/train"] for r in timed),
+            "groups_expired": sum(r.get("rollout/groups_expired", 0) for r in train),
             "tokens_wasted": sum(r.get("rollout/tokens_wasted", 0) for r in train),
             "response_length_max": statistics.mean(r["response_length/max"] for r in train)}
 
@@ -111,13 +114,15 @@ def report(results: list[dict]) -> None:
     mean = {k: statistics.mean(r["samples_per_s"] for r in v) for k, v in by.items()}
     best_sync = max((mean[k] for k in SYNC if k in mean), default=None)
     print(f"\n{'schedule':<14}{'samples/s':>11}{'s/step':>9}{'vs best sync':>14}{'held-out':>10}{'staleness':>11}"
-          f"{'wasted tok':>12}")
+          f"{'wasted tok':>12}{'generate s':>12}{'train s':>9}")
     for name, runs in by.items():
         ratio = f"{mean[name] / best_sync:.2f}x" if best_sync else "-"
         final = statistics.mean(r["curve"][-1][1] for r in runs if r["curve"]) if any(r["curve"] for r in runs) else 0
         print(f"{name:<14}{mean[name]:>11.1f}{statistics.mean(r['s_per_step'] for r in runs):>9.2f}{ratio:>14}"
               f"{final:>10.3f}{statistics.mean(r['staleness_mean'] for r in runs):>11.2f}"
-              f"{statistics.mean(r['tokens_wasted'] for r in runs):>12.0f}")
+              f"{statistics.mean(r['tokens_wasted'] for r in runs):>12.0f}"
+              f"{statistics.mean(r.get('generate_s', 0) for r in runs):>12.2f}"
+              f"{statistics.mean(r.get('train_s', 0) for r in runs):>9.2f}")
 
 
 if __name__ == "__main__":
