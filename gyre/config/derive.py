@@ -6,6 +6,7 @@ without starting Ray, and a bad batch size or an impossible placement fails befo
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -261,6 +262,12 @@ def _check_rollout_schedule(cfg: RLVRConfig, hybrid: bool, notes: list[str]) -> 
         if r.schedule == "sync":
             notes.append(f"rollout.async_ratio={r.async_ratio:g}: samples are queued one request each (queue "
                          "scheduling), over engines that keep generating while the policy trains")
+        a = cfg.algorithm
+        if a.mismatch.weight == "none" and a.policy_loss not in ("tis", "cispo", "topr", "decoupled_ppo"):
+            notes.append(f"warning: rollout.async_ratio={r.async_ratio:g} trains on samples up to "
+                         f"{math.ceil(r.async_ratio)} version(s) old and nothing corrects for it: set "
+                         "algorithm.mismatch.weight=token (truncated importance weights pi_old / mu) or an "
+                         "off-policy loss (algorithm.policy_loss=decoupled_ppo, tis, cispo or topr)")
     if r.tail_batching is not None and r.dynamic_sampling is not None:
         raise ConfigError("rollout.tail_batching and rollout.dynamic_sampling both decide which groups of a round "
                           "train: use one of them")

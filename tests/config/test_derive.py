@@ -94,3 +94,20 @@ def test_hybrid_rollout_runs_on_the_policy_ranks():
         plan_for("rollout.mode=hybrid", "policy.devices=[0,1]", "rollout.devices=[2]")
     with pytest.raises(ConfigError, match="needs policy.strategy=ddp"):
         plan_for("rollout.mode=hybrid", "policy.strategy=fsdp2")
+
+
+def test_rollout_schedule_rules():
+    with pytest.raises(ConfigError, match="rollout.mode=separate"):
+        plan_for("rollout.async_ratio=1", "rollout.mode=hybrid", "rollout.devices=[0]", "policy.devices=[0]")
+    with pytest.raises(ConfigError, match=r"share devices \[0\]: give rollout.devices and policy.devices disjoint"):
+        plan_for("rollout.async_ratio=1", "rollout.devices=[0]", "policy.devices=[0,1]")
+    with pytest.raises(ConfigError, match="tail_batching keeps synchronous semantics"):
+        plan_for("rollout.async_ratio=1", "rollout.devices=[0]", "policy.devices=[1]", "rollout.tail_batching={}")
+    with pytest.raises(ConfigError, match="use one of them"):
+        plan_for("rollout.tail_batching={}", "rollout.dynamic_sampling={}")
+    plan = plan_for("rollout.async_ratio=1.5", "rollout.devices=[0]", "policy.devices=[1]")
+    assert any("queue scheduling" in n for n in plan.notes)
+    assert any("up to 2 version(s) old and nothing corrects" in n for n in plan.notes)
+    corrected = plan_for("rollout.async_ratio=2", "rollout.devices=[0]", "policy.devices=[1]",
+                         "algorithm.mismatch.weight=token")
+    assert not any("nothing corrects" in n for n in corrected.notes) and corrected.recompute_old_logprobs
