@@ -91,6 +91,10 @@ class EngineHost:
         if self._loop is not None:
             self._loop.stop(timeout_s=60)
 
+    def busy_seconds(self) -> float:
+        """Seconds this engine spent decoding since the last call (call it in the ``PROBE`` group)."""
+        return self._loop.take_busy_s() if self._loop is not None else 0.0
+
 
 class TrainerRank:
     """What every data-parallel trainer actor shares: the process group, checkpoints, memory.

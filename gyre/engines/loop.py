@@ -45,6 +45,7 @@ class EngineLoop:
         self.on_busy, self.on_idle = on_busy, on_idle
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._running = False
+        self._busy_s = 0.0
 
     # ---- control (any thread) -------------------------------------------------------------------
     def add(self, requests: Sequence[GenerationRequest]) -> None:
@@ -75,6 +76,11 @@ class EngineLoop:
             raise command.error
         return command.reply
 
+    def take_busy_s(self) -> float:
+        """Seconds spent decoding since the last call (for the idle-fraction metrics)."""
+        busy, self._busy_s = self._busy_s, 0.0
+        return busy
+
     # ---- the loop (one thread) ------------------------------------------------------------------
     def serve(self, idle_poll_s: float = 0.05) -> Iterator[list[GenerationResult]]:
         self._running = True
@@ -89,7 +95,9 @@ class EngineLoop:
                     if not decoding and self.on_busy:
                         self.on_busy()
                     decoding = True
+                    t0 = time.perf_counter()
                     pending += self.engine.step()
+                    self._busy_s += time.perf_counter() - t0
                 elif decoding:
                     decoding = False
                     if self.on_idle:

@@ -119,6 +119,7 @@ class RLVRPipeline:
         with _phase(timer, "weight_sync"):
             self.publish(step)
         timer["step"] = time.perf_counter() - t_start
+        idle = self.idle_fractions(timer, self.rollout.busy_seconds())
         # Samples carry the version that generated them; the policy trained them at version step - 1.
         sample_version = min(t.weight_version for t in trajectories)
         versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
@@ -126,7 +127,7 @@ class RLVRPipeline:
         faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries,
                   "fault/rollout_engine_deaths": self.rollout.driver.engine_deaths}
         return {**sample_metrics(trajectories), **domain_metrics(trajectories, self.cfg.reward), **reward_stats,
-                **algo_metrics, **train_metrics, **versions, **rollout.stats, **faults,
+                **algo_metrics, **train_metrics, **versions, **rollout.stats, **idle, **faults,
                 **{f"time/{k}": v for k, v in timer.items()}}
 
     # ---- steps ------------------------------------------------------------------------------
@@ -149,6 +150,14 @@ class RLVRPipeline:
         metrics.update(estimate_advantages(batch, groups, self.cfg.algorithm, self.plan, self.algo_state,
                                            self.cfg.rollout.sampling.max_new_tokens, keep))
         return metrics
+
+    def idle_fractions(self, timer: dict[str, float], engine_busy: list[float]) -> dict[str, float]:
+        """The share of the step each role was idle: rollout engines (not decoding, their mean) and the
+        policy (not computing log-probs or training: waiting for the batch or the weight sync)."""
+        step = timer["step"]
+        busy = sum(engine_busy) / len(engine_busy)
+        return {"idle/rollout": max(0.0, 1 - busy / step),
+                "idle/policy": max(0.0, 1 - (timer.get("logprobs", 0) + timer.get("train", 0)) / step)}
 
     def publish(self, version: int) -> None:
         """The engines take the policy's weights as ``version`` (verified on each)."""

@@ -103,6 +103,12 @@ class RolloutMachine:
     def close(self) -> None:
         self.driver.close()
 
+    def busy_seconds(self) -> list[float]:
+        """Seconds each engine spent decoding since the last call."""
+        group = self.engines
+        refs = [group.submit_to(rank, EngineHost.busy_seconds, probe=True) for rank in range(len(group))]
+        return group.gather(refs, EngineHost.busy_seconds)
+
     def state_dict(self) -> dict:
         return self.scheduler.state_dict()
 

@@ -26,6 +26,7 @@ def test_async_training_stays_inside_its_window(ray_local, tiny_model_dir, arith
     assert records[0]["staleness/lag_0"] == 1.0 and records[1]["staleness/lag_1"] == 1.0
     assert records[0]["rollout/groups_admitted"] == 8
     assert all(r["weight_version"] == r["step"] for r in records)
+    assert all(0 <= r["idle/rollout"] <= 1 and 0 <= r["idle/policy"] <= 1 for r in records)
 
 
 def test_tail_batching_and_dynamic_sampling_in_a_synchronous_run(ray_local, tiny_model_dir, arithmetic_data,
