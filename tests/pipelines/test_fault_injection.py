@@ -64,3 +64,25 @@ def test_every_kind_of_fault_and_a_killed_driver(straight, tmp_path, tiny_model_
     faults = [Fault("rollout", "kill"), Fault("rollout", "stop"), Fault("policy", "kill"),
               Fault("reward_subprocess", "kill"), Fault("reward", "stop"), Fault("driver", "kill")]
     drill(straight, tmp_path, tiny_model_dir, arithmetic_data, faults, seed=2)
+
+
+@pytest.mark.slow
+def test_a_rollout_engine_killed_in_an_async_run_is_replaced_in_place(tmp_path, tiny_model_dir, arithmetic_data):
+    """Asynchronous training (rollout and policy on their own slots): killed rollout engines are replaced
+    without rebuilding the run, their samples regenerated on a fresh engine; no prompt is lost."""
+    import json
+
+    config = drill_config(tmp_path, "async", tiny_model_dir, arithmetic_data, 2)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["rollout"]["async_ratio"] = 1
+    cfg["validation"]["every"] = 0
+    config.write_text(yaml.safe_dump(cfg))
+    report = run_drill(config, [Fault("rollout", "kill"), Fault("rollout", "kill")], seed=4, gap_s=(0.2, 1.0),
+                       timeout_s=600)
+    assert len(report.injected) == 2 and report.driver_starts == 1
+    records = [json.loads(line) for line in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r.get("step", 0) > 0]
+    assert [r["step"] for r in train] == list(range(1, STEPS + 1))
+    assert train[-1]["fault/rollout_engine_deaths"] + train[-1]["fault/recoveries"] >= 2
+    assert train[-1]["fault/rollout_engine_deaths"] >= 1
+    assert all(r["staleness/violations"] == 0 for r in train)
