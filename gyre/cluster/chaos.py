@@ -119,7 +119,7 @@ def plan_faults(count: int, seed: int, targets: tuple[Target, ...] = ("policy", 
 
 # ---- drills: a run under faults, compared with an uninterrupted one -----------------------------------
 
-_VOLATILE = ("time", "time/", "reward/latency", "/reward_latency", "fault/")
+_VOLATILE = ("time", "time/", "idle/", "reward/latency", "/reward_latency", "fault/")
 """Metric keys that measure time or count faults: they differ between a faulted run and a straight one."""
 
 

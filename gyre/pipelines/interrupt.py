@@ -35,6 +35,18 @@ class RunInterrupted(BaseException):
         return 128 + self.signum
 
 
+def interruption_in(exc: BaseException) -> RunInterrupted | None:
+    """The RunInterrupted behind ``exc``, if any: the handler's exception raised while the main thread was
+    inside native code (Ray's wait) can surface as that code's SystemError, with ours as its context."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, RunInterrupted):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 @contextmanager
 def stop_on_signals():
     """Within the block, SIGINT and SIGTERM raise RunInterrupted once, then force the exit. Signal
@@ -66,6 +78,11 @@ def stop_on_signals():
         signal.signal(s, first)
     try:
         yield
+    except Exception as exc:  # noqa: BLE001 - only to unwrap an interruption raised inside native code
+        interrupted = interruption_in(exc)
+        if interrupted is None:
+            raise
+        raise interrupted from None
     finally:
         for timer in timers:
             timer.cancel()

@@ -18,7 +18,7 @@ from gyre.cluster.reward_pool import RewardWorkerError
 from gyre.config.derive import RunPlan, make_plan
 from gyre.config.report import format_plan, resolved_yaml
 from gyre.config.schema import RLVRConfig
-from gyre.pipelines.interrupt import RunInterrupted
+from gyre.pipelines.interrupt import RunInterrupted, interruption_in
 from gyre.pipelines.preflight import check_code_sandboxes, load_data, preflight, resolve_paths
 from gyre.pipelines.reward_checks import RewardProbe
 from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start
@@ -76,6 +76,12 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
     except (RunInterrupted, RewardWorkerError) as exc:
         exc.output_dir = Path(cfg.run.output_dir)  # the CLI names its last checkpoint and the resume command
         raise
+    except Exception as exc:  # noqa: BLE001 - a signal that landed inside native code: report it as one
+        interrupted = interruption_in(exc)
+        if interrupted is None:
+            raise
+        interrupted.output_dir = Path(cfg.run.output_dir)
+        raise interrupted from None
 
 
 def run_with_recovery(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo):

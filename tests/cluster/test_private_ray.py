@@ -145,3 +145,26 @@ def test_a_private_run_beside_another_ray_stops_cleanly_on_sigterm_and_resumes(
     assert proc.returncode == 0, out[-3000:]
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, step + 2))
+
+
+def test_an_interruption_wrapped_by_native_code_is_still_an_interruption():
+    """A signal handler's exception raised inside a Cython call (Ray's wait) surfaces as a SystemError with
+    ours as its context; the run still stops as interrupted, with the exit code of the signal."""
+    import signal
+
+    from gyre.pipelines.interrupt import RunInterrupted, interruption_in, stop_on_signals
+
+    def wrapped():
+        try:
+            raise RunInterrupted(signal.SIGTERM)
+        except RunInterrupted:
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from None
+
+    try:
+        wrapped()
+    except SystemError as exc:
+        assert isinstance(interruption_in(exc), RunInterrupted)  # found through __context__
+    with pytest.raises(RunInterrupted) as caught, stop_on_signals():
+        wrapped()
+    assert caught.value.exit_code == 143
+    assert interruption_in(ValueError("unrelated")) is None

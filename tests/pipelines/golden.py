@@ -35,7 +35,7 @@ CASES: dict[str, list[str]] = {
 
 
 def _is_timing(key: str) -> bool:
-    return key == "time" or key.startswith("time/") or "latency" in key
+    return key == "time" or key.startswith(("time/", "idle/")) or "latency" in key
 
 
 def stream(metrics_file: Path) -> list[dict]:

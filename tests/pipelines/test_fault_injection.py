@@ -14,7 +14,7 @@ import yaml
 
 from gyre.cluster.chaos import Fault, compare_runs, run_drill
 
-STEPS = 60
+STEPS = 40
 
 
 def drill_config(tmp_path, name, model_dir, data, restarts):
