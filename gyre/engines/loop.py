@@ -114,6 +114,17 @@ class EngineLoop:
             self._running = False
             if decoding and self.on_idle:
                 self.on_idle()
+            self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """Commands nobody will apply now: their callers get an error instead of waiting forever."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command.error = RuntimeError(f"the engine loop stopped before a {command.kind!r} command ran")
+            command.done.set()
 
     def _drain(self, out: list, block_s: float) -> bool:
         """Apply every queued command (waiting up to ``block_s`` for the first); False on "stop"."""
@@ -141,8 +152,10 @@ class EngineLoop:
                 engine.suspend()
                 if not command.partial:
                     out += engine.abort(engine.request_ids())
-                command.reply = command.load()
-                engine.resume()
+                try:
+                    command.reply = command.load()
+                finally:  # a failed load is the caller's error; the engine must not stay suspended
+                    engine.resume()
             elif command.kind == "stop":
                 out += engine.abort(engine.request_ids())
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, the loop goes on

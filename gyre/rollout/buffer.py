@@ -22,7 +22,8 @@ def staleness_limit(alpha: float) -> int:
 def oldest_quota(alpha: float, size: int) -> int:
     """How many of ``size`` groups may be exactly ``staleness_limit(alpha)`` versions old."""
     frac = alpha - math.floor(alpha)
-    return size if frac == 0 else math.floor(frac * size)
+    # Rounded first: 1.2 - 1 is 0.19999999999999996, and 0.2 x 5 must give 1, not 0.
+    return size if round(frac, 12) == 0 else math.floor(round(frac * size, 9))
 
 
 @dataclass

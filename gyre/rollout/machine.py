@@ -70,7 +70,7 @@ class RolloutMachine:
     def wait_for(self, group: RoleGroup, method: str, refs: Sequence) -> None:
         """Return once ``refs`` (a call of ``method`` on ``group``, within its deadline) are ready, carrying
         the rollout on meanwhile: samples scored and committed, new groups admitted as capacity frees."""
-        sched, step = self.scheduler, self.version + 1
+        sched, step = self.scheduler, self.version + 2  # admitted now, they serve the step after this one
         if refs:
             self.driver.run(sched, lambda: False, "train", refill=lambda: sched.admit(step, self._draw),
                             until=refs, until_call=(group, method))
@@ -110,7 +110,10 @@ class RolloutMachine:
         return group.gather(refs, EngineHost.busy_seconds)
 
     def state_dict(self) -> dict:
-        return self.scheduler.state_dict()
+        state = self.scheduler.state_dict()
+        # Prompts a checkpoint gave back and not admitted again yet come first.
+        state["admitted"] = [p.uid for p in self._readmit] + state["admitted"]
+        return state
 
     def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord]) -> None:
         """Continue from a checkpoint: its drawn-but-untrained prompts are admitted again first."""

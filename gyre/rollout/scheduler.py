@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gyre.rollout.assignment import assign_requests
-from gyre.rollout.buffer import GroupBuffer, staleness_limit
+from gyre.rollout.buffer import GroupBuffer, oldest_quota, staleness_limit
 from gyre.rollout.policies import GroupFilter, TailBatching, TailSpec
 from gyre.seeding import derive_seed
 from gyre.types import (
@@ -295,10 +295,28 @@ class RolloutScheduler:
         """The engines now hold ``version``: later groups start there; groups that can no longer train
         within the window (start version < version - ceil(alpha)) are aborted, in flight or buffered."""
         self.version = version
-        oldest = version - staleness_limit(self.spec.async_ratio)
+        alpha = self.spec.async_ratio
+        oldest = version - staleness_limit(alpha)
         for flight in [f for f in self.flights.values() if f.group.admitted_version < oldest]:
             self._abort_group(flight, "rollout/groups_expired")
-        self._count("rollout/groups_expired", len(self.buffer.drop_expired(version + 1, self.spec.async_ratio)))
+        self._count("rollout/groups_expired", len(self.buffer.drop_expired(version + 1, alpha)))
+        if oldest >= 0 and staleness_limit(alpha) > 0:
+            self._trim_edge(oldest, oldest_quota(alpha, self.spec.batch_groups))
+
+    def _trim_edge(self, oldest: WeightVersion, quota: int) -> None:
+        """Groups started at ``oldest`` can only train in the next batch, at most ``quota`` of them: the
+        newest beyond that are aborted now, so their slots go to groups that can train (else a fractional
+        alpha below 1 fills the window with groups no batch may take)."""
+        edge = sorted([*((f.seq, f) for f in self.flights.values() if f.group.admitted_version == oldest),
+                       *((seq, g) for seq, g in self.buffer.entries if g.admitted_version == oldest)],
+                      key=lambda e: e[0])
+        for _, item in edge[quota:]:
+            if isinstance(item, _Flight):
+                self._abort_group(item, "rollout/groups_expired")
+            else:
+                self.buffer.entries = [(s, g) for s, g in self.buffer.entries if g is not item]
+                item.status = "aborted"
+                self._count("rollout/groups_expired")
 
     # ---- batches ---------------------------------------------------------------------------------
     def ready(self, step: int) -> bool:
@@ -310,7 +328,8 @@ class RolloutScheduler:
         if self.filtered and not self.flights and not self.capacity(step) and self.spec.max_draws is not None:
             while self.filtered and not self.buffer.ready(step, size, alpha):
                 group = self.filtered.pop()
-                self.buffer.put(-1, group)  # rejected groups go last in the batch order
+                self.buffer.put(self._seq, group)  # rejected groups go last in the batch order
+                self._seq += 1
                 self._count("rollout/filter_fallback")
         return self.buffer.ready(step, size, alpha)
 

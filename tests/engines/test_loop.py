@@ -92,3 +92,16 @@ def test_an_abort_returns_the_partial_on_the_stream_and_a_stop_ends_serving(engi
     assert partial.finish_reason == "abort" and 0 < len(partial.response_ids) < 10_000
     served.stop()
     assert not engine.busy
+
+
+def test_a_failed_weight_load_is_the_callers_error_and_the_engine_goes_on(engine):
+    served = Served(EngineLoop(engine))
+
+    def broken():
+        raise ValueError("weight bundle holds version 3, expected 2")
+
+    with pytest.raises(ValueError, match="holds version 3"):
+        served.loop.update(broken, timeout_s=10)
+    served.loop.add([request(engine, "1+2=", "after", seed=3)])
+    served.wait_for(1)  # not left suspended
+    served.stop()

@@ -206,3 +206,28 @@ def test_a_checkpoint_keeps_every_prompt_drawn_and_not_trained():
     assert len(state["admitted"]) == 4
     with pytest.raises(ValueError, match="lacks"):
         fresh.load_state_dict(state, {})
+
+
+@pytest.mark.parametrize("alpha", [0.25, 0.5, 0.75, 1.2])
+def test_fractional_alpha_admitting_during_training_never_stalls(alpha):
+    """As the asynchronous pipeline does: groups are admitted for the next step while the policy trains,
+    under the old weights. Those beyond what the next batch may take at the window's edge are aborted at
+    the publication, so the window never fills with groups no batch can use."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        world = World(RolloutScheduler(spec(n=2, groups=4, async_ratio=alpha, replicate=True), engines=2), rng)
+        source = Source()
+        for step in range(1, 9):
+            batch = world.run_until_ready(step, source)
+            assert world.sched.take_stats()["staleness/violations"] == 0 and len(batch) == 4
+            world.sched.admit(step + 1, source)  # while training step `step`
+            world.pump()
+            for _ in range(rng.randrange(10)):
+                world.step()
+            world.publish(step)
+
+
+def test_oldest_quota_is_exact_for_decimal_alphas():
+    from gyre.rollout.buffer import oldest_quota
+
+    assert [oldest_quota(1.2, 5), oldest_quota(1.2, 10), oldest_quota(2.4, 5), oldest_quota(3.9, 10)] == [1, 2, 2, 9]
