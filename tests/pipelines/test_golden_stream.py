@@ -8,7 +8,10 @@ import pytest
 from tests.pipelines.golden import CASES, GOLDEN_DIR, differences, run_case
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# The PPO case (every role in its own process, about 25 s) runs with `make test-all`; the default suite
+# keeps the quickstart's stream.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "quickstart" else n
+                                  for n in sorted(CASES)])
 def test_metric_stream_matches_golden(name, ray_local, tmp_path):
     golden = [json.loads(line) for line in (GOLDEN_DIR / f"{name}.jsonl").read_text().splitlines()]
     problems = differences(golden, run_case(name, tmp_path / name))

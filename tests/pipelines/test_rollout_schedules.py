@@ -1,8 +1,10 @@
 """The rollout machine's schedules in real runs (Ray actors, a tiny model): asynchronous training within
-its staleness window, tail batching, dynamic sampling with refill, redundancy, queue scheduling."""
+its staleness window, tail batching; dynamic sampling with refill, redundancy and queue scheduling (slow)."""
 
 import json
 from pathlib import Path
+
+import pytest
 
 from gyre.pipelines import launch
 from tests.pipelines.test_rlvr_integration import quick_config
@@ -29,13 +31,17 @@ def test_async_training_stays_inside_its_window(ray_local, tiny_model_dir, arith
     assert all(0 <= r["idle/rollout"] <= 1 and 0 <= r["idle/policy"] <= 1 for r in records)
 
 
-def test_tail_batching_and_dynamic_sampling_in_a_synchronous_run(ray_local, tiny_model_dir, arithmetic_data,
-                                                                  tmp_path):
+def test_tail_batching_in_a_synchronous_run(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     tail = train(tmp_path / "tail", tiny_model_dir, arithmetic_data, f"reward.function={REWARD}:digit_fraction",
                  "rollout.tail_batching={eta_prompts: 1.5, eta_samples: 1.5}", "rollout.mode=hybrid")
     # Short rounds launch 6 prompts x 6 samples and train 4 x 4: two prompts cut per round.
     assert all(r["rollout/groups_admitted"] == 6 or r["rollout/long_round"] == 1 for r in tail)
     assert sum(r.get("rollout/groups_cut", 0) for r in tail) >= 2 and all(r["staleness/lag_0"] == 1 for r in tail)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_with_redundancy_in_a_queue_scheduled_run(ray_local, tiny_model_dir, arithmetic_data,
+                                                                   tmp_path):
     dyn = train(tmp_path / "dyn", tiny_model_dir, arithmetic_data, f"reward.function={REWARD}:uniform_on_even_prompts",
                 "rollout.dynamic_sampling={max_draws: 4}", "rollout.schedule=queue", "rollout.redundancy=1")
     assert sum(r.get("rollout/groups_filtered", 0) for r in dyn) > 0
