@@ -126,19 +126,25 @@ class TailBatchingConfig(StrictModel):
     time, in a long round to completion. Every prompt still trains exactly once."""
 
     eta_prompts: Annotated[float, Field(ge=1)] = 1.25
+    """Prompts a short round launches, as a multiple of prompts_per_step (RollPacker recommends 1.25)."""
     eta_samples: Annotated[float, Field(ge=1)] = 1.25
+    """Samples each prompt of a short round asks for, as a multiple of samples_per_prompt."""
 
 
 class RolloutConfig(StrictModel):
     devices: DeviceList = (0,)
+    """Devices (GPU indices, or CPU slots) of the rollout engines: one engine per device."""
     backend: Literal["hf"] = "hf"
+    """The inference engine: gyre's continuously batching Hugging Face engine."""
     mode: Literal["separate", "hybrid"] = "separate"
     """separate: rollout engines are actors of their own holding a copy of the weights, synced after every
     step (what disaggregation needs). hybrid: every policy rank also samples, with its own training
     weights: nothing to transfer, one copy of the model per device. Hybrid needs rollout.devices equal to
     policy.devices and policy.strategy ddp (sampling from FSDP2 shards would gather weights every token)."""
     prompts_per_step: PositiveInt = 8
+    """Groups (prompts) in each training batch (P)."""
     samples_per_prompt: PositiveInt = 8
+    """Samples in each group (R): group baselines are taken over them."""
     max_batch_size: PositiveInt | None = None
     """Most sequences one engine decodes at once (more requests queue and join as rows finish); None
     decodes everything it is given together."""

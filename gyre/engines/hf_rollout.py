@@ -18,11 +18,9 @@ import torch
 
 from gyre.engines import memory
 from gyre.engines.kv_batch import KVBatch
-from gyre.engines.sampling import StopChecker, filter_logits, position_noise, sample_tokens
+from gyre.engines.sampling import StopChecker, position_noise, sample_tokens
 from gyre.models.loading import eos_token_ids
 from gyre.types import GenerationRequest, GenerationResult, SamplingParams, WeightVersion
-
-__all__ = ["HFRolloutEngine", "filter_logits"]
 
 # Compact the decoding batch once at least this fraction of its rows has finished.
 _COMPACT_FRACTION = 0.25

@@ -189,10 +189,10 @@ class RolloutScheduler:
         self._count("rollout/groups_admitted", len(prompts))
         self._assign(requests)
 
-    def _request(self, flight: _Flight, request_id: str, first: int, n: int, prefix=()) -> GenerationRequest:
+    def _request(self, flight: _Flight, request_id: str, first: int, n: int) -> GenerationRequest:
         g = flight.group
         return GenerationRequest(request_id, g.prompt.prompt_ids, self.spec.sampling, n=n, seed=g.seed,
-                                 first_sample=first, prefix=tuple(prefix))
+                                 first_sample=first)
 
     def _assign(self, requests: list[GenerationRequest]) -> None:
         """Spread requests over engines on top of their outstanding work (prompt + budget per sample)."""

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from gyre.engines.base import RolloutEngine
-from gyre.engines.hf_rollout import HFRolloutEngine, filter_logits
+from gyre.engines.hf_rollout import HFRolloutEngine
+from gyre.engines.sampling import filter_logits
 from gyre.models.loading import load_causal_lm, load_tokenizer
 from gyre.models.logprobs import token_logprobs
 from gyre.types import GenerationRequest, SamplingParams
