@@ -1,5 +1,6 @@
 """Rollout schedules side by side on a long-tailed task: synchronous layouts, queue scheduling, tail
-batching and asynchronous training (alpha 1 and 2), on the same cores, from one warm start.
+batching and asynchronous training (alpha 1 and 2, in window and lockstep mode), on the same cores, from
+one warm start.
 
 The task (``gyre.tasks.repeat``) asks for a character repeated k times: most answers are 1-6 characters,
 one prompt in twelve asks for 40-60, so a synchronous step waits on its few longest samples. Each schedule
@@ -33,6 +34,8 @@ SCHEDULES: dict[str, list[str]] = {
     "tail-hybrid": [*HYBRID, "rollout.tail_batching={}"],
     "async-1": [*SPLIT, "rollout.async_ratio=1"],
     "async-2": [*SPLIT, "rollout.async_ratio=2"],
+    "lockstep-1": [*SPLIT, "rollout.async_ratio=1", "rollout.async_mode=lockstep"],
+    "lockstep-2": [*SPLIT, "rollout.async_ratio=2", "rollout.async_mode=lockstep"],
 }
 SYNC = ("sync-hybrid", "sync-split")
 

@@ -219,11 +219,31 @@ class Group:
     """The policy version current when the group was admitted (its start version)."""
     trajectories: list[Trajectory] = dataclasses.field(default_factory=list)
     status: GroupStatus = "admitted"
+    admitted_for: int = 0
+    """The training step it was admitted for (under lockstep asynchrony, the batch it trains in)."""
 
     @property
     def complete(self) -> bool:
         """Every wanted trajectory is scored."""
         return sum(t.status == "scored" for t in self.trajectories) >= self.size
+
+    def to_dict(self) -> dict:
+        """Plain data (lists, numbers, strings) for a checkpoint: ``from_dict`` gives the group back exactly."""
+        out = dataclasses.asdict(self)
+        for t in out["trajectories"]:
+            del t["prompt"]  # the group's own
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Group:
+        prompt = PromptRecord(**data["prompt"])
+        trajectories = []
+        for t in data["trajectories"]:
+            reward = RewardResult(**t["reward"]) if t["reward"] is not None else None
+            segments = [Segment(**s) for s in t["segments"]]
+            trajectories.append(Trajectory(prompt, t["sample_index"], segments, t["response_text"],
+                                           t["finish_reason"], reward, t["status"]))
+        return cls(**{**data, "prompt": prompt, "trajectories": trajectories})
 
 
 @dataclass

@@ -125,7 +125,8 @@ class RLVRPipeline:
         versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
                     "weight_version": self.rollout.version}
         faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries,
-                  "fault/rollout_engine_deaths": self.rollout.driver.engine_deaths}
+                  "fault/rollout_engine_deaths": self.rollout.driver.engine_deaths,
+                  "fault/rollout_engine_hangs": self.rollout.driver.engine_hangs}
         return {**sample_metrics(trajectories), **domain_metrics(trajectories, self.cfg.reward), **reward_stats,
                 **algo_metrics, **train_metrics, **versions, **rollout.stats, **idle, **faults,
                 **{f"time/{k}": v for k, v in timer.items()}}
@@ -204,7 +205,7 @@ class RLVRPipeline:
         self.rewards.load_state_dict(state.algorithm.get("rewards", {}))
         try:
             self.data.train_sampler.load_state_dict(state.data)
-            self.rollout.load_state_dict(state.rollout, {p.uid: p for p in self.data.train})
+            self.rollout.load_state_dict(state.rollout, {p.uid: p for p in self.data.train}, state.step)
         except ValueError as exc:
             raise ResumeError(f"cannot resume from {path}: {exc}") from None
         self.reward_totals.update(state.reward_totals)
@@ -228,7 +229,8 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
         replicate=r.replicate, redundancy=r.redundancy,
         group_filter=GroupFilter(ds.min_std, ds.mean_range) if ds else None,
         max_draws=math.ceil(ds.max_draws * r.prompts_per_step) if ds else None,
-        tail=TailSpec(tail.eta_prompts, tail.eta_samples) if tail else None)
+        tail=TailSpec(tail.eta_prompts, tail.eta_samples) if tail else None,
+        lockstep=r.async_ratio > 0 and r.async_mode == "lockstep")
 
 
 def domain_metrics(samples: list[Trajectory], reward) -> dict:

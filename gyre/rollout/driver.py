@@ -6,8 +6,9 @@ as they finish. The driver carries out the scheduler's commands (``Generate``: a
 streams, rewards from the pool) into the scheduler's events, until the caller's condition holds. It can
 also wait on other refs meanwhile (a training call), so rollout goes on while the learner works.
 
-A dead engine, or one that stalls past the watchdog's deadline with work outstanding, raises
-``RoleFault`` (role, rank, cause).
+A dead engine, or one that hands back nothing for longer than the watchdog's deadline while it owes
+samples, is replaced in place when the driver has a ``restore`` (its samples asked of the others);
+without one (hybrid engines are policy ranks) it raises ``RoleFault`` (role, rank, cause).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from gyre.cluster.workers import SERVE, EngineHost
 from gyre.rollout.scheduler import Abort, Generate, RolloutScheduler, Score
 
 log = logging.getLogger(__name__)
+
+_MAX_HANGS_PER_ENGINE = 3
+"""In-place replacements of hung engines a run allows, per engine, before a hang is the run's fault."""
 
 
 @dataclass
@@ -47,10 +51,14 @@ class RolloutDriver:
         self.restore = restore
         self.engine_deaths = 0
         """Engines that died and were replaced in place."""
+        self.engine_hangs = 0
+        """Engines replaced in place because they stopped handing back samples."""
         self.rewards = rewards
         self.emit_every, self.emit_after_s = emit_every, emit_after_s
         self._streams: dict = {}
         """Each engine's serve stream -> its rank."""
+        self._heard: dict[int, float] = {}
+        """Busy engine -> when it last handed back samples (or became busy): its silence is timed from there."""
         self.schedulers: dict[str, RolloutScheduler] = {}
         """Every scheduler with work on the engines, by the stream name that prefixes its request ids."""
 
@@ -76,7 +84,9 @@ class RolloutDriver:
                 pending = transport.wait(until, num_returns=len(until), timeout=0)[1]
                 raise waited.hung(until_call[0].actors, [i for i, r in enumerate(until) if r in pending])
             busy = sorted({e for s in self.schedulers.values() for e in s.busy_engines()})
-            if busy and clock.expired() and not until:
+            if self.restore is not None:
+                self._replace_silent(busy, clock.deadline_s)
+            elif busy and clock.expired() and not until:
                 raise clock.hung(self.engines.actors, busy)
             self._events(clock.slice(), until)
             if refill is not None:
@@ -94,16 +104,27 @@ class RolloutDriver:
         return times
 
     def send(self, commands: list) -> None:
+        """Carry out commands in order; an engine's ``Generate`` commands go as one call (requests asked
+        together start together: which requests share a decoding step must not depend on timing)."""
+        adds: dict[int, list] = {}
         for command in commands:
             if isinstance(command, Generate):
-                self.engines.actors[command.engine].add.remote(list(command.requests))
-            elif isinstance(command, Abort):
+                adds.setdefault(command.engine, []).extend(command.requests)
+                continue
+            if isinstance(command, Abort):
+                self._add(adds)  # an abort follows the requests it names
                 for engine, ids in command.by_engine.items():
                     self.engines.actors[engine].abort.remote(list(ids))
             elif isinstance(command, Score):
                 self.rewards.submit(list(command.trajectories))
             else:
                 raise TypeError(f"unknown rollout command {command!r}")
+        self._add(adds)
+
+    def _add(self, adds: dict[int, list]) -> None:
+        for engine, requests in adds.items():
+            self.engines.actors[engine].add.remote(requests)
+        adds.clear()
 
     def close(self) -> None:
         """End the serve streams (the actors live on)."""
@@ -125,12 +146,14 @@ class RolloutDriver:
         if ready and rest:  # everything else that is in as well, before judging any deadline
             ready += transport.wait(rest, num_returns=len(rest), timeout=0)[0]
         for stream in [r for r in ready if r in self._streams]:
+            if self._streams[stream] in self._heard:
+                self._heard[self._streams[stream]] = time.monotonic()
             try:
                 part = self._next(stream)
             except RoleFault as fault:
                 if fault.kind != "died" or self.restore is None:
                     raise
-                self._replace(stream, fault)
+                self.replace(self._streams[stream], fault)
                 continue
             by_stream: dict[str, list] = {}
             for result in part:
@@ -143,16 +166,36 @@ class RolloutDriver:
             for s in self.schedulers.values():
                 s.on_scored(scored)
 
-    def _replace(self, stream, fault: RoleFault) -> None:
-        """A dead engine: the schedulers ask its samples of the others, a fresh engine with the current
-        weights takes its place and serves again."""
-        rank = self._streams.pop(stream)
+    def _replace_silent(self, busy: list[int], deadline_s: float) -> None:
+        """Replace every engine that owes samples and has handed back none for ``deadline_s`` (stopped,
+        frozen, or wedged): a hang costs its samples' progress, not the run."""
+        now = time.monotonic()
+        self._heard = {rank: self._heard.get(rank, now) for rank in busy}
+        for rank in [r for r in busy if now - self._heard[r] > deadline_s]:
+            fault = RoleFault(self.engines.name, (rank,), "serve", "hung",
+                              f"handed back no sample for {now - self._heard[rank]:.0f} s while owing some "
+                              f"(deadline {deadline_s:.0f} s)")
+            self.engine_hangs += 1
+            if self.engine_hangs > _MAX_HANGS_PER_ENGINE * len(self.engines):
+                raise fault  # systemic (the deadline is too tight, or every fresh engine hangs)
+            self.replace(rank, fault)
+
+    def replace(self, rank: int, fault: RoleFault) -> None:
+        """Engine ``rank`` is lost: the schedulers ask its samples of the others, a fresh engine with the
+        current weights takes its place (and serves again, when the streams are open)."""
+        stream = next((s for s, r in self._streams.items() if r == rank), None)
+        serving = bool(self._streams)
+        if stream is not None:
+            del self._streams[stream]
+        self._heard.pop(rank, None)
         for s in self.schedulers.values():
             s.on_engine_lost(rank)
-        self.engine_deaths += 1
+        if fault.kind == "died":
+            self.engine_deaths += 1
         log.warning("%s; asked its samples of the other engines and started a fresh one", fault)
         self.restore(rank)
-        self._streams[self._serve(rank)] = rank
+        if serving:
+            self._streams[self._serve(rank)] = rank
         for s in self.schedulers.values():
             s.on_engine_back(rank)
 

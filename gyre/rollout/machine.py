@@ -5,6 +5,11 @@ reads ``rollout.next_batch(step)``; after the update, ``rollout.publish(version,
 new policy to every engine (suspend -> load -> resume at its next step boundary, no global barrier).
 With alpha > 0 the engines keep generating for later steps meanwhile, and ``wait_for(refs)`` lets
 the learner's calls run while the rollout goes on.
+
+Lockstep asynchrony (``ScheduleSpec.lockstep``) holds a publication until the engines have finished
+every group of the version they hold (``LockstepPlan``), and admits the next version's groups only
+once it is loaded; evaluation and checkpoints first let the engines settle, so the groups a checkpoint
+keeps are complete.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gyre.cluster.faults import RoleFault
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.workers import EngineHost
 from gyre.rollout.driver import PhaseTimes, RolloutDriver
@@ -48,21 +54,26 @@ class RolloutMachine:
         self.driver = RolloutDriver(engines, rewards, emit_every,
                                     restore=self._restore if replaceable and engines.spawn else None)
         self.scheduler = RolloutScheduler(spec, len(engines))
-        self._weights = None
-        """What the engines were last given (``publish``), for a replacement engine."""
+        self._held: tuple[WeightVersion, object] = (0, None)
+        """The version and weights the engines hold (or are being given): what a replacement engine gets."""
+        self._pending: tuple[WeightVersion, object] | None = None
+        """Lockstep: a publication held until the engines settle."""
+        self._live = False
+        """The engines have been given weights (nothing is admitted before)."""
         self._readmit: list[PromptRecord] = []
 
     @property
     def version(self) -> WeightVersion:
-        return self.scheduler.version
+        """The policy's latest published version (lockstep engines may still hold an older one)."""
+        return self._pending[0] if self._pending else self.scheduler.version
 
     def next_batch(self, step: int) -> Batch:
         """Admit what the window allows, run until step ``step``'s batch is committed, take it."""
         self.activate()
         sched = self.scheduler
-        sched.admit(step, self._draw)
-        times = self.driver.run(sched, lambda: sched.ready(step), "train",
-                                refill=lambda: sched.admit(step, self._draw))
+        refill = self._advance if self.spec.lockstep else lambda: sched.admit(step, self._draw)
+        refill()
+        times = self.driver.run(sched, lambda: sched.ready(step), "train", refill=refill)
         groups = sched.take(step)
         self.driver.send(sched.drain())  # what this step no longer needs is aborted
         return Batch(groups, times, sched.take_stats())
@@ -71,13 +82,14 @@ class RolloutMachine:
         """Return once ``refs`` (a call of ``method`` on ``group``, within its deadline) are ready, carrying
         the rollout on meanwhile: samples scored and committed, new groups admitted as capacity frees."""
         sched, step = self.scheduler, self.version + 2  # admitted now, they serve the step after this one
+        refill = self._advance if self.spec.lockstep else lambda: sched.admit(step, self._draw)
         if refs:
-            self.driver.run(sched, lambda: False, "train", refill=lambda: sched.admit(step, self._draw),
-                            until=refs, until_call=(group, method))
+            self.driver.run(sched, lambda: False, "train", refill=refill, until=refs, until_call=(group, method))
 
     def evaluate(self, prompts: Sequence[PromptRecord], params: SamplingParams, n: int) -> list[Group]:
         """Every prompt's n samples, scored (validation): a one-off scheduler on the same driver."""
         self.activate()
+        self._flush()
         spec = ScheduleSpec(n, len(prompts), params, self.spec.run_seed, stream="val")
         scheduler = RolloutScheduler(spec, len(self.engines), version=self.version)
         scheduler.admit(0, lambda k: list(prompts[:k]))
@@ -91,12 +103,63 @@ class RolloutMachine:
     def publish(self, version: WeightVersion, weights=None) -> None:
         """Every engine takes the policy's ``version`` at its next step boundary: loaded from ``weights``
         (a ``WeightBundle`` ref list), or for hybrid engines (the policy's own ranks) only the stamp moves.
-        Verified on every engine; groups too stale to ever train are then aborted."""
+        Verified on every engine; groups too stale to ever train are then aborted. Lockstep: once the
+        engines have settled the version they hold (at once if they have). A second publication waits
+        for the first to load, which costs nothing: the batch it waits for is the next step's."""
+        if self.spec.lockstep:
+            self._flush()  # the one held before is loaded first: no version is skipped
+            self._pending = (version, weights)
+            self._advance()
+        else:
+            self._load(version, weights)
+
+    def _advance(self) -> None:
+        """Lockstep: admit what the plan gives the engines' version (and refills); once that has settled,
+        load the held publication and admit the new version's groups."""
+        sched = self.scheduler
+        if self._live:
+            sched.admit(0, self._draw)
+        if self._pending is not None and sched.settled:
+            self._load_pending()
+            sched.admit(0, self._draw)
+        self.driver.send(sched.drain())
+
+    def _flush(self) -> None:
+        """Lockstep: let the engines settle their version, then load the held publication (admitting
+        nothing new: the next ``next_batch`` or ``wait_for`` does)."""
+        if not self.spec.lockstep:
+            return
+        self.settle()
+        if self._pending is not None:
+            self._load_pending()
+
+    def _load_pending(self) -> None:
+        (version, weights), self._pending = self._pending, None
+        self._load(version, weights)
+
+    def settle(self) -> None:
+        """Lockstep: run until nothing is in flight and no batch waits for a refill at the current version."""
+        sched = self.scheduler
+        if self.spec.lockstep and self._live and not sched.settled:
+            self.activate()
+            self.driver.run(sched, lambda: sched.settled, "train", refill=lambda: sched.admit(0, self._draw))
+
+    def _load(self, version: WeightVersion, weights) -> None:
+        """Give every engine ``version``; an engine that dies or hangs meanwhile is replaced by a fresh one
+        holding it (when engines are replaceable), then every engine is asked once more."""
         self.activate()
-        versions = self.engines.call(EngineHost.update_weights, weights, version, self.partial)
+        try:
+            versions = self.engines.call(EngineHost.update_weights, weights, version, self.partial)
+        except RoleFault as fault:
+            if fault.kind == "error" or self.driver.restore is None:
+                raise
+            self._held = (version, weights)
+            for rank in fault.ranks:
+                self.driver.replace(rank, fault)
+            versions = self.engines.call(EngineHost.update_weights, weights, version, self.partial)
         if any(v != version for v in versions):
             raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
-        self._weights = weights
+        self._held, self._live = (version, weights), True
         self.scheduler.on_published(version)
         self.driver.send(self.scheduler.drain())
 
@@ -110,14 +173,16 @@ class RolloutMachine:
         return group.gather(refs, EngineHost.busy_seconds)
 
     def state_dict(self) -> dict:
+        self.settle()
         state = self.scheduler.state_dict()
         # Prompts a checkpoint gave back and not admitted again yet come first.
         state["admitted"] = [p.uid for p in self._readmit] + state["admitted"]
         return state
 
-    def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord]) -> None:
-        """Continue from a checkpoint: its drawn-but-untrained prompts are admitted again first."""
-        self._readmit = self.scheduler.load_state_dict(state, prompts)
+    def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int = 0) -> None:
+        """Continue from a checkpoint of step ``step``: its drawn-but-untrained prompts are admitted again
+        first (lockstep: its committed groups are back in the buffer)."""
+        self._readmit = self.scheduler.load_state_dict(state, prompts, step)
 
     def _draw(self, k: int) -> list[PromptRecord]:
         """The next k prompts: those a checkpoint left admitted, then the prompt source's."""
@@ -126,10 +191,10 @@ class RolloutMachine:
 
     def _restore(self, rank: int) -> None:
         """A fresh engine for ``rank``, loaded (it may start offloaded) and given the current weights."""
-        group, version = self.engines, self.version
+        group, (version, weights) = self.engines, self._held
         group.respawn(rank)
         group.gather([group.submit_to(rank, "reload")], "reload", ranks=[rank])
-        held = group.gather([group.submit_to(rank, EngineHost.update_weights, self._weights, version, self.partial)],
+        held = group.gather([group.submit_to(rank, EngineHost.update_weights, weights, version, self.partial)],
                             EngineHost.update_weights, ranks=[rank])
         if held != [version]:
             raise RuntimeError(f"a replacement {group.name} engine reports version {held}, expected {version}")

@@ -111,3 +111,11 @@ def test_rollout_schedule_rules():
     corrected = plan_for("rollout.async_ratio=2", "rollout.devices=[0]", "policy.devices=[1]",
                          "algorithm.mismatch.weight=token")
     assert not any("nothing corrects" in n for n in corrected.notes) and corrected.recompute_old_logprobs
+
+
+def test_lockstep_asynchrony_rules():
+    split = ("rollout.devices=[0]", "policy.devices=[1]", "rollout.async_mode=lockstep")
+    with pytest.raises(ConfigError, match="set rollout.redundancy=0 or rollout.async_mode=window"):
+        plan_for("rollout.async_ratio=1", "rollout.redundancy=1", *split)
+    plan = plan_for("rollout.async_ratio=1.5", *split)
+    assert any("version n-1-2 (the oldest_quota share) and n-1-1 (the rest), fixed" in n for n in plan.notes)

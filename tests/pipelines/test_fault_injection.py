@@ -17,9 +17,9 @@ from gyre.cluster.chaos import Fault, compare_runs, run_drill
 STEPS = 40
 
 
-def drill_config(tmp_path, name, model_dir, data, restarts):
+def drill_config(tmp_path, name, model_dir, data, restarts, steps=STEPS):
     cfg = {
-        "run": {"name": name, "output_dir": str(tmp_path / name), "steps": STEPS, "seed": 3, "max_restarts": restarts},
+        "run": {"name": name, "output_dir": str(tmp_path / name), "steps": steps, "seed": 3, "max_restarts": restarts},
         "model": {"path": str(model_dir)},
         "data": {"train_files": [str(data["train"])], "val_files": [str(data["val"])], "max_val_prompts": 8},
         "rollout": {"devices": [1], "prompts_per_step": 4, "samples_per_prompt": 4, "sampling": {"max_new_tokens": 4}},
@@ -37,26 +37,43 @@ def drill_config(tmp_path, name, model_dir, data, restarts):
     return path
 
 
+def lockstep_config(tmp_path, name, model_dir, data, restarts):
+    """Asynchronous training in lockstep (alpha 1: rollout a step ahead of the policy)."""
+    path = drill_config(tmp_path, name, model_dir, data, restarts, steps=28)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["rollout"].update(async_ratio=1, async_mode="lockstep")
+    cfg["validation"]["every"] = 6
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, tiny_model_dir, arithmetic_data):
-    """The uninterrupted run both drills compare with."""
+    """The uninterrupted synchronous run the slow drill compares with."""
     root = tmp_path_factory.mktemp("drill")
     run_drill(drill_config(root, "straight", tiny_model_dir, arithmetic_data, 0), [], seed=0, timeout_s=300)
     return root / "straight"
 
 
-def drill(straight, tmp_path, tiny_model_dir, arithmetic_data, faults, seed):
-    faulted = drill_config(tmp_path, "faulted", tiny_model_dir, arithmetic_data, len(faults))
+def drill(straight, tmp_path, tiny_model_dir, arithmetic_data, faults, seed, config=drill_config):
+    faulted = config(tmp_path, "faulted", tiny_model_dir, arithmetic_data, len(faults))
     report = run_drill(faulted, faults, seed=seed, gap_s=(0.2, 1.5), timeout_s=600)
     assert len(report.injected) == len(faults), report.injected  # each landed in a running run
     problems = compare_runs(straight, tmp_path / "faulted")
     assert not problems, problems[:10]
 
 
-def test_faults_at_random_moments_leave_the_run_unchanged(straight, tmp_path, tiny_model_dir, arithmetic_data):
-    faults = [Fault("reward", "kill"), Fault("policy", "stop"), Fault("reward_subprocess", "stop"),
-              Fault("driver", "kill")]
-    drill(straight, tmp_path, tiny_model_dir, arithmetic_data, faults, seed=1)
+def test_faults_at_random_moments_leave_an_async_lockstep_run_unchanged(tmp_path, tiny_model_dir, arithmetic_data):
+    """Rollout a step ahead of the policy (lockstep, alpha 1): a killed reward worker, a stopped policy rank
+    (run recovery from the checkpoint), a stopped rollout engine (replaced in place) and a SIGKILLed
+    driver (resumed with the groups generated ahead from its checkpoint) leave the metric stream and
+    final weights of the uninterrupted run."""
+    (tmp_path / "s").mkdir()
+    run_drill(lockstep_config(tmp_path / "s", "straight", tiny_model_dir, arithmetic_data, 0), [], seed=0,
+              timeout_s=300)
+    faults = [Fault("reward", "kill"), Fault("policy", "stop"), Fault("rollout", "stop"), Fault("driver", "kill")]
+    drill(tmp_path / "s" / "straight", tmp_path, tiny_model_dir, arithmetic_data, faults, seed=1,
+          config=lockstep_config)
 
 
 @pytest.mark.slow
@@ -86,3 +103,4 @@ def test_a_rollout_engine_killed_in_an_async_run_is_replaced_in_place(tmp_path, 
     assert train[-1]["fault/rollout_engine_deaths"] + train[-1]["fault/recoveries"] >= 2
     assert train[-1]["fault/rollout_engine_deaths"] >= 1
     assert all(r["staleness/violations"] == 0 for r in train)
+

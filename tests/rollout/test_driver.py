@@ -78,31 +78,92 @@ def test_samples_do_not_depend_on_replication_or_transport(ray_local, tiny_model
     rewards.kill()
 
 
-def test_a_dead_engine_is_replaced_and_its_samples_asked_of_the_others(ray_local, tiny_model_dir):
-    """Engine 0 is killed once the first samples are scored; the batch still completes with the samples a
-    run without the fault gives (regenerated from their seeds under the same weights)."""
+def ray_engines(ray_local, model_dir):
     cls = ray_local.remote(concurrency_groups={"probe": 1, "serve": 1})(RolloutWorker).options(num_cpus=0.5)
-    engines = RoleGroup("rollout", [cls.remote(*engine_args(tiny_model_dir, r)) for r in range(2)], (0, 1),
-                        spawn=lambda rank: cls.remote(*engine_args(tiny_model_dir, rank)))
-    rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
-    _, straight, _ = run_batch(engines, rewards, replicate=True)
+    return RoleGroup("rollout", [cls.remote(*engine_args(model_dir, r)) for r in range(2)], (0, 1),
+                     spawn=lambda rank: cls.remote(*engine_args(model_dir, rank)), worker_cls=RolloutWorker)
 
-    class KillingPool(CountingPool):
+
+def batch_with_a_fault(engines, rewards, fault):
+    """``run_batch`` (replicated) on replaceable engines, calling ``fault()`` when the first samples are scored."""
+    class FaultingPool(CountingPool):
         def submit(self, samples):
             if not self.parts:
-                ray_local.kill(engines.actors[0])
+                fault()
             super().submit(samples)
 
-    pool = KillingPool({"default": DomainScorer("default", rewards)})
     scheduler = RolloutScheduler(ScheduleSpec(6, 4, PARAMS, run_seed=3, replicate=True), engines=2)
     source = iter([PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(4)])
     scheduler.admit(1, lambda k: [next(source) for _ in range(k)])
-    driver = RolloutDriver(engines, pool, emit_every=4, restore=engines.respawn)
+    driver = RolloutDriver(engines, FaultingPool({"default": DomainScorer("default", rewards)}), emit_every=4,
+                           restore=engines.respawn)
     driver.run(scheduler, lambda: scheduler.ready(1))
+    return driver, scheduler
+
+
+def test_a_dead_engine_is_replaced_and_its_samples_asked_of_the_others(ray_local, tiny_model_dir):
+    """Engine 0 is killed once the first samples are scored; the batch still completes with the samples a
+    run without the fault gives (regenerated from their seeds under the same weights)."""
+    engines = ray_engines(ray_local, tiny_model_dir)
+    rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
+    _, straight, _ = run_batch(engines, rewards, replicate=True)
+    driver, scheduler = batch_with_a_fault(engines, rewards, lambda: ray_local.kill(engines.actors[0]))
     groups = scheduler.take(1)
     assert driver.engine_deaths == 1 and scheduler.take_stats()["rollout/samples_requeued"] > 0
     assert [[t.response_ids for t in g.trajectories] for g in groups] == \
         [[t.response_ids for t in g.trajectories] for g in straight]
     driver.close()
+    engines.kill()
+    rewards.kill()
+
+
+@pytest.mark.slow  # the default suite's fault drill stops a rollout engine too
+def test_a_frozen_engine_is_replaced_once_it_has_been_silent_past_its_deadline(ray_local, tiny_model_dir):
+    """Engine 0 is stopped (SIGSTOP: alive, silent) once the first samples are scored; after the deadline
+    it is replaced in place and the batch completes with the samples a run without the fault gives."""
+    import os
+    import signal
+
+    from gyre.cluster.faults import Watchdog
+
+    engines = ray_engines(ray_local, tiny_model_dir)
+    rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
+    _, straight, _ = run_batch(engines, rewards, replicate=True)
+    engines.watchdog = Watchdog(call_timeout_s=4.0)  # the engines are warm now
+    pid = ray_local.get(engines.actors[0].__ray_call__.remote(lambda self: os.getpid()))
+    try:
+        driver, scheduler = batch_with_a_fault(engines, rewards, lambda: os.kill(pid, signal.SIGSTOP))
+    finally:
+        os.kill(pid, signal.SIGCONT)  # if it is still there
+    groups = scheduler.take(1)
+    assert driver.engine_hangs == 1 and driver.engine_deaths == 0
+    assert [[t.response_ids for t in g.trajectories] for g in groups] == \
+        [[t.response_ids for t in g.trajectories] for g in straight]
+    engines.watchdog = None  # the fresh engine's first calls may take longer than the test's short deadline
+    driver.close()
+    engines.kill()
+    rewards.kill()
+
+
+def test_an_engine_dead_at_a_weight_publication_is_replaced_holding_the_new_weights(ray_local, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from gyre.cluster.weights import pack_weights
+    from gyre.rollout.machine import RolloutMachine
+
+    engines = ray_engines(ray_local, tiny_model_dir)
+    rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
+    pool = RewardPool({"default": DomainScorer("default", rewards)})
+    source = iter([PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(100)])
+    machine = RolloutMachine(engines, pool, ScheduleSpec(2, 2, PARAMS, run_seed=3), lambda k: [next(source) for _ in
+                                                                                             range(k)], lambda: None)
+    state = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    machine.publish(0, [ray_local.put(pack_weights(state, 0))])
+    ray_local.kill(engines.actors[1])
+    machine.publish(1, [ray_local.put(pack_weights(state, 1))])
+    assert machine.driver.engine_deaths == 1 and machine.version == 1
+    assert engines.call(RolloutWorker.weight_version) == [1, 1]
+    assert len(machine.next_batch(2).groups) == 2  # the fresh engine serves
+    machine.close()
     engines.kill()
     rewards.kill()
