@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q $(PIP_C) -e ".[dev]"
+	$(BIN)/pip install -q $(PIP_C) -e ".[dev,gem]"
 	touch $(STAMP)
 
 # --overwrite: a second `make quickstart` moves the previous run to runs/quickstart.old-<time>.
@@ -30,7 +30,7 @@ test-all: $(STAMP)
 	$(BIN)/pytest -q -m "slow or not slow"
 
 $(VENV)/.gyre-bench: $(STAMP)
-	$(BIN)/pip install -q $(PIP_C) -e ".[dev,bench]"
+	$(BIN)/pip install -q $(PIP_C) -e ".[dev,gem,bench]"
 	touch $@
 
 bench: $(VENV)/.gyre-bench

@@ -92,7 +92,7 @@ class ScoreReply:
     faults: RunnerFaults
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """Ask Linux to kill this process when its parent dies (strictly: when the parent's thread that
     started it ends; a reward worker's Ray threads live as long as the worker): a worker killed from
     outside cannot stop its children, and one busy in a reward that never returns would live on.
@@ -110,7 +110,7 @@ def _die_with_parent(parent: int) -> None:
 def _serve(conn: Connection, spec: str, kwargs: dict, parent: int) -> None:
     """Child-process loop: announce readiness, then for each chunk [(index, request), ...] send
     (index, result) per sample as soon as it is scored."""
-    _die_with_parent(parent)
+    die_with_parent(parent)
     try:
         fn = load_function(spec)
     except BaseException:  # noqa: BLE001 - reported per sample below; the loop must start

@@ -1,0 +1,81 @@
+"""A multi-turn conversation's token ids, built turn by turn: token in, token out.
+
+The model's turns are kept as the exact ids it sampled; only what the environment says is tokenised,
+each observation once, as the tokens that close the model's turn and open the next (the chat
+template's delta). Earlier turns are never re-tokenised, so the ids trained on are the ids sampled.
+
+With a chat template the delta comes from a fixed two-message conversation: the text the template
+writes after an assistant message, then a user message and the generation prompt. Without one, an
+observation is its text between newlines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_PROBE_USER, _PROBE_REPLY = "<<gyre-user-probe>>", "<<gyre-reply-probe>>"
+
+
+@dataclass(frozen=True)
+class TurnFrame:
+    """The chat template's text around a turn (empty strings without a template)."""
+
+    closing: str
+    """What the template writes after an assistant message's content (e.g. "<|im_end|>\\n")."""
+    opening: str
+    """What it writes before a user message's content, up to the content."""
+    prompt: str
+    """What comes after a user message's content, through the generation prompt."""
+
+
+class ContextBuilder:
+    def __init__(self, tokenizer, use_template: bool, system: str | None = None):
+        self.tokenizer, self.use_template, self.system = tokenizer, use_template, system
+        self.frame = _frame(tokenizer) if use_template else TurnFrame("", "\n", "\n")
+        self.eos_ids = _eos_ids(tokenizer)
+
+    def first(self, observation: str) -> list[int]:
+        """The prompt of the first turn."""
+        if not self.use_template:
+            text = (self.system + "\n" if self.system else "") + observation
+            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + \
+            [{"role": "user", "content": observation}]
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def observation(self, response_ids: list[int], observation: str) -> list[int]:
+        """The ids that follow the model's turn ``response_ids``: the end of its turn (unless it sampled
+        the end-of-turn token itself), then ``observation`` as the next user message and the prompt."""
+        closing = self.frame.closing
+        if response_ids and response_ids[-1] in self.eos_ids:
+            eos_text = self.tokenizer.decode([response_ids[-1]])
+            closing = closing[len(eos_text):] if closing.startswith(eos_text) else closing
+        text = closing + self.frame.opening + observation + self.frame.prompt
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _frame(tokenizer) -> TurnFrame:
+    """The template's text around turns, read off a probe conversation (raises if the template is not
+    a plain concatenation of turns, which token-in/token-out needs)."""
+    user = [{"role": "user", "content": _PROBE_USER}]
+    asked = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    replied = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": _PROBE_REPLY}],
+                                            tokenize=False)
+    again = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": _PROBE_REPLY},
+                                           {"role": "user", "content": _PROBE_USER}], tokenize=False,
+                                          add_generation_prompt=True)
+    if not (replied.startswith(asked + _PROBE_REPLY) and again.startswith(replied)):
+        raise ValueError("the tokenizer's chat template rewrites earlier turns (e.g. drops reasoning), so a "
+                         "conversation cannot grow token by token: set data.chat_template: never, or use a "
+                         "template that appends turns")
+    closing = replied[len(asked) + len(_PROBE_REPLY):]
+    rest = again[len(replied):]
+    opening, _, prompt = rest.partition(_PROBE_USER)
+    return TurnFrame(closing, opening, prompt)
+
+
+def _eos_ids(tokenizer) -> set[int]:
+    ids = tokenizer.eos_token_id
+    out = set(ids) if isinstance(ids, list) else ({ids} if ids is not None else set())
+    return out

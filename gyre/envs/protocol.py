@@ -1,0 +1,143 @@
+"""The environment contract (GEM's), how a config names an environment, and what a step must return.
+
+An environment is any object with
+
+    reset(seed: int | None = None) -> (observation: str, info: dict)
+    step(action: str) -> (observation: str, reward: float, terminated: bool, truncated: bool, info: dict)
+
+(``async def`` versions are awaited), optionally ``close()``. A config names one as
+
+- ``gyre:<name>``: a built-in environment (``BUILTIN``);
+- ``gem:<id>``: a gem-llm environment by id, e.g. ``gem:game:GuessTheNumber-v0-easy`` (the ``gem`` extra);
+- ``package.module:Class`` or ``path/to/file.py:Class``: a class of your own (any callable returning an
+  environment: a factory function works too).
+
+An environment's own code may raise, hang or return junk: ``check_reset`` / ``check_step`` turn what it
+returned into typed records or an ``EnvError`` saying what was wrong, and the host (``gyre.envs.host``)
+turns a raise, a crash or a missed deadline into one failed trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+BUILTIN: dict[str, str] = {
+    "guess_number": "gyre.envs.builtin.guess:GuessNumber",
+    "frozen_lake": "gyre.envs.builtin.frozen_lake:FrozenLake",
+    "sokoban": "gyre.envs.builtin.sokoban:Sokoban",
+    "python_math": "gyre.envs.builtin.python_math:PythonMath",
+}
+"""Built-in environments by the name ``gyre:<name>`` takes."""
+
+
+class EnvError(ValueError):
+    """An environment cannot be made, or returned something that is not a valid reset / step."""
+
+
+@dataclass
+class EnvReset:
+    observation: str
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class EnvStep:
+    """One environment transition: what the agent sees next and what its action earned."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    """The episode reached a terminal state of the task (won, lost)."""
+    truncated: bool
+    """The episode was cut outside the task's own rules (a turn limit)."""
+    info: dict = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+def make_env(spec: str, kwargs: dict | None = None):
+    """The environment ``spec`` names (see the module docstring), built with ``kwargs``."""
+    kwargs = dict(kwargs or {})
+    if spec.startswith("gyre:"):
+        name = spec[len("gyre:"):]
+        if name not in BUILTIN:
+            raise EnvError(f"no built-in environment {name!r}: choose one of {sorted(BUILTIN)}")
+        factory = _load(BUILTIN[name])
+    elif spec.startswith("gem:"):
+        from gyre.envs.gem import make_gem
+
+        return make_gem(spec[len("gem:"):], kwargs)
+    else:
+        factory = _load(spec)
+    try:
+        env = factory(**kwargs)
+    except TypeError as exc:
+        raise EnvError(f"environment {spec!r} cannot be built with {sorted(kwargs)}: {exc}") from None
+    for method in ("reset", "step"):
+        if not callable(getattr(env, method, None)):
+            raise EnvError(f"environment {spec!r} has no {method}() method: an environment needs reset(seed) and "
+                           "step(action)")
+    return env
+
+
+def _load(spec: str) -> Callable:
+    from gyre.rewards.base import RewardSpecError, load_function
+
+    try:
+        return load_function(spec)
+    except RewardSpecError as exc:
+        raise EnvError(str(exc).replace("reward function", "environment")) from None
+
+
+def call(method, *args):
+    """Call an environment method, awaiting it when it is a coroutine function."""
+    out = method(*args)
+    return asyncio.run(out) if inspect.isawaitable(out) else out
+
+
+def check_reset(value) -> EnvReset:
+    if not (isinstance(value, tuple) and len(value) == 2):
+        raise EnvError(f"reset() must return (observation, info), got {_show(value)}")
+    obs, info = value
+    return EnvReset(_observation(obs, "reset"), _info(info, "reset"))
+
+
+def check_step(value) -> EnvStep:
+    if not (isinstance(value, tuple) and len(value) == 5):
+        raise EnvError(f"step() must return (observation, reward, terminated, truncated, info), got {_show(value)}")
+    obs, reward, terminated, truncated, info = value
+    try:
+        reward = float(reward) if not isinstance(reward, (str, bytes)) else math.nan
+    except (TypeError, ValueError):
+        reward = math.nan
+    if not math.isfinite(reward):
+        raise EnvError(f"step() returned reward {_show(value[1])}: it must be a finite number")
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, bool) and type(flag).__name__ != "bool_":
+            raise EnvError(f"step() returned {name}={_show(flag)}: it must be a bool")
+    return EnvStep(_observation(obs, "step"), reward, bool(terminated), bool(truncated), _info(info, "step"))
+
+
+def _observation(obs, where: str) -> str:
+    if not isinstance(obs, str):
+        raise EnvError(f"{where}() returned observation {_show(obs)}: text environments return a str")
+    return obs
+
+
+def _info(info, where: str) -> dict:
+    if info is None:
+        return {}
+    if not isinstance(info, dict):
+        raise EnvError(f"{where}() returned info {_show(info)}: it must be a dict")
+    return {str(k): v for k, v in info.items() if isinstance(v, (str, int, float, bool)) or v is None}
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
