@@ -147,6 +147,20 @@ TrajectoryStatus = Literal["generating", "generated", "scored", "aborted"]
 
 
 @dataclass
+class TurnRecord:
+    """One model turn of a multi-turn trajectory: where its tokens are and what the environment paid."""
+
+    start: int
+    """Offset of its first token among the trajectory's response tokens (observations included)."""
+    end: int
+    """Offset just past its last token."""
+    reward: float = 0.0
+    """The environment's reward for this turn's action."""
+    state: str = ""
+    """A key of the observation the turn acted on: turns of a group with equal keys share a state (GiGPO)."""
+
+
+@dataclass
 class Trajectory:
     """One sampled response to a prompt (single-turn: one segment; multi-turn: many), its reward, its state."""
 
@@ -159,6 +173,8 @@ class Trajectory:
     finish_reason: FinishReason | None = None
     reward: RewardResult | None = None
     status: TrajectoryStatus = "generating"
+    turns: list[TurnRecord] = dataclasses.field(default_factory=list)
+    """Multi-turn trajectories: each model turn (empty for single-turn ones)."""
 
     @classmethod
     def from_result(cls, prompt: PromptRecord, result: GenerationResult) -> Trajectory:
@@ -241,8 +257,9 @@ class Group:
         for t in data["trajectories"]:
             reward = RewardResult(**t["reward"]) if t["reward"] is not None else None
             segments = [Segment(**s) for s in t["segments"]]
+            turns = [TurnRecord(**turn) for turn in t.get("turns", [])]
             trajectories.append(Trajectory(prompt, t["sample_index"], segments, t["response_text"],
-                                           t["finish_reason"], reward, t["status"]))
+                                           t["finish_reason"], reward, t["status"], turns))
         return cls(**{**data, "prompt": prompt, "trajectories": trajectories})
 
 

@@ -323,3 +323,43 @@ class ModelRewardWorker:
 
     def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         return self.scorer.score(requests)
+
+
+ENV = "env"
+"""The concurrency group of environment calls: one thread per call, so slots step side by side."""
+MAX_ENV_SLOTS = 64
+"""Environment slots one worker can step at once (its ``ENV`` group's threads)."""
+
+
+class EnvWorker:
+    """Hosts ``slots`` environments, each in a child process of its own (``gyre.envs.host.EnvSlot``):
+    a CPU-only role that can live on any node. Calls on one slot are serialised (a late call waits for
+    the one before it, which its deadline bounds); calls on different slots run side by side."""
+
+    CONCURRENCY_GROUPS = {ENV: MAX_ENV_SLOTS}
+
+    def __init__(self, spec, slots: int, reset_timeout_s: float, step_timeout_s: float):
+        import threading
+
+        from gyre.envs.host import EnvSlot
+
+        if not 0 < slots <= MAX_ENV_SLOTS:
+            raise ValueError(f"an environment worker hosts 1 to {MAX_ENV_SLOTS} slots, got {slots}")
+        self.slots = [EnvSlot(spec) for _ in range(slots)]
+        self.locks = [threading.Lock() for _ in range(slots)]
+        self.timeouts = {"reset": reset_timeout_s, "step": step_timeout_s}
+
+    def call(self, slot: int, op: str, arg):
+        """``reset`` slot ``slot`` to seed ``arg`` or ``step`` it with action ``arg``: an ``EnvReset`` /
+        ``EnvStep``, or an ``EnvFailure`` when the environment failed (call it in the ``ENV`` group)."""
+        with self.locks[slot]:
+            target = self.slots[slot]
+            return target.reset(arg, self.timeouts[op]) if op == "reset" else target.step(arg, self.timeouts[op])
+
+    def restarts(self) -> int:
+        """Environment processes killed or found dead and started again (call it in the ``PROBE`` group)."""
+        return sum(s.restarts for s in self.slots)
+
+    def close(self) -> None:
+        for s in self.slots:
+            s.close()

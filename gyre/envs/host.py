@@ -17,25 +17,12 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Literal
 
-from gyre.envs.protocol import EnvError, EnvReset, EnvStep, call, check_reset, check_step, make_env
+from gyre.envs.protocol import EnvError, EnvFailure, EnvReset, EnvStep, call, check_reset, check_step, make_env
 from gyre.rewards.runner import die_with_parent
-
-FailureKind = Literal["error", "invalid", "timeout", "crashed"]
 
 START_S = 120.0
 """A child that has not built its environment by then is killed (its import hangs)."""
-
-
-@dataclass(frozen=True)
-class EnvFailure:
-    """A reset or step that did not give a valid answer: the trajectory it belongs to is dropped."""
-
-    kind: FailureKind
-    """error: it raised; invalid: it returned something that is not a reset / step; timeout: it ran past its
-    deadline (the child was killed); crashed: its process died."""
-    message: str
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 BUILTIN: dict[str, str] = {
     "guess_number": "gyre.envs.builtin.guess:GuessNumber",
@@ -32,6 +33,19 @@ BUILTIN: dict[str, str] = {
     "python_math": "gyre.envs.builtin.python_math:PythonMath",
 }
 """Built-in environments by the name ``gyre:<name>`` takes."""
+
+
+FailureKind = Literal["error", "invalid", "timeout", "crashed"]
+
+
+@dataclass(frozen=True)
+class EnvFailure:
+    """A reset or step that did not give a valid answer: the trajectory it belongs to is dropped."""
+
+    kind: FailureKind
+    """error: it raised; invalid: it returned something that is not a reset / step; timeout: it ran past its
+    deadline (the child was killed); crashed: its process died."""
+    message: str
 
 
 class EnvError(ValueError):

@@ -22,7 +22,9 @@ from gyre.cluster import transport
 from gyre.cluster.faults import CallClock, RoleFault, fault_from
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.workers import SERVE, EngineHost
-from gyre.rollout.scheduler import Abort, Generate, RolloutScheduler, Score
+from gyre.rollout.episodes import EnvCall
+from gyre.rollout.requests import Abort, Generate
+from gyre.rollout.scheduler import RolloutScheduler, Score
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class PhaseTimes:
 
 class RolloutDriver:
     def __init__(self, engines: RoleGroup, rewards, emit_every: int = 1, emit_after_s: float = 0.05,
-                 restore: Callable[[int], None] | None = None):
+                 restore: Callable[[int], None] | None = None, envs=None):
         """``rewards``: the reward pool (``gyre.cluster.reward_pool.RewardPool``). Engines hand finished
         samples back ``emit_every`` at a time or ``emit_after_s`` after the first (fewer, larger reward calls).
         ``restore(rank)`` replaces a dead engine with a fresh one holding the current weights; without it
@@ -54,6 +56,8 @@ class RolloutDriver:
         self.engine_hangs = 0
         """Engines replaced in place because they stopped handing back samples."""
         self.rewards = rewards
+        self.envs = envs
+        """The environment pool of multi-turn runs (``gyre.cluster.env_pool.EnvPool``), else None."""
         self.emit_every, self.emit_after_s = emit_every, emit_after_s
         self._streams: dict = {}
         """Each engine's serve stream -> its rank."""
@@ -117,6 +121,8 @@ class RolloutDriver:
                     self.engines.actors[engine].abort.remote(list(ids))
             elif isinstance(command, Score):
                 self.rewards.submit(list(command.trajectories))
+            elif isinstance(command, EnvCall):
+                self.envs.submit(command)
             else:
                 raise TypeError(f"unknown rollout command {command!r}")
         self._add(adds)
@@ -140,7 +146,8 @@ class RolloutDriver:
 
     def _events(self, timeout: float, until: list) -> None:
         """Wait up to ``timeout`` for samples, rewards or ``until``; feed what arrived to the schedulers."""
-        watched = [*self._streams, *self.rewards.refs(), *until]
+        env_refs = self.envs.refs() if self.envs is not None else []
+        watched = [*self._streams, *self.rewards.refs(), *env_refs, *until]
         ready, _ = transport.wait(watched, num_returns=1, timeout=timeout)
         rest = [r for r in watched if r not in ready]
         if ready and rest:  # everything else that is in as well, before judging any deadline
@@ -161,10 +168,21 @@ class RolloutDriver:
             for name, results in by_stream.items():
                 if name in self.schedulers:  # a finished scheduler's late samples are dropped
                     self.schedulers[name].on_generated(results)
+        if self.envs is not None:
+            self._env_answers([r for r in ready if r in set(env_refs)])
         scored = self.rewards.poll(0)
         if scored:
             for s in self.schedulers.values():
                 s.on_scored(scored)
+
+    def _env_answers(self, ready: list) -> None:
+        """Environment answers (and failures past their deadline) to the schedulers whose episodes asked."""
+        by_stream: dict[str, list] = {}
+        for result in self.envs.poll(ready):
+            by_stream.setdefault(result.call_id.split("-")[0], []).append(result)
+        for name, results in by_stream.items():
+            if name in self.schedulers:
+                self.schedulers[name].on_env(results)
 
     def _replace_silent(self, busy: list[int], deadline_s: float) -> None:
         """Replace every engine that owes samples and has handed back none for ``deadline_s`` (stopped,

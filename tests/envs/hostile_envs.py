@@ -48,3 +48,21 @@ class AsyncCounter(Counter):
 class BrokenConstructor:
     def __init__(self):
         raise ValueError("no config")
+
+
+class Flaky(Counter):
+    """The second reset in a process fails, by hanging or crashing (the seed's parity decides); episodes
+    that start end after one step with reward 1."""
+
+    resets = 0
+
+    def reset(self, seed=None):
+        Flaky.resets += 1
+        if Flaky.resets == 2:
+            if (seed or 0) % 2:
+                time.sleep(3600)
+            os._exit(5)
+        return super().reset(seed)
+
+    def step(self, action):
+        return "done", 1.0, True, False, {"success": True}

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from gyre.envs.host import EnvFailure, EnvSlot, EnvSpec
-from gyre.envs.protocol import EnvError, EnvReset, EnvStep
+from gyre.envs.host import EnvSlot, EnvSpec
+from gyre.envs.protocol import EnvError, EnvFailure, EnvReset, EnvStep
 
 HOSTILE = Path(__file__).with_name("hostile_envs.py")
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from gyre.rollout.scheduler import Abort, Generate, RolloutScheduler, Score
+from gyre.rollout.requests import Abort, Generate
+from gyre.rollout.scheduler import RolloutScheduler, Score
 from gyre.types import GenerationResult, PromptRecord, RewardResult
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from gyre.rollout.buffer import staleness_limit
 from gyre.rollout.policies import GroupFilter, TailSpec
-from gyre.rollout.scheduler import Generate, RolloutScheduler, ScheduleSpec
+from gyre.rollout.requests import Generate
+from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
 from gyre.seeding import derive_seed
 from gyre.types import GenerationResult, RewardResult, SamplingParams
 from tests.rollout.harness import Source, World

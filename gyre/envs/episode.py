@@ -1,0 +1,131 @@
+"""One multi-turn episode as a pure state machine: environment answers and sampled turns in, the next
+request (or the finished trajectory) out. No IO: the rollout scheduler feeds it.
+
+The trajectory is one sequence: the first observation (as the prompt), then for every turn the model's
+tokens exactly as sampled (trainable segments, with their log-probs and weight versions) and the
+environment's answer (a segment that is context only). Limits, each ending the episode as truncated:
+``max_turns`` model turns; ``context_tokens`` for the whole sequence (a turn gets at most what is
+left; an observation that does not fit ends the episode before it); an observation longer than
+``observation_tokens`` is cut to that many tokens (``info["observations_cut"]`` counts them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+
+from gyre.envs.context import ContextBuilder
+from gyre.envs.protocol import EnvReset, EnvStep
+from gyre.seeding import derive_seed
+from gyre.types import (
+    GenerationRequest,
+    GenerationResult,
+    PromptRecord,
+    RewardResult,
+    SamplingParams,
+    Segment,
+    Trajectory,
+    TurnRecord,
+)
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 8
+    """Model turns per episode."""
+    turn_tokens: int = 128
+    """New tokens one turn may sample."""
+    context_tokens: int = 1024
+    """The whole sequence: first observation, every turn and every later observation."""
+    observation_tokens: int = 256
+    """Longest observation kept; longer ones are cut to their first tokens."""
+
+
+@dataclass
+class Episode:
+    key: str
+    """Unique in the run ("<group id>/<index>"); its turns' request ids are "<key>#<turn>"."""
+    prompt: PromptRecord
+    """The environment instance (uid, seed); replaced at reset by the first observation as a prompt."""
+    index: int
+    """Its place in the group (its sampling streams)."""
+    seed: int
+    """The group's sampling seed; each turn samples from its own stream of it."""
+    limits: EpisodeLimits
+    sampling: SamplingParams
+    builder: ContextBuilder
+    segments: list[Segment] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)
+    """Every token so far (prompt included): the next turn's prompt."""
+    end: str = ""
+    """How it ended: terminated, truncated (by the environment), turns, context; empty while running."""
+    info: dict = field(default_factory=dict)
+    _state: str = ""
+    _success: bool | None = None
+
+    def on_reset(self, reset: EnvReset) -> GenerationRequest:
+        ids = self.builder.first(reset.observation)[:self.limits.context_tokens - 1]
+        self.prompt = dataclasses.replace(self.prompt, prompt_text=reset.observation, prompt_ids=ids)
+        self.context, self._state = list(ids), _key(reset.observation)
+        return self.request()
+
+    def on_turn(self, result: GenerationResult) -> str:
+        """The model's turn came back: record its tokens; returns the action for the environment."""
+        start = self._response_len()
+        version_runs = Trajectory(self.prompt, self.index)
+        version_runs.extend(dataclasses.replace(result, offset=0))
+        self.segments += version_runs.segments
+        self.context += result.response_ids
+        self.turns.append(TurnRecord(start, start + len(result.response_ids), 0.0, self._state))
+        self.info["last_finish"] = result.finish_reason
+        return result.response_text
+
+    def on_step(self, step: EnvStep) -> GenerationRequest | None:
+        """The environment answered the last turn: the next turn's request, or None when it has ended."""
+        self.turns[-1].reward = step.reward
+        if "success" in step.info:
+            self._success = bool(step.info["success"])
+        if step.done:
+            self.end = "terminated" if step.terminated else "truncated"
+            return None
+        if len(self.turns) >= self.limits.max_turns:
+            self.end = "turns"
+            return None
+        obs_ids = self.builder.observation(self.segments[-1].token_ids if self.segments else [], step.observation)
+        if len(obs_ids) > self.limits.observation_tokens:
+            obs_ids = obs_ids[:self.limits.observation_tokens]
+            self.info["observations_cut"] = self.info.get("observations_cut", 0) + 1
+        if len(self.context) + len(obs_ids) >= self.limits.context_tokens:
+            self.end = "context"
+            return None
+        self.segments.append(Segment(obs_ids, [0.0] * len(obs_ids), None, trainable=False))
+        self.context += obs_ids
+        self._state = _key(step.observation)
+        return self.request()
+
+    def trajectory(self) -> Trajectory:
+        """The finished episode: its segments, and its return (the sum of turn rewards) as the reward."""
+        score = sum(t.reward for t in self.turns)
+        correct = self._success if self._success is not None else score > 0
+        finish = "length" if self.end in ("turns", "context", "truncated") else self.info.get("last_finish", "eos")
+        info = {"turns": len(self.turns), "end": self.end, **{k: v for k, v in self.info.items() if k != "last_finish"}}
+        return Trajectory(self.prompt, self.index, list(self.segments), "", finish,
+                          RewardResult(score, correct, info=info), "scored", turns=list(self.turns))
+
+    def request(self) -> GenerationRequest:
+        """The request for the next turn (again, after an engine lost it: the same stream)."""
+        turn = len(self.turns)
+        room = self.limits.context_tokens - len(self.context)
+        params = dataclasses.replace(self.sampling, max_new_tokens=max(1, min(self.limits.turn_tokens, room)))
+        return GenerationRequest(f"{self.key}#{turn}", list(self.context), params, n=1,
+                                 seed=derive_seed(self.seed, "turn", self.index, turn))
+
+    def _response_len(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+
+def _key(observation: str) -> str:
+    """A short, stable key of an observation (GiGPO groups turns that acted on the same state)."""
+    return hashlib.blake2b(observation.encode(), digest_size=8).hexdigest()

@@ -1,0 +1,226 @@
+"""Multi-turn groups for the rollout scheduler: each sample is an episode on an environment slot.
+
+Sans-IO like the scheduler: ``EnvCall`` commands (reset a slot to a seed, step it with an action) and
+turn requests (through the scheduler's ``RequestBook``) go to the outbox; ``EnvResult`` events and
+engine results come back. There is no barrier across environments: each episode asks for its next
+turn as soon as its environment answers, and its environment gets the action as soon as the turn is
+sampled (ROLL Flash's environment-level asynchrony).
+
+All episodes of a group play the same environment seed (their returns are comparable, GRPO style),
+each with its own sampling streams. An environment that fails (raises, hangs, crashes, returns junk)
+costs its episode, which is counted (``env/failures_<kind>``) and replaced by a fresh one of the same
+group on the same seed, at most ``max_failures`` times per group; past that the group is given up
+(``failed``) and the scheduler admits another in its place.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gyre.envs.context import ContextBuilder
+from gyre.envs.episode import Episode, EpisodeLimits
+from gyre.envs.protocol import EnvFailure, EnvReset, EnvStep
+from gyre.rollout.requests import RequestBook
+from gyre.seeding import derive_seed
+from gyre.types import GenerationResult, Group, SamplingParams, Trajectory
+
+
+@dataclass(frozen=True)
+class EnvCall:
+    """Command: reset environment slot ``slot`` to seed ``arg``, or step it with action ``arg``."""
+
+    slot: int
+    call_id: str
+    """"<episode key>@<n>": unique, and names the episode the answer belongs to."""
+    op: Literal["reset", "step"]
+    arg: int | str | None
+
+
+@dataclass(frozen=True)
+class EnvResult:
+    """Event: the answer to ``EnvCall`` ``call_id``."""
+
+    call_id: str
+    value: EnvReset | EnvStep | EnvFailure
+
+
+@dataclass
+class SlotPool:
+    """Environment slots (one environment instance each), shared by every scheduler on the same workers."""
+
+    size: int
+    free: deque[int] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        self.free.extend(range(self.size))
+
+
+@dataclass
+class Outcome:
+    """What events finished: trajectories (group id, trajectory) and groups given up."""
+
+    finished: list[tuple[str, Trajectory]] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Live:
+    episode: Episode
+    group: str
+    slot: int | None = None
+    calls: int = 0
+    request: str | None = None
+    """Its turn being sampled, if any."""
+
+
+class EpisodeRunner:
+    def __init__(self, slots: SlotPool, builder: ContextBuilder, limits: EpisodeLimits, sampling: SamplingParams,
+                 env_seed: Callable[[Group], int] | None = None, max_failures: int = 3):
+        """``env_seed(group)``: the environment seed its episodes play (default: from the group's seed)."""
+        self.slots, self.builder, self.limits, self.sampling = slots, builder, limits, sampling
+        self.env_seed = env_seed or (lambda g: derive_seed(g.seed, "env") % (2 ** 31))
+        self.max_failures = max_failures
+        self.live: dict[str, _Live] = {}
+        """Episode key -> its state."""
+        self.waiting: deque[str] = deque()
+        """Episodes waiting for a slot, in launch order."""
+        self.failures: dict[str, int] = {}
+        """Group id -> episodes lost to environment failures."""
+        self.next_index: dict[str, int] = {}
+        self.groups: dict[str, Group] = {}
+        self.requests: RequestBook | None = None
+        self.outbox: list = []
+        self.stats: dict[str, float] = {}
+
+    def bind(self, requests: RequestBook, outbox: list, stats: dict[str, float]) -> None:
+        """Share the scheduler's request book, outbox and counters."""
+        self.requests, self.outbox, self.stats = requests, outbox, stats
+
+    # ---- the scheduler's calls ---------------------------------------------------------------------
+    def launch(self, group: Group, samples: int) -> None:
+        """Start ``samples`` episodes of ``group`` (those without a free slot wait for one)."""
+        self.groups[group.group_id] = group
+        self.next_index.setdefault(group.group_id, 0)
+        for _ in range(samples):
+            self._new_episode(group)
+        self._start_waiting()
+
+    def stop(self, group_id: str) -> None:
+        """The group needs no more episodes: abort their turns, free their slots."""
+        for key in [k for k, live in self.live.items() if live.group == group_id]:
+            self._drop(key)
+        self.waiting = deque(k for k in self.waiting if k in self.live)
+        self.groups.pop(group_id, None)
+        self.failures.pop(group_id, None)
+        self._start_waiting()
+
+    def on_env(self, results: list[EnvResult]) -> Outcome:
+        out = Outcome()
+        for result in results:
+            key = result.call_id.rpartition("@")[0]
+            live = self.live.get(key)
+            if live is None:
+                continue  # its group was stopped meanwhile
+            value = result.value
+            if isinstance(value, EnvFailure):
+                self._count(f"env/failures_{value.kind}")
+                self._fail(key, out)
+            elif isinstance(value, EnvReset):
+                self._ask(key, live.episode.on_reset(value))
+            else:
+                self._count("env/steps")
+                request = live.episode.on_step(value)
+                if request is None:
+                    self._finish(key, out)
+                else:
+                    self._ask(key, request)
+        self._start_waiting()
+        return out
+
+    def on_turn(self, result: GenerationResult) -> None:
+        """A turn came back from an engine (its request already settled in the book)."""
+        key = result.request_id.rpartition("#")[0]
+        live = self.live.get(key)
+        if live is None or live.request != result.request_id:
+            return
+        live.request = None
+        if result.finish_reason == "abort":  # dropped by a weight update without partial rollouts: ask again
+            self._count("rollout/tokens_wasted", len(result.response_ids))
+            self._ask(key, live.episode.request())
+            return
+        action = live.episode.on_turn(result)
+        self._call(key, "step", action)
+
+    def retry_turn(self, request_id: str) -> None:
+        """Its engine was lost: ask for the turn again (same stream: the same tokens under the same weights)."""
+        key = request_id.rpartition("#")[0]
+        live = self.live.get(key)
+        if live is not None and live.request == request_id:
+            self._ask(key, live.episode.request())
+            self._count("rollout/samples_requeued")
+
+    @property
+    def busy(self) -> bool:
+        """Episodes are running or waiting."""
+        return bool(self.live)
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _new_episode(self, group: Group) -> None:
+        index = self.next_index[group.group_id]
+        self.next_index[group.group_id] = index + 1
+        key = f"{group.group_id}/{index}"
+        episode = Episode(key, group.prompt, index, group.seed, self.limits, self.sampling, self.builder)
+        self.live[key] = _Live(episode, group.group_id)
+        self.waiting.append(key)
+
+    def _start_waiting(self) -> None:
+        while self.waiting and self.slots.free:
+            key = self.waiting.popleft()
+            live = self.live.get(key)
+            if live is None:
+                continue
+            live.slot = self.slots.free.popleft()
+            self._call(key, "reset", self.env_seed(self.groups[live.group]))
+
+    def _call(self, key: str, op: str, arg) -> None:
+        live = self.live[key]
+        live.calls += 1
+        self.outbox.append(EnvCall(live.slot, f"{key}@{live.calls}", op, arg))
+
+    def _ask(self, key: str, request) -> None:
+        live = self.live[key]
+        live.request = request.request_id
+        self.requests.assign([request], lambda request_id: live.group)
+
+    def _finish(self, key: str, out: Outcome) -> None:
+        live = self.live[key]
+        out.finished.append((live.group, live.episode.trajectory()))
+        self._release(key)
+
+    def _fail(self, key: str, out: Outcome) -> None:
+        """An environment failure: a fresh episode of the group replaces this one, or the group is given up."""
+        group_id = self.live[key].group
+        self._release(key)
+        lost = self.failures[group_id] = self.failures.get(group_id, 0) + 1
+        if lost > self.max_failures:
+            out.failed.append(group_id)
+            self._count("env/groups_failed")
+        elif group_id in self.groups:
+            self._new_episode(self.groups[group_id])
+
+    def _drop(self, key: str) -> None:
+        live = self.live[key]
+        if live.request is not None and live.request in self.requests.live:
+            self.requests.abort({live.request: self.requests.live[live.request][0]})
+        self._release(key)
+
+    def _release(self, key: str) -> None:
+        live = self.live.pop(key)
+        if live.slot is not None:
+            self.slots.free.append(live.slot)
+
+    def _count(self, name: str, value: float = 1) -> None:
+        self.stats[name] = self.stats.get(name, 0) + value

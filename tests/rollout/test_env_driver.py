@@ -1,0 +1,47 @@
+"""Multi-turn rollout over real workers: tiny-model engines in process, environment workers as Ray
+actors hosting environments that hang or crash; the driver waits on engines and environments together."""
+
+from pathlib import Path
+
+from gyre.cluster.env_pool import EnvPool
+from gyre.cluster.group import RoleGroup
+from gyre.cluster.reward_pool import RewardPool
+from gyre.cluster.workers import EnvWorker, RolloutWorker
+from gyre.envs.context import ContextBuilder
+from gyre.envs.episode import EpisodeLimits
+from gyre.envs.host import EnvSpec
+from gyre.models.presets import build_char_tokenizer
+from gyre.rollout.driver import RolloutDriver
+from gyre.rollout.episodes import EpisodeRunner
+from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
+from gyre.types import PromptRecord, SamplingParams
+
+HOSTILE = Path(__file__).parents[1] / "envs" / "hostile_envs.py"
+
+
+def engine_args(model_dir, rank):
+    return (rank, str(model_dir), str(model_dir), "float32", False, "cpu", 1, None)
+
+
+def test_episodes_complete_while_environments_hang_and_crash(ray_local, tiny_model_dir):
+    engines = RoleGroup.local("rollout", RolloutWorker, [engine_args(tiny_model_dir, r) for r in range(2)])
+    spec = EnvSpec(f"{HOSTILE}:Flaky", {})
+    workers = RoleGroup.create_unplaced("env", EnvWorker, 2, 0.25, (spec, 2, 2.0, 2.0))
+    pool = EnvPool(workers, per_worker=2, deadline_s=2.0)
+    sampling = SamplingParams(max_new_tokens=8)
+    runner = EpisodeRunner(pool.slots, ContextBuilder(build_char_tokenizer(), use_template=False),
+                           EpisodeLimits(max_turns=2, turn_tokens=8, context_tokens=200), sampling, max_failures=6)
+    sched = RolloutScheduler(ScheduleSpec(2, 3, sampling, run_seed=1, replicate=True), engines=2, episodes=runner)
+    source = iter([PromptRecord(f"env{i}", "", [], "") for i in range(50)])
+    sched.admit(1, lambda k: [next(source) for _ in range(k)])
+    driver = RolloutDriver(engines, RewardPool({}), emit_every=1, envs=pool)
+    driver.run(sched, lambda: sched.ready(1))
+    batch = sched.take(1)
+    stats = sched.take_stats()
+    assert len(batch) == 3 and all(len(g.trajectories) == 2 for g in batch)
+    assert all(t.reward.score == 1.0 and len(t.turns) == 1 for g in batch for t in g.trajectories)
+    assert stats.get("env/failures_timeout", 0) + stats.get("env/failures_crashed", 0) >= 1
+    driver.close()
+    pool.close()
+    engines.kill()
+    workers.kill()

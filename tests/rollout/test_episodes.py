@@ -1,0 +1,166 @@
+"""Multi-turn groups through the sans-IO scheduler: a scripted world that samples turns and steps real
+environments (the built-in number game) in a random order, failing some environment calls."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gyre.envs.builtin.guess import GuessNumber
+from gyre.envs.context import ContextBuilder
+from gyre.envs.episode import EpisodeLimits
+from gyre.envs.protocol import EnvFailure, check_reset, check_step
+from gyre.models.presets import build_char_tokenizer
+from gyre.rollout.episodes import EnvCall, EnvResult, EpisodeRunner, SlotPool
+from gyre.rollout.requests import Abort, Generate
+from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
+from gyre.types import GenerationResult, PromptRecord, SamplingParams
+
+TOKENIZER = build_char_tokenizer()
+
+
+def seeds(k: int, start: int = 0) -> list[PromptRecord]:
+    """Environment instances as the scheduler's prompts."""
+    return [PromptRecord(f"env{i}", "", [], "") for i in range(start, start + k)]
+
+
+class EnvWorld:
+    """Engines answer turns with a random guess; environments answer in any order; ``fail`` decides
+    which environment calls fail."""
+
+    def __init__(self, sched: RolloutScheduler, rng: random.Random, fail=lambda call: False):
+        self.sched, self.rng, self.fail = sched, rng, fail
+        self.running: list = []
+        self.calls: list[EnvCall] = []
+        self.envs: dict[int, GuessNumber] = {}
+        self.sampled: dict[str, list[int]] = {}
+        """Request id -> the tokens the engine returned (the trained-equals-sampled check)."""
+        self.in_use: set[int] = set()
+        self.peak = 0
+
+    def pump(self) -> None:
+        for command in self.sched.drain():
+            if isinstance(command, Generate):
+                self.running += list(command.requests)
+            elif isinstance(command, Abort):
+                gone = {rid for ids in command.by_engine.values() for rid in ids}
+                self.running = [r for r in self.running if r.request_id not in gone]
+            elif isinstance(command, EnvCall):
+                self.calls.append(command)
+            else:
+                raise AssertionError(f"unexpected command {command}")
+
+    def step(self) -> bool:
+        self.pump()
+        if not self.running and not self.calls:
+            return False
+        if self.running and (not self.calls or self.rng.random() < 0.5):
+            request = self.running.pop(self.rng.randrange(len(self.running)))
+            text = f"\\boxed{{{self.rng.randint(1, 8)}}}"
+            ids = list(TOKENIZER(text, add_special_tokens=False)["input_ids"])[:request.params.max_new_tokens]
+            self.sampled[request.request_id] = ids
+            self.sched.on_generated([GenerationResult(request.request_id, 0, request.prompt_ids, ids, text,
+                                                      [-0.1] * len(ids), "stop", [self.sched.version] * len(ids))])
+        else:
+            call = self.calls.pop(self.rng.randrange(len(self.calls)))
+            self.sched.on_env([EnvResult(call.call_id, self._answer(call))])
+        self.pump()
+        return True
+
+    def _answer(self, call: EnvCall):
+        if self.fail(call):
+            return EnvFailure("timeout", "scripted")
+        env = self.envs.setdefault(call.slot, GuessNumber(1, 8, max_turns=4))
+        if call.op == "reset":
+            return check_reset(env.reset(call.arg))
+        return check_step(env.step(call.arg))
+
+    def run_until_ready(self, step: int, draw):
+        self.sched.admit(step, draw)
+        while not self.sched.ready(step):
+            assert self.step(), f"the world went quiet before step {step}'s batch was ready"
+            self.sched.admit(step, draw)
+        batch = self.sched.take(step)
+        self.sched.on_published(step)  # the policy trained on it
+        return batch
+
+
+def scheduler(slots: int, extra: int = 0, alpha: float = 0.0) -> RolloutScheduler:
+    spec = ScheduleSpec(3, 2, SamplingParams(max_new_tokens=12), run_seed=5, async_ratio=alpha, replicate=True,
+                        extra_samples=extra)
+    runner = EpisodeRunner(SlotPool(slots), ContextBuilder(TOKENIZER, use_template=False),
+                           EpisodeLimits(max_turns=4, turn_tokens=12, context_tokens=400), spec.sampling)
+    return RolloutScheduler(spec, engines=2, episodes=runner)
+
+
+def check_batch(world: EnvWorld, batch) -> None:
+    for group in batch:
+        assert len(group.trajectories) == 3 and group.status == "committed"
+        firsts = {tuple(t.prompt.prompt_ids) for t in group.trajectories}
+        assert len(firsts) == 1  # every episode of a group plays the same environment seed
+        for t in group.trajectories:
+            assert t.status == "scored" and 1 <= len(t.turns) <= 4
+            assert t.reward.score == pytest.approx(sum(turn.reward for turn in t.turns))
+            model = [s for s in t.segments if s.trainable]
+            ids = t.response_ids
+            # Trained equals sampled: each turn's tokens are exactly what the engine returned for it.
+            for turn, segment in zip(t.turns, model):
+                assert ids[turn.start:turn.end] == segment.token_ids
+            key = f"{group.group_id}/"
+            turns = [rid for rid in world.sampled if rid.startswith(key) and rid.split("#")[0].endswith(
+                f"/{t.sample_index}")]
+            assert [world.sampled[rid] for rid in sorted(turns, key=lambda r: int(r.split("#")[1]))] == \
+                [s.token_ids for s in model]
+            assert all(not s.trainable for s in t.segments[1::2])  # observations between turns
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_episodes_run_each_at_their_own_pace_and_commit_as_groups(seed):
+    world = EnvWorld(scheduler(slots=4), random.Random(seed))
+    source = iter(seeds(100))
+    for step in (1, 2, 3):
+        batch = world.run_until_ready(step, lambda k: [next(source) for _ in range(k)])
+        check_batch(world, batch)
+    assert len(world.sched.episodes.slots.free) + len(world.sched.episodes.live) >= 4
+
+
+def test_failed_environments_cost_one_episode_each():
+    failing = {"n": 0}
+
+    def fail(call: EnvCall) -> bool:  # every seventh call fails
+        failing["n"] += 1
+        return failing["n"] % 7 == 0
+
+    world = EnvWorld(scheduler(slots=3), random.Random(1), fail)
+    source = iter(seeds(100))
+    batch = world.run_until_ready(1, lambda k: [next(source) for _ in range(k)])
+    check_batch(world, batch)
+    stats = world.sched.take_stats()
+    assert stats["env/failures_timeout"] >= 1
+    indices = [t.sample_index for g in batch for t in g.trajectories]
+    assert max(indices) >= 3 or stats.get("rollout/groups_failed", 0) >= 1  # replacements ran
+
+
+def test_redundant_episodes_are_stopped_once_a_group_has_its_size():
+    world = EnvWorld(scheduler(slots=10, extra=2), random.Random(2))
+    source = iter(seeds(100))
+    batch = world.run_until_ready(1, lambda k: [next(source) for _ in range(k)])
+    check_batch(world, batch)
+    world.pump()
+    runner = world.sched.episodes
+    assert not any(live.group in {g.group_id for g in batch} for live in runner.live.values())
+    assert len(runner.slots.free) == 10 - sum(live.slot is not None for live in runner.live.values())
+
+
+@pytest.mark.parametrize("alpha", [1, 2])
+def test_asynchronous_episodes_stay_inside_the_window(alpha):
+    world = EnvWorld(scheduler(slots=6, alpha=alpha), random.Random(alpha))
+    source = iter(seeds(200))
+    for step in range(1, 7):
+        batch = world.run_until_ready(step, lambda k: [next(source) for _ in range(k)])
+        check_batch(world, batch)
+        assert world.sched.take_stats()["staleness/violations"] == 0
+        for _ in range(world.rng.randrange(20)):  # the rollout goes on while the policy trains
+            world.step()
+            world.sched.admit(step + 1, lambda k: [next(source) for _ in range(k)])
