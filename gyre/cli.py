@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from gyre.cluster.runtime import ClusterError
     from gyre.config.load import ConfigError
     from gyre.data.prompts import DataError
+    from gyre.envs.protocol import EnvError
     from gyre.models.loading import ModelPathError
     from gyre.pipelines.checkpoint import ResumeError
     from gyre.pipelines.interrupt import RunInterrupted, stop_on_signals
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Bad input is reported in one paragraph; anything else is a bug and keeps its traceback.
     user_errors = (ConfigError, DataError, ModelPathError, RewardSpecError, ResumeError, RunDirError, ClusterError,
-                   RewardFailureError, SandboxUnavailable)
+                   RewardFailureError, SandboxUnavailable, EnvError)
     if args.command in ("init-model", "init-data"):
         user_errors += (ValueError,)
     try:

@@ -57,3 +57,16 @@ def test_the_resume_command_replaces_the_start_flags():
     assert resume_command(["train", "my run.yaml", "a=1", "--overwrite"]) == "gyre train 'my run.yaml' a=1 --resume"
     assert resume_command(["quickstart", "--resume", "auto", "--out", "x"]) == "gyre quickstart --out x --resume"
     assert resume_command(["train", "c.yaml", "--resume"], auto=True) == "gyre train c.yaml --resume auto"
+
+
+def test_check_builds_the_environment_of_an_agentic_run(tiny_model_dir, capsys, tmp_path):
+    assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
+                 "cluster.cpu_slots=2"]) == 0
+    out = capsys.readouterr().out
+    assert "env: gyre:guess_number built and reset once" in out and "env        gyre:guess_number" in out
+    assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
+                 "env.kwargs={low: 5, high: 2}", "cluster.cpu_slots=2"]) == 2
+    assert "cannot be built with {'low': 5, 'high': 2}: ValueError" in capsys.readouterr().err
+    assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
+                 "env.id=gyre:chess", "cluster.cpu_slots=2"]) == 2
+    assert "no built-in environment 'chess'" in capsys.readouterr().err

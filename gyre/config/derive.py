@@ -135,7 +135,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     agg_norm = (a.loss_agg_norm or max_new) if a.loss_agg == "seq-mean-token-sum-norm" else None
     cache = max(1, round(a.overlong_penalty_frac * max_new)) if a.overlong_penalty_frac else None
     sft_steps = _check_sft(cfg, dp)
-    if cfg.validation.every and not cfg.data.val_files:
+    if cfg.validation.every and cfg.data is not None and not cfg.data.val_files:
         raise ConfigError("validation.every > 0 needs data.val_files (held-out prompts); or set validation.every=0")
     if len(cfg.rollout.devices) > cfg.rollout.prompts_per_step:
         notes.append(f"{len(cfg.rollout.devices)} rollout workers for {cfg.rollout.prompts_per_step} prompts: "
@@ -148,7 +148,8 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
         total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
         use_reference=use_reference, use_critic=use_critic,
-        reward_workers=sum(d.workers for d in cfg.reward.domains.values() if d.model_role is None),
+        reward_workers=sum(d.workers for d in cfg.reward.domains.values() if d.model_role is None)
+        if cfg.env is None else math.ceil(cfg.env.workers * cfg.env.worker_cpus),
         critic_dp_size=len(cfg.critic.devices) if use_critic else 0,
         loss_agg_norm=agg_norm, overlong_cache_tokens=cache, threads_per_worker=cfg.cluster.threads_per_slot,
         sft_steps=sft_steps,

@@ -22,7 +22,12 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         lines.append(f"  {role:<10} devices {list(devices)}  ({len(devices)} worker(s))")
     if plan.hybrid_rollout:
         lines.append("  rollout    inside the policy workers (hybrid)")
-    for name, d in cfg.reward.domains.items():
+    if cfg.env is not None:
+        e = cfg.env
+        lines.append(f"  env        {e.id}: {e.workers} CPU worker(s) x {e.slots_per_worker} environment(s), "
+                     f"up to {e.max_turns} turns of {e.turn_tokens} tokens within {e.context_tokens}; the episode "
+                     "return is the reward")
+    for name, d in cfg.reward.domains.items() if cfg.env is None else ():
         routed = "every prompt" if cfg.reward.single else f"tags {cfg.reward.tags_of(name)}"
         share = f", {d.ratio:.0%} of each batch" if d.ratio is not None else ""
         where = (f"{d.workers} CPU worker(s) x {d.processes} process(es)" if d.model_role is None

@@ -24,6 +24,7 @@ from gyre.config.base import (
     UnitFloat,
     section_from_spec,
 )
+from gyre.config.env_schema import EnvConfig
 from gyre.config.presets import algorithm_problems, expand_preset
 from gyre.config.reward_schema import RewardConfig
 
@@ -409,7 +410,10 @@ class RLVRConfig(StrictModel):
     cluster: ClusterConfig = ClusterConfig()
     watchdog: WatchdogConfig = WatchdogConfig()
     model: ModelConfig
-    data: DataConfig
+    data: DataConfig | None = None
+    """Prompts and answers (RLVR); a run has this or ``env``."""
+    env: EnvConfig | None = None
+    """An environment to act in (agentic RL); a run has this or ``data``."""
     rollout: RolloutConfig = RolloutConfig()
     policy: PolicyConfig = PolicyConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
@@ -420,3 +424,10 @@ class RLVRConfig(StrictModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     sft_warmup: SFTConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RLVRConfig:
+        if (self.data is None) == (self.env is None):
+            raise ValueError("a run learns from prompts (data: {train_files: [...]}) or from an environment "
+                             "(env: {id: ...}): give exactly one of them")
+        return self

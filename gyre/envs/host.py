@@ -33,6 +33,19 @@ class EnvSpec:
     """``gyre:<name>``, ``gem:<id>``, ``module:Class`` or ``file.py:Class`` (``gyre.envs.protocol``)."""
     kwargs: dict
     max_observation_chars: int = 20_000
+    tools: tuple[str, ...] = ()
+    """Tools the environment is given (``gyre.envs.tools.TOOLS``)."""
+    tool_format: str = "tags"
+    max_tool_calls: int = 4
+
+    def build(self):
+        """The environment, wrapped with its tools (in the process that will step it)."""
+        env = make_env(self.name, self.kwargs)
+        if not self.tools:
+            return env
+        from gyre.envs.tools import TOOLS, ToolEnv
+
+        return ToolEnv(env, [TOOLS[name]() for name in self.tools], self.tool_format, self.max_tool_calls)
 
 
 class EnvSlot:
@@ -129,7 +142,7 @@ def _serve(conn: Connection, spec: EnvSpec, parent: int) -> None:
     """Child loop: build the environment, then answer ("ok", record) or (failure kind, message) per call."""
     die_with_parent(parent)
     try:
-        env = make_env(spec.name, spec.kwargs)
+        env = spec.build()
     except EnvError as exc:
         conn.send(("error", str(exc)))
         return

@@ -91,8 +91,8 @@ def make_env(spec: str, kwargs: dict | None = None):
         factory = _load(spec)
     try:
         env = factory(**kwargs)
-    except TypeError as exc:
-        raise EnvError(f"environment {spec!r} cannot be built with {sorted(kwargs)}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's constructor refused its arguments: say which
+        raise EnvError(f"environment {spec!r} cannot be built with {kwargs}: {type(exc).__name__}: {exc}") from None
     for method in ("reset", "step"):
         if not callable(getattr(env, method, None)):
             raise EnvError(f"environment {spec!r} has no {method}() method: an environment needs reset(seed) and "

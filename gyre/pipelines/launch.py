@@ -35,8 +35,11 @@ def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], Non
     plan = preflight(cfg, address)
     with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
         data = load_data(cfg)
-        echo(f"data: {len(data.train)} training prompts, {len(data.val_prompts)} held-out prompts"
-             + (f" ({data.dropped_long} dropped: longer than data.max_prompt_tokens)" if data.dropped_long else ""))
+        if cfg.env is not None:
+            echo(f"env: {cfg.env.id} built and reset once; {len(data.val_prompts)} validation seeds")
+        else:
+            echo(f"data: {len(data.train)} training prompts, {len(data.val_prompts)} held-out prompts"
+                 + (f" ({data.dropped_long} dropped: longer than data.max_prompt_tokens)" if data.dropped_long else ""))
         check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
         probe.check(data.train)
     if address:

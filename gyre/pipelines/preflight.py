@@ -26,8 +26,12 @@ def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
         cfg.model.tokenizer_path = absolute(cfg.model.tokenizer_path)
     if cfg.critic.model_path:
         cfg.critic.model_path = absolute(cfg.critic.model_path)
-    cfg.data.train_files = [absolute(f) for f in cfg.data.train_files]
-    cfg.data.val_files = [absolute(f) for f in cfg.data.val_files]
+    if cfg.data is not None:
+        cfg.data.train_files = [absolute(f) for f in cfg.data.train_files]
+        cfg.data.val_files = [absolute(f) for f in cfg.data.val_files]
+    if cfg.env is not None and cfg.env.id.rpartition(":")[0].endswith(".py"):
+        target, _, name = cfg.env.id.rpartition(":")
+        cfg.env.id = f"{absolute(target)}:{name}"
     cfg.run.output_dir = Path(absolute(str(cfg.run.output_dir)))
     if cfg.sft_warmup is not None:
         cfg.sft_warmup.train_files = [absolute(f) for f in cfg.sft_warmup.train_files]
@@ -76,9 +80,12 @@ def load_data(cfg: RLVRConfig):
     """Every prompt row, tokenised, routed to its reward domain and validated (each domain checks its
     ground truths: math answers, code tests, constraint lists...)."""
     from gyre.data.prompts import DataError
-    from gyre.pipelines.rlvr_data import RunData
+    from gyre.pipelines.rlvr_data import EnvRunData, RunData
     from gyre.rewards.registry import bad_ground_truths
 
+    if cfg.env is not None:
+        check_env(cfg)
+        return EnvRunData.load(cfg)
     data = RunData.load(cfg)
     for name, domain in cfg.reward.domains.items():
         records = [r for r in data.train + data.val_prompts if r.domain == name]
@@ -153,3 +160,21 @@ def _note_unsplit_asserts(name: str, records, echo) -> None:
     if unsplit:
         echo(f"note: reward.domains.{name}: {unsplit} of {total} assert tests cannot be compared outside the sandbox "
              f"(e.g. {example}); they run whole inside it, where an object that always compares equal passes them")
+
+
+def check_env(cfg: RLVRConfig) -> None:
+    """Build the environment once here and play a reset: a wrong id, file or keyword argument is an
+    error before any actor starts, not a failed episode in every worker."""
+    from gyre.envs.protocol import EnvError, call, check_reset, make_env
+
+    env = make_env(cfg.env.id, cfg.env.kwargs)
+    try:
+        reset = call(env.reset, 0)
+    except Exception as exc:  # noqa: BLE001 - the user's reset failed: say so before the run starts
+        raise EnvError(f"env {cfg.env.id!r}: reset(0) raised {type(exc).__name__}: {exc}") from None
+    try:
+        check_reset(reset)
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()

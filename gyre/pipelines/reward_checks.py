@@ -58,6 +58,8 @@ class RewardProbe:
         from gyre.rewards.registry import function_spec
         from gyre.rewards.runner import RewardRunner
 
+        if self.cfg.env is not None:  # the environments pay the rewards: nothing to probe
+            return self
         try:
             for name, domain in self.cfg.reward.domains.items():
                 skip = _skip_reason(domain)

@@ -16,16 +16,19 @@ from pathlib import Path
 
 import torch
 
+from gyre.cluster.env_pool import EnvPool
 from gyre.cluster.reward_pool import RewardPool
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import collate_groups
+from gyre.envs.episode import EpisodeLimits
 from gyre.pipelines.advantage import AlgorithmState, correct_mismatch, estimate_advantages
 from gyre.pipelines.checkpoint import CheckpointManager, DriverState, ResumeError
 from gyre.pipelines.learner import Learner
 from gyre.pipelines.reward_checks import check_reward_failures
 from gyre.pipelines.rlvr_data import RunData, config_fingerprint
 from gyre.pipelines.roles import Roles, reward_scorers
+from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.machine import RolloutMachine
 from gyre.rollout.policies import GroupFilter, TailSpec
 from gyre.rollout.scheduler import ScheduleSpec
@@ -51,9 +54,12 @@ class RLVRPipeline:
         s = cfg.rollout.sampling
         self.sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop))
         self.rewards = RewardPool(reward_scorers(cfg, roles))
+        envs = EnvPool(roles.envs, cfg.env.slots_per_worker, max(cfg.env.reset_timeout_s, cfg.env.step_timeout_s)) \
+            if cfg.env is not None else None
         self.rollout = RolloutMachine(roles.rollout, self.rewards, schedule_spec(cfg, self.sampling),
                                       data.next_train_prompts, lambda: roles.timeshare.activate(roles.rollout_role),
-                                      cfg.rollout.partial, cfg.rollout.emit_every, replaceable=not roles.hybrid)
+                                      cfg.rollout.partial, cfg.rollout.emit_every, replaceable=not roles.hybrid,
+                                      episodes=episode_runners(cfg, data, envs), envs=envs)
         # With asynchrony the rollout goes on while the learner's calls run.
         self.learner = Learner(cfg, plan, roles, self.rollout.wait_for if cfg.rollout.async_ratio > 0 else None)
         self.reward_totals = {"errors": 0, "timeouts": 0}
@@ -205,7 +211,7 @@ class RLVRPipeline:
         self.rewards.load_state_dict(state.algorithm.get("rewards", {}))
         try:
             self.data.train_sampler.load_state_dict(state.data)
-            self.rollout.load_state_dict(state.rollout, {p.uid: p for p in self.data.train}, state.step)
+            self.rollout.load_state_dict(state.rollout, self.data.prompt_index(), state.step)
         except ValueError as exc:
             raise ResumeError(f"cannot resume from {path}: {exc}") from None
         self.reward_totals.update(state.reward_totals)
@@ -220,6 +226,19 @@ class RLVRPipeline:
         return out
 
 
+def episode_runners(cfg: RLVRConfig, data, envs: EnvPool | None):
+    """Multi-turn runs: what makes each scheduler's episode runner (train and validation share the slots)."""
+    if cfg.env is None:
+        return None
+    e = cfg.env
+    limits = EpisodeLimits(e.max_turns, e.turn_tokens, e.context_tokens, e.observation_tokens)
+
+    def make(sampling: SamplingParams) -> EpisodeRunner:
+        return EpisodeRunner(envs.slots, data.builder, limits, sampling, env_seed=lambda g: int(g.prompt.ground_truth),
+                             max_failures=e.max_failures)
+    return make
+
+
 def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
     """The rollout scheduler's rules, from the ``rollout`` section."""
     r = cfg.rollout
@@ -230,6 +249,7 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
         group_filter=GroupFilter(ds.min_std, ds.mean_range) if ds else None,
         max_draws=math.ceil(ds.max_draws * r.prompts_per_step) if ds else None,
         tail=TailSpec(tail.eta_prompts, tail.eta_samples) if tail else None,
+        extra_samples=cfg.env.extra_samples if cfg.env is not None else 0,
         lockstep=r.async_ratio > 0 and r.async_mode == "lockstep")
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gyre.config.schema import RLVRConfig
 from gyre.data.domains import DomainSampler, route_domains
 from gyre.data.prompts import PromptRenderer, load_prompts
 from gyre.data.sampler import EpochSampler
+from gyre.envs.context import ContextBuilder
 from gyre.models.loading import load_tokenizer
+from gyre.seeding import derive_seed
 from gyre.types import PromptRecord
 
 
@@ -46,6 +48,72 @@ class RunData:
 
     def next_train_prompts(self, k: int) -> list[PromptRecord]:
         return [self.train[i] for i in self.train_sampler.take(k)]
+
+
+    def prompt_index(self):
+        """uid -> record of every training prompt (a checkpoint names the prompts it had drawn by uid)."""
+        return {p.uid: p for p in self.train}
+
+
+class EnvSeeds:
+    """An environment run's training "prompts": an endless, seeded stream of environment instances.
+
+    Prompt ``n`` is ``PromptRecord("env:<n>", ground_truth=<its environment seed>)``; the seed derives
+    from the run seed and n, so a checkpoint needs only how many were drawn."""
+
+    def __init__(self, run_seed: int, stream: str = "env"):
+        self.run_seed, self.stream, self.drawn = run_seed, stream, 0
+
+    def record(self, n: int) -> PromptRecord:
+        seed = derive_seed(self.run_seed, self.stream, n) % (2 ** 31)
+        return PromptRecord(f"{self.stream}:{n}", "", [], str(seed), domain="env")
+
+    def take(self, k: int) -> list[PromptRecord]:
+        out = [self.record(n) for n in range(self.drawn, self.drawn + k)]
+        self.drawn += k
+        return out
+
+    def state_dict(self) -> dict:
+        return {"drawn": self.drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drawn = int(state["drawn"])
+
+    def __contains__(self, uid: object) -> bool:
+        head, _, n = str(uid).partition(":")
+        return head == self.stream and n.isdigit()
+
+    def __getitem__(self, uid: str) -> PromptRecord:
+        if uid not in self:
+            raise KeyError(uid)
+        return self.record(int(uid.partition(":")[2]))
+
+
+@dataclass
+class EnvRunData:
+    """What an environment run draws from: seeds, fixed validation seeds, and the conversation builder."""
+
+    tokenizer: object
+    builder: ContextBuilder
+    train_sampler: EnvSeeds
+    val_prompts: list[PromptRecord]
+    pad_id: int
+    train: list = field(default_factory=list)
+    """No finite prompt list (empty, for the checks that read one)."""
+    dropped_long: int = 0
+
+    @classmethod
+    def load(cls, cfg: RLVRConfig) -> EnvRunData:
+        tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
+        builder = ContextBuilder(tokenizer, PromptRenderer(tokenizer, "auto").use_template, cfg.env.system_prompt)
+        val = EnvSeeds(cfg.run.seed, "env-val").take(cfg.env.val_episodes)
+        return cls(tokenizer, builder, EnvSeeds(cfg.run.seed), val, int(tokenizer.pad_token_id))
+
+    def next_train_prompts(self, k: int) -> list[PromptRecord]:
+        return self.train_sampler.take(k)
+
+    def prompt_index(self) -> EnvSeeds:
+        return self.train_sampler
 
 
 def config_fingerprint(cfg: RLVRConfig) -> str:

@@ -10,6 +10,7 @@ from gyre.cluster.group import RoleGroup
 from gyre.cluster.placement import Placement, create_placement
 from gyre.cluster.workers import (
     CriticWorker,
+    EnvWorker,
     HybridRollout,
     ModelRewardWorker,
     PolicyWorker,
@@ -35,6 +36,8 @@ class Roles:
     placement: Placement
     watchdog: Watchdog
     """Deadlines of every role call of the run (shared by the groups)."""
+    envs: RoleGroup | None = None
+    """Environment workers of an agentic run (CPU-only, placed anywhere)."""
 
     @property
     def hybrid(self) -> bool:
@@ -50,7 +53,7 @@ class Roles:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
-        groups = (self.policy, self.rollout, self.reference, self.critic, *self.reward.values())
+        groups = (self.policy, self.rollout, self.reference, self.critic, self.envs, *self.reward.values())
         for group in {id(g): g for g in groups if g is not None}.values():
             group.kill()
         remove_placement_group(self.placement.group)
@@ -101,7 +104,8 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
              off), {}))
         made.append(reference)
     critic = _build_critic(cfg, plan, placement, made) if plan.use_critic else None
-    reward = _build_rewards(cfg, plan, placement, made)
+    reward = _build_rewards(cfg, plan, placement, made) if cfg.env is None else {}
+    envs = _build_envs(cfg, made) if cfg.env is not None else None
     for group in made:
         group.watchdog = watchdog
     for trainer in (policy, critic):
@@ -115,7 +119,20 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
         groups["critic"] = critic
     # Trainer roles load onto their devices at setup; the others start offloaded when the plan offloads.
     resident = {"policy", "critic"} & set(groups) if off else set(groups)
-    return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement, watchdog)
+    return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement, watchdog,
+                 envs)
+
+
+def _build_envs(cfg: RLVRConfig, made: list[RoleGroup]) -> RoleGroup:
+    """``env.workers`` CPU actors hosting ``env.slots_per_worker`` environments each (restarted if they die)."""
+    from gyre.envs.host import EnvSpec
+
+    e = cfg.env
+    spec = EnvSpec(e.id, e.kwargs, e.max_observation_chars, tuple(e.tools), e.tool_format, e.max_tool_calls)
+    group = RoleGroup.create_unplaced("env", EnvWorker, e.workers, e.worker_cpus,
+                                      (spec, e.slots_per_worker, e.reset_timeout_s, e.step_timeout_s))
+    made.append(group)
+    return group
 
 
 def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> dict:
@@ -152,6 +169,8 @@ def reward_scorers(cfg: RLVRConfig, roles: Roles) -> dict:
     from gyre.cluster.reward_pool import DomainScorer
 
     scorers = {}
+    if cfg.env is not None:  # the environments pay the rewards
+        return scorers
     for name, domain in cfg.reward.domains.items():
         adaptive = None
         if domain.adaptive_timeout is not None:

@@ -21,6 +21,7 @@ from gyre.cluster.faults import RoleFault
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.workers import EngineHost
 from gyre.rollout.driver import PhaseTimes, RolloutDriver
+from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
 from gyre.types import Group, PromptRecord, SamplingParams, Trajectory, WeightVersion
 
@@ -41,19 +42,22 @@ class Batch:
 
 class RolloutMachine:
     def __init__(self, engines: RoleGroup, rewards, spec: ScheduleSpec, prompts: Callable[[int], list[PromptRecord]],
-                 activate: Callable[[], None], partial: bool = True, emit_every: int = 1, replaceable: bool = True):
+                 activate: Callable[[], None], partial: bool = True, emit_every: int = 1, replaceable: bool = True,
+                 episodes: Callable[[SamplingParams], EpisodeRunner] | None = None, envs=None):
         """``prompts(k)`` draws the next k training prompts; ``activate()`` gives the engines the devices
         (time-shared roles); ``partial``: requests in flight at a weight update continue under the new
         weights (else they are regenerated); ``replaceable``: a dead engine is replaced in place (not for
-        hybrid engines, which are policy ranks)."""
+        hybrid engines, which are policy ranks). Multi-turn runs: ``episodes(sampling)`` makes the runner
+        of a scheduler's episodes, ``envs`` is the environment pool (``gyre.cluster.env_pool``)."""
         self.engines = engines
         self.spec = spec
         self.prompts = prompts
         self.activate = activate
         self.partial = partial
+        self.episodes = episodes
         self.driver = RolloutDriver(engines, rewards, emit_every,
-                                    restore=self._restore if replaceable and engines.spawn else None)
-        self.scheduler = RolloutScheduler(spec, len(engines))
+                                    restore=self._restore if replaceable and engines.spawn else None, envs=envs)
+        self.scheduler = RolloutScheduler(spec, len(engines), episodes=episodes(spec.sampling) if episodes else None)
         self._held: tuple[WeightVersion, object] = (0, None)
         """The version and weights the engines hold (or are being given): what a replacement engine gets."""
         self._pending: tuple[WeightVersion, object] | None = None
@@ -91,7 +95,8 @@ class RolloutMachine:
         self.activate()
         self._flush()
         spec = ScheduleSpec(n, len(prompts), params, self.spec.run_seed, stream="val")
-        scheduler = RolloutScheduler(spec, len(self.engines), version=self.version)
+        scheduler = RolloutScheduler(spec, len(self.engines), version=self.version,
+                                     episodes=self.episodes(params) if self.episodes else None)
         scheduler.admit(0, lambda k: list(prompts[:k]))
         step = self.version + 1  # the step these weights would train: every group is on-policy for it
         try:

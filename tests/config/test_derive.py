@@ -119,3 +119,16 @@ def test_lockstep_asynchrony_rules():
         plan_for("rollout.async_ratio=1", "rollout.redundancy=1", *split)
     plan = plan_for("rollout.async_ratio=1.5", *split)
     assert any("version n-1-2 (the oldest_quota share) and n-1-1 (the rest), fixed" in n for n in plan.notes)
+
+
+def test_a_run_has_data_or_an_environment():
+    from gyre.config import load_config
+
+    with pytest.raises(ConfigError, match="give exactly one of them"):
+        load_config(None, ["model.path=m", "env.id=gyre:guess_number", "data.train_files=[a.jsonl]"])
+    with pytest.raises(ConfigError, match="give exactly one of them"):
+        load_config(None, ["model.path=m"])
+    cfg = load_config(None, ["model.path=m", "env.id=gyre:sokoban", "env.kwargs={width: 5}"])
+    assert cfg.data is None and cfg.env.kwargs == {"width": 5}
+    with pytest.raises(ConfigError, match="env.turn_tokens"):
+        load_config(None, ["model.path=m", "env.id=gyre:sokoban", "env.turn_tokens=900", "env.context_tokens=800"])

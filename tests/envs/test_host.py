@@ -49,7 +49,7 @@ def test_failures_cost_one_call_and_the_slot_recovers():
 
 
 def test_an_environment_that_cannot_be_built_is_a_clear_error():
-    with pytest.raises(EnvError, match="building environment .*BrokenConstructor.* ValueError: no config"):
+    with pytest.raises(EnvError, match="BrokenConstructor.* cannot be built with {}: ValueError: no config"):
         slot("BrokenConstructor").reset(0, 30)
     with pytest.raises(EnvError, match="no built-in environment 'nope'"):
         EnvSlot(EnvSpec("gyre:nope", {})).reset(0, 30)

@@ -1,0 +1,68 @@
+"""The ``env`` section: what a multi-turn (agentic) run plays, how its environments are hosted, and the
+limits of an episode."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from gyre.config.base import NonNegInt, PositiveFloat, PositiveInt, StrictModel
+
+
+class EnvConfig(StrictModel):
+    """An agentic run: the model acts in an environment for several turns; the episode's return (the sum
+    of the environment's rewards) is its reward. Replaces ``data`` (the training "prompts" are
+    environment seeds) and ``reward``."""
+
+    id: str
+    """gyre:<name> (built-in: guess_number, frozen_lake, sokoban, python_math), gem:<id> (a gem-llm
+    environment, e.g. gem:game:GuessTheNumber-v0-easy; needs the gem extra), package.module:Class or
+    path/to/file.py:Class (any class, or factory, whose objects have reset(seed) and step(action))."""
+    kwargs: dict = {}
+    """Keyword arguments the environment is built with."""
+    tools: list[Literal["python"]] = []
+    """Tools the model may call mid-episode (python: run code in the reward sandbox); their output is an
+    observation, never trained on."""
+    tool_format: Literal["tags", "json"] = "tags"
+    """How the model calls a tool: <python>code</python>, or <tool_call>{"name": ..., "arguments": ...}</tool_call>."""
+    max_tool_calls: PositiveInt = 4
+    """Tool calls per episode."""
+    workers: PositiveInt = 1
+    """Environment worker actors (CPU-only; placed anywhere in the cluster)."""
+    slots_per_worker: Annotated[int, Field(ge=1, le=64)] = 16
+    """Environments each worker hosts, one process each: episodes running at once = workers x slots."""
+    worker_cpus: Annotated[float, Field(gt=0)] = 0.25
+    """CPUs Ray reserves for each environment worker."""
+    reset_timeout_s: PositiveFloat = 60.0
+    """A reset that takes longer fails its episode (the environment's process is killed)."""
+    step_timeout_s: PositiveFloat = 30.0
+    """A step that takes longer fails its episode (the environment's process is killed)."""
+    max_failures: NonNegInt = 3
+    """Episodes of one group its environments may fail (each replaced on the same seed) before the group
+    is given up and another admitted."""
+    max_turns: PositiveInt = 8
+    """Model turns per episode; an episode still running then is truncated."""
+    turn_tokens: PositiveInt = 64
+    """New tokens one turn may sample."""
+    context_tokens: PositiveInt = 1024
+    """The whole conversation (first observation, turns, observations); a turn gets what is left, and an
+    observation that does not fit truncates the episode."""
+    observation_tokens: PositiveInt = 256
+    """Longest observation kept (the rest is cut)."""
+    max_observation_chars: PositiveInt = 20_000
+    """Longest observation text taken from an environment (cut in its own process)."""
+    system_prompt: str | None = None
+    """A system message before the first observation (with a chat template), or a first line (without)."""
+    extra_samples: NonNegInt = 0
+    """Episodes run per group beyond rollout.samples_per_prompt; the first to finish are kept and the rest
+    stopped (trajectory-level redundancy against slow environments)."""
+    val_episodes: PositiveInt = 32
+    """Validation environment seeds (fixed for the run); each is played validation.samples_per_prompt times."""
+
+    @model_validator(mode="after")
+    def _limits(self) -> EnvConfig:
+        if self.turn_tokens >= self.context_tokens:
+            raise ValueError(f"env.turn_tokens ({self.turn_tokens}) must be below env.context_tokens "
+                             f"({self.context_tokens}): the first observation needs room too")
+        return self
