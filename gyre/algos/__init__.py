@@ -1,7 +1,8 @@
 """Algorithm maths as pure tensor functions (torch and numpy only; no Ray or transformers).
 
 Shapes use B for samples, T for padded response tokens, N for prompt groups of G samples each.
-Modules: ``advantages`` (estimators and reward normalisation; the ``ESTIMATORS`` table), ``policy_loss``
+Modules: ``advantages`` (estimators and reward normalisation; the ``ESTIMATORS`` table), ``agentic``
+(multi-turn credit: step returns, ReBN, GiGPO, IPA chunk returns), ``policy_loss``
 (PPO and its variants; the ``POLICY_LOSSES`` table and ``PolicyLossSpec``), ``tables`` (the ``Registry``
 behind both), ``aggregation`` (loss modes with global denominators), ``kl``, ``masks``, ``mismatch``
 (train-inference correction), ``value`` (critic loss) and ``stats``.
@@ -15,9 +16,16 @@ from gyre.algos.advantages import (
     group_normalized_advantages,
     normalize_rewards,
     outcome_token_rewards,
-    rebn_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
+)
+from gyre.algos.agentic import (
+    chunk_returns,
+    gigpo_advantages,
+    gigpo_step_advantages,
+    grouped_normalize,
+    rebn_advantages,
+    turn_returns,
 )
 from gyre.algos.aggregation import LossDenominator, aggregate_loss, denominator_for
 from gyre.algos.kl import AdaptiveKLController, kl_estimate, kl_penalized_rewards
@@ -45,10 +53,11 @@ __all__ = [
     "ESTIMATORS", "POLICY_LOSSES", "AdaptiveKLController", "AdvantageEstimator", "LossDenominator",
     "PolicyLossInputs", "PolicyLossOutput", "PolicyLossSpec", "PolicyLossVariant", "Registry", "RunningMoments",
     "aggregate_loss",
-    "cispo_loss", "decoupled_ppo_loss", "denominator_for", "difficulty_mask", "discounted_returns",
-    "explained_variance", "gae_advantages", "group_normalized_advantages", "importance_weights", "kimi15_loss",
+    "chunk_returns", "cispo_loss", "decoupled_ppo_loss", "denominator_for", "difficulty_mask", "discounted_returns",
+    "explained_variance", "gae_advantages", "gigpo_advantages", "gigpo_step_advantages", "group_normalized_advantages",
+    "grouped_normalize", "importance_weights", "kimi15_loss",
     "kl_estimate", "kl_penalized_rewards", "masked_mean", "masked_sum", "masked_whiten", "mismatch_filter",
     "mismatch_metrics", "normalize_rewards", "outcome_token_rewards", "overlong_mask", "ppo_clip_loss",
     "rebn_advantages", "reinforce_pp_baseline_advantages", "rloo_advantages", "soft_overlong_penalty", "tis_loss",
-    "topr_loss", "vanilla_pg_loss", "value_loss",
+    "topr_loss", "turn_returns", "vanilla_pg_loss", "value_loss",
 ]

@@ -1,4 +1,4 @@
-"""Advantage estimators: outcome normalisation (critic-free), returns, GAE and ReBN.
+"""Advantage estimators: outcome normalisation (critic-free), returns and GAE; the ``ESTIMATORS`` table.
 
 Papers:
 - GRPO: DeepSeekMath (Shao et al., arXiv 2402.03300), ``A_i = (r_i - mean_g r) / (std_g r + eps)``.
@@ -7,7 +7,8 @@ Papers:
 - REINFORCE++ and REINFORCE++-baseline (arXiv 2501.03262): batch statistics.
 - Lite PPO: "Tricks or Traps?" (arXiv 2508.08221): group mean, batch std.
 - GAE: Schulman et al. (arXiv 1506.02438).
-- ReBN: GEM (arXiv 2510.01051), per-turn returns normalised over all transitions of the batch.
+- Multi-turn estimators (step-level returns, ReBN, GiGPO, IPA chunk returns): ``gyre.algos.agentic``, listed
+  in the table below.
 
 ``normalize_rewards`` chooses the mean scope and the std scope independently (ROLL ``norm_mean_type`` /
 ``norm_std_type``); the named estimators are scope pairs:
@@ -16,7 +17,7 @@ Papers:
 - Lite PPO = ``normalize_rewards(r, "group", "batch")``;
 - REINFORCE++ = ``normalize_rewards(r, "batch", "batch")`` (on returns after the KL penalty, see the reference).
 
-Token-level functions (``discounted_returns``, ``gae_advantages``, ``rebn_advantages``) skip positions whose mask
+Token-level functions (``discounted_returns``, ``gae_advantages``) skip positions whose mask
 is 0: they neither receive a value nor break the recursion, so environment or tool tokens inside a multi-turn
 row are transparent, and rewards placed on them are ignored.
 
@@ -32,7 +33,8 @@ from typing import Literal, Protocol
 
 import torch
 
-from gyre.algos.stats import RunningMoments, masked_mean, masked_var
+from gyre.algos.agentic import TurnBatch, TurnSpec, chunk_returns, gigpo_advantages, rebn_advantages, turn_returns
+from gyre.algos.stats import RunningMoments
 from gyre.algos.tables import Registry
 
 NormScope = Literal["none", "group", "batch", "running"]
@@ -231,28 +233,6 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
     return adv, returns
 
 
-def rebn_advantages(turn_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, eps: float = 1e-6,
-                    ddof: int = 1) -> torch.Tensor:
-    """ReBN: per-turn discounted returns, normalised over all valid transitions of the batch.
-
-    Args:
-        turn_rewards: [E, K] reward of each turn, E episodes of up to K turns.
-        mask: [E, K] 1 for turns that happened (padding 0).
-        gamma: discount per turn (GEM uses 0.9 for multi-turn games).
-        eps: added to the std (GEM uses 1e-9; gyre's default is 1e-6).
-        ddof: std degrees of freedom (GEM's numbers use 0).
-
-    Returns:
-        [E, K] per-turn advantages, to broadcast over the turn's action tokens; 0 off-mask.
-    """
-    returns = discounted_returns(turn_rewards, mask, gamma)
-    valid = mask > 0
-    m = valid.to(returns.dtype)
-    mean = masked_mean(returns, m)
-    std = masked_var(returns, m, ddof=ddof).sqrt()
-    return torch.where(valid, (returns - mean) / (std + eps), torch.zeros_like(returns))
-
-
 # ---- selection by name ----------------------------------------------------------------------------
 
 
@@ -272,14 +252,21 @@ class TokenEstimator(Protocol):
                  lam: float) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
+class TurnEstimator(Protocol):
+    """The turns of E multi-turn trajectories (``TurnBatch``: per-turn rewards, states, the trajectories'
+    response-level rewards) and the knobs -> one advantage per turn [E, K], spread over each turn's tokens."""
+
+    def __call__(self, turns: TurnBatch, spec: TurnSpec) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class AdvantageEstimator:
     """One row of ``ESTIMATORS``: the two stages of the advantage and what the config must know."""
 
     baseline: Baseline
-    """Response level, before the reward is placed on the last token."""
-    advantages: TokenEstimator
-    """Token level, after the KL penalty."""
+    """Response level, before the reward is placed on the last token (or handed to ``turns``)."""
+    advantages: TokenEstimator | None
+    """Token level, after the KL penalty; None for a turn-level estimator."""
     scoped: bool
     """True: the baseline is the ``norm_mean`` / ``norm_std`` normalisation. False: the estimator has its own
     baseline and scale, and the config requires both scopes to be none."""
@@ -287,6 +274,13 @@ class AdvantageEstimator:
     """Compares the samples of one prompt with each other (needs several samples per prompt)."""
     critic: bool
     """Needs the critic's values (the config creates the critic role)."""
+    turns: TurnEstimator | None = None
+    """Turn level, instead of ``advantages``: credit per model turn of multi-turn trajectories (every
+    trajectory of the batch must have turns; no token-level KL penalty)."""
+
+    def __post_init__(self) -> None:
+        if (self.advantages is None) == (self.turns is None):
+            raise ValueError("an advantage estimator has a token-level stage or a turn-level stage, exactly one")
 
 
 def _rloo_baseline(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
@@ -304,14 +298,43 @@ def _returns(token_rewards: torch.Tensor, values: torch.Tensor | None, mask: tor
     return discounted_returns(token_rewards, mask, gamma), None
 
 
+def _step_returns(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
+    return turn_returns(turns.rewards, turns.mask, spec.gamma)
+
+
+def _rebn(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
+    return rebn_advantages(turns.rewards, turns.mask, spec.gamma, spec.eps, spec.ddof)
+
+
+def _gigpo(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
+    # The response-level baseline (group scopes) already made the outcomes GiGPO's episode level A^E.
+    return gigpo_advantages(turns.outcomes, turns.rewards, turns.mask, turns.groups, turns.states,
+                            spec.gigpo_step_gamma, spec.gigpo_episode_weight, spec.gigpo_step_weight,
+                            spec.gigpo_step_std, spec.eps, spec.ddof)
+
+
+def _chunk_returns(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
+    return chunk_returns(turns.outcomes, turns.mask, spec.gamma)
+
+
 ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", {
     "reinforce": AdvantageEstimator(normalize_rewards, _returns, scoped=True, groups=False, critic=False),
     "rloo": AdvantageEstimator(_rloo_baseline, _returns, scoped=False, groups=True, critic=False),
     "reinforce_pp_baseline": AdvantageEstimator(_reinforce_pp_baseline, _returns, scoped=False, groups=True,
                                                 critic=False),
     "gae": AdvantageEstimator(normalize_rewards, gae_advantages, scoped=True, groups=False, critic=True),
+    # Multi-turn: normalize_rewards with both scopes none (unscoped rows) leaves the scores as they are.
+    "step_returns": AdvantageEstimator(normalize_rewards, None, scoped=False, groups=False, critic=False,
+                                       turns=_step_returns),
+    "rebn": AdvantageEstimator(normalize_rewards, None, scoped=False, groups=False, critic=False, turns=_rebn),
+    "gigpo": AdvantageEstimator(normalize_rewards, None, scoped=True, groups=True, critic=False, turns=_gigpo),
+    "chunk_returns": AdvantageEstimator(normalize_rewards, None, scoped=True, groups=False, critic=False,
+                                        turns=_chunk_returns),
 })
 """The advantage estimators by config name (``algorithm.estimator``): reinforce (the normalised outcome
 reward as returns; GRPO, Dr.GRPO, Lite PPO and REINFORCE++ are its scope pairs), rloo, reinforce_pp_baseline,
-and gae (PPO with a critic). A new estimator is a function with one of the signatures above and a row here;
-the config accepts the name from this table."""
+and gae (PPO with a critic); for multi-turn trajectories, credit per model turn: step_returns (discounted
+returns of the turn rewards), rebn (those returns normalised over the batch's turns), gigpo (the normalised
+episode return plus a step level over anchor states) and chunk_returns (IPA: the normalised outcome
+discounted back from the last turn). A new estimator is a function with one of the signatures above and a
+row here; the config accepts the name from this table."""

@@ -114,6 +114,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     dp = len(cfg.policy.devices)
     n = cfg.rollout.samples_per_prompt
     _check_groups(cfg)
+    _check_turns(cfg)
     rollout_batch = cfg.rollout.prompts_per_step * n
     mini = cfg.policy.mini_batch_size or rollout_batch
     if rollout_batch % mini:
@@ -232,8 +233,21 @@ def _check_groups(cfg: RLVRConfig) -> None:
                           "(greedy decoding suits validation.temperature)")
 
 
+def _check_turns(cfg: RLVRConfig) -> None:
+    """Credit per model turn needs multi-turn episodes; a run that learns from prompts samples single responses."""
+    a = cfg.algorithm
+    if a.uses_turns and cfg.data is not None:
+        raise ConfigError(f"algorithm.estimator={a.estimator} assigns credit to the turns of multi-turn episodes, "
+                          "but this run learns from prompts (data), whose samples are single responses; choose a "
+                          "trajectory-level estimator (e.g. algorithm=grpo or rloo) or learn from an environment")
+
+
 def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> None:
     a = cfg.algorithm
+    gigpo_keys = sorted(k for k in a.model_fields_set if k.startswith("gigpo_"))
+    if gigpo_keys and a.estimator != "gigpo":
+        notes.append(f"{', '.join('algorithm.' + k for k in gigpo_keys)}: no effect, estimator={a.estimator} "
+                     "is not gigpo")
     if not a.uses_critic and (a.value_clip is not None or a.critic_warmup):
         notes.append(f"algorithm.value_clip / critic_warmup have no effect: estimator={a.estimator} has no critic")
     if a.critic_warmup >= cfg.run.steps and a.uses_critic:

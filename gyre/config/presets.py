@@ -91,6 +91,10 @@ def algorithm_problems(a) -> list[str]:
     if not a.advantage_estimator.scoped and (a.norm_mean, a.norm_std) != ("none", "none"):
         problems.append(f"algorithm.estimator={a.estimator} computes its own baseline and scale; set "
                         "algorithm.norm_mean=none and algorithm.norm_std=none")
+    if a.uses_turns and a.kl_reward_coef > 0:
+        problems.append(f"algorithm.kl_reward_coef puts a per-token KL penalty into the token rewards, which "
+                        f"estimator={a.estimator} (credit per model turn) does not read; use algorithm.kl_loss_coef "
+                        "for a KL term, or set kl_reward_coef=0")
     if a.kl_target is not None and a.kl_reward_coef == 0:
         problems.append("algorithm.kl_target adapts the KL reward penalty, which is off; set algorithm.kl_reward_coef "
                         "> 0 (its starting value)")

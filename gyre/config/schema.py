@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator
+from gyre.algos.agentic import TurnSpec
 from gyre.algos.policy_loss import POLICY_LOSSES, OldSource, PolicyLossSpec, PolicyLossVariant
 from gyre.config.base import (
     DeviceList,
@@ -261,7 +262,13 @@ class AlgorithmConfig(PolicyLossKnobs):
     estimator: Literal[ESTIMATORS.names] = "reinforce"
     """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
     rloo: leave-one-out baseline; reinforce_pp_baseline: group-centred over batch std; gae: PPO with a
-    critic (creates the critic role)."""
+    critic (creates the critic role). These treat a multi-turn trajectory as one action (its reward is the
+    episode return). Credit per model turn, for runs that learn from an environment (``gyre.algos.agentic``):
+    step_returns: the discounted return of the turn rewards from each turn on (gamma per turn), no
+    baseline (norm scopes none); rebn: those returns normalised over every turn of the batch (GEM; scopes
+    none); gigpo: the episode return normalised by the scopes (group/group is GiGPO, group/none its
+    std-free variant) plus a step level over turns that saw the same state (the gigpo_* keys); chunk_returns
+    (IPA): the normalised episode return discounted back from the last turn, gamma^(turns after) * R."""
     norm_mean: NormScope = "group"
     """Scope of the mean subtracted from rewards: group (per prompt), batch, running (per tag) or none."""
     norm_std: NormScope = "group"
@@ -271,8 +278,17 @@ class AlgorithmConfig(PolicyLossKnobs):
     reward_clip: PositiveFloat | None = None
     """Clamp the (normalised) rewards to +-value."""
     gamma: UnitFloat = 1.0
+    """Discount per token of the returns and GAE; per model turn for step_returns, rebn and chunk_returns
+    (GEM uses 0.9 in its games)."""
     lam: UnitFloat = 0.95
     """GAE lambda."""
+    gigpo_step_gamma: UnitFloat = 0.95
+    """gigpo: discount per turn of the step level's returns (ROLL ``step_reward_gamma``)."""
+    gigpo_episode_weight: Annotated[float, Field(ge=0)] = 1.0
+    """gigpo: weight w_E of the episode-level advantage (ROLL ``episode_reward_weight``)."""
+    gigpo_step_weight: Annotated[float, Field(ge=0)] = 1.0
+    """gigpo: weight w_S of the step-level advantage (ROLL ``step_reward_weight``; the paper's omega). The
+    step level divides by its anchor group's std (std_eps, std_ddof) unless norm_std is none."""
     whiten_advantages: bool = False
     """Whiten advantages over every valid token of the batch."""
     advantage_clip: PositiveFloat | None = None
@@ -318,6 +334,18 @@ class AlgorithmConfig(PolicyLossKnobs):
     def advantage_estimator(self) -> AdvantageEstimator:
         """The row of ``ESTIMATORS`` that ``estimator`` names."""
         return ESTIMATORS.get(self.estimator)
+
+    @property
+    def uses_turns(self) -> bool:
+        """The estimator assigns credit per model turn (multi-turn trajectories only)."""
+        return self.advantage_estimator.turns is not None
+
+    @property
+    def turn_spec(self) -> TurnSpec:
+        """The knobs of the turn-level estimators, from this section."""
+        return TurnSpec(gamma=self.gamma, eps=self.std_eps, ddof=self.std_ddof,
+                        gigpo_step_gamma=self.gigpo_step_gamma, gigpo_episode_weight=self.gigpo_episode_weight,
+                        gigpo_step_weight=self.gigpo_step_weight, gigpo_step_std=self.norm_std != "none")
 
     @property
     def loss_variant(self) -> PolicyLossVariant:

@@ -52,6 +52,10 @@ class GroupLayout:
             start += len(g.trajectories)
         return cls(tuple(rows))
 
+    def group_index(self) -> torch.Tensor:
+        """[B] int64: the group of each batch row."""
+        return torch.tensor([g for g, rows in enumerate(self.rows) for _ in rows], dtype=torch.long)
+
     def gather(self, values: torch.Tensor) -> torch.Tensor:
         """[B] per-row values -> [G, n], one row per group. Groups must be of equal size."""
         sizes = {len(r) for r in self.rows}
@@ -64,6 +68,65 @@ class GroupLayout:
         out = grouped.new_empty(sum(len(r) for r in self.rows))
         out[torch.tensor(self.rows, dtype=torch.long)] = grouped
         return out
+
+
+@dataclass(frozen=True)
+class TurnLayout:
+    """Where the model turns of each batch row lie, and what the environment said of them: turn-level
+    advantages are computed per turn and spread over each turn's tokens through this."""
+
+    spans: tuple[tuple[tuple[int, int], ...], ...]
+    """Per batch row, the token positions [start, end) of each model turn in the row (prompt + response)."""
+    rewards: tuple[tuple[float, ...], ...]
+    """Per batch row, the environment's reward for each turn."""
+    states: tuple[tuple[str, ...], ...]
+    """Per batch row, the key of the state each turn acted on ("" when unknown)."""
+
+    @classmethod
+    def of(cls, groups: Sequence[Group]) -> TurnLayout:
+        """The layout ``collate_groups`` writes: a turn's offsets among the response tokens, shifted by the
+        prompt. A single-turn trajectory has no turns (an empty row)."""
+        spans, rewards, states = [], [], []
+        for t in (t for g in groups for t in g.trajectories):
+            prompt, end = len(t.prompt.prompt_ids), 0
+            for turn in t.turns:
+                if not end <= turn.start <= turn.end <= len(t.response_ids):
+                    raise ValueError(f"trajectory {t.prompt.uid}#{t.sample_index}: turn [{turn.start}, {turn.end}) "
+                                     f"overlaps the turn before it or runs past its {len(t.response_ids)} "
+                                     "response tokens")
+                end = turn.end
+            spans.append(tuple((prompt + turn.start, prompt + turn.end) for turn in t.turns))
+            rewards.append(tuple(turn.reward for turn in t.turns))
+            states.append(tuple(turn.state for turn in t.turns))
+        return cls(tuple(spans), tuple(rewards), tuple(states))
+
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rewards [B, K] float32, mask [B, K] float32, state ids [B, K] int64), K the most turns of a row.
+
+        Equal state keys get equal ids; an unknown state ("") gets an id of its own (it anchors nothing)."""
+        b, k = len(self.spans), max((len(s) for s in self.spans), default=0)
+        rewards = torch.zeros((b, k), dtype=torch.float32)
+        mask = torch.zeros((b, k), dtype=torch.float32)
+        states = torch.full((b, k), -1, dtype=torch.long)
+        ids: dict[str, int] = {}
+        for i, (row_rewards, row_states) in enumerate(zip(self.rewards, self.states)):
+            n = len(row_rewards)
+            rewards[i, :n] = torch.tensor(row_rewards, dtype=torch.float32)
+            mask[i, :n] = 1.0
+            for j, key in enumerate(row_states):
+                # Known keys number at most b * k, so the ids from b * k on are free for unknown states.
+                states[i, j] = ids.setdefault(key, len(ids)) if key else b * k + i * k + j
+        return rewards, mask, states
+
+    def broadcast(self, per_turn: torch.Tensor, width: int) -> torch.Tensor:
+        """[B, K] per-turn values -> [B, width]: each turn's value on its tokens, 0 elsewhere (prompt,
+        observations, padding)."""
+        index = torch.full((len(self.spans), width), -1, dtype=torch.long)
+        for i, row in enumerate(self.spans):
+            for j, (start, end) in enumerate(row):
+                index[i, start:end] = j
+        spread = per_turn.gather(1, index.clamp(min=0))
+        return torch.where(index >= 0, spread, torch.zeros_like(spread))
 
 
 def collate_groups(groups: Sequence[Group], pad_id: int) -> tuple[TrainBatch, GroupLayout]:

@@ -3,8 +3,11 @@
 It runs on the driver, on CPU tensors, in the order the reference notes fix for ROLL (so results match
 its recipes): reward shaping -> sample masks -> response-level normalisation -> reward clip -> token
 rewards (outcome on the last token, minus an optional KL penalty) -> estimator (returns or GAE) ->
-whitening and clip. Every formula is a pure function of ``gyre.algos``; this module only wires them to
-the config and keeps the state that outlives a step (running moments, the adaptive KL coefficient).
+whitening and clip. A turn-level estimator (multi-turn trajectories) replaces the token rewards and the
+token-level estimator: it turns each trajectory's per-turn rewards and states, and its response-level
+reward, into one advantage per model turn, spread over that turn's tokens (observations get none).
+Every formula is a pure function of ``gyre.algos``; this module only wires them to the config and keeps
+the state that outlives a step (running moments, the adaptive KL coefficient).
 
 Statistics (group means, batch std) are taken over every sample of the batch, masked ones included:
 masks decide which tokens train, not what a prompt's baseline is.
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator, outcome_token_rewards
+from gyre.algos.agentic import TurnBatch
 from gyre.algos.kl import AdaptiveKLController, kl_penalized_rewards
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
 from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
@@ -24,7 +28,7 @@ from gyre.algos.stats import RunningMoments, masked_mean, masked_whiten
 from gyre.algos.value import explained_variance
 from gyre.config.derive import RunPlan
 from gyre.config.schema import AlgorithmConfig, MismatchConfig
-from gyre.data.batching import GroupLayout
+from gyre.data.batching import GroupLayout, TurnLayout
 from gyre.types import Group, TrainBatch
 
 
@@ -92,9 +96,8 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
     if a.reward_clip is not None:
         rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
     resp = batch.response_mask
-    token_rewards = outcome_token_rewards(rewards, resp)
-    token_rewards = _kl_penalty(batch, token_rewards, a, state, metrics)
-    adv, returns = state.estimator.advantages(token_rewards, batch.values, resp, a.gamma, a.lam)
+    level = _turn_advantages if state.estimator.turns is not None else _token_advantages
+    adv, returns = level(batch, groups, rewards, a, state, metrics)
     if returns is not None:  # the critic's regression targets
         batch.returns = returns
         metrics["critic/explained_variance"] = explained_variance(batch.values, returns, resp)
@@ -109,6 +112,31 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
     batch.scores = scores
     metrics.update(_advantage_stats(batch.advantages, final))
     return metrics
+
+
+def _token_advantages(batch: TrainBatch, groups: list[Group], rewards: torch.Tensor, a: AlgorithmConfig,
+                      state: AlgorithmState, metrics: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The outcome on each row's last model token, minus the KL penalty, through the token-level estimator."""
+    token_rewards = outcome_token_rewards(rewards, batch.response_mask)
+    token_rewards = _kl_penalty(batch, token_rewards, a, state, metrics)
+    return state.estimator.advantages(token_rewards, batch.values, batch.response_mask, a.gamma, a.lam)
+
+
+def _turn_advantages(batch: TrainBatch, groups: list[Group], rewards: torch.Tensor, a: AlgorithmConfig,
+                     state: AlgorithmState, metrics: dict) -> tuple[torch.Tensor, None]:
+    """One advantage per model turn (``TurnRecord`` rewards and states), spread over the turn's tokens."""
+    turns = TurnLayout.of(groups)
+    single = [t for g in groups for t in g.trajectories if not t.turns]
+    if single:
+        whole = [n for n in ESTIMATORS.names if ESTIMATORS.get(n).turns is None]
+        raise ValueError(f"algorithm.estimator={a.estimator} assigns credit to the turns of multi-turn episodes, but "
+                         f"{len(single)} of {len(batch)} trajectories have no turns (e.g. {single[0].prompt.uid}#"
+                         f"{single[0].sample_index}, a single response); learn from an environment, or choose a "
+                         f"trajectory-level estimator ({', '.join(whole)})")
+    turn_rewards, mask, states = turns.padded()
+    inputs = TurnBatch(turn_rewards, mask, rewards, GroupLayout.of(groups).group_index(), states)
+    per_turn = state.estimator.turns(inputs, a.turn_spec)
+    return turns.broadcast(per_turn.to(torch.float32), batch.response_mask.shape[1]), None
 
 
 def _sample_keep(raw: torch.Tensor, truncated: torch.Tensor, a: AlgorithmConfig, layout: GroupLayout,

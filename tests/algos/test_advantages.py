@@ -7,7 +7,6 @@ from gyre.algos.advantages import (
     group_normalized_advantages,
     normalize_rewards,
     outcome_token_rewards,
-    rebn_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
@@ -217,18 +216,3 @@ def test_holes_leave_returns_and_gae_of_valid_tokens_unchanged(seed):
     (adv, gret), (adv_h, gret_h) = gae_advantages(r, v, mask, 0.9, 0.95), gae_advantages(r_h, v_h, mask_h, 0.9, 0.95)
     assert torch.allclose(adv_h[:, keep], adv) and torch.allclose(gret_h[:, keep], gret)
     assert (adv_h[:, ~keep] == 0).all() and (gret_h[:, ~keep] == 0).all()
-
-
-def test_rebn_worked_example():
-    # gamma 0.9. Episode 1 rewards [-0.05, -0.05, 1] -> returns [-0.05 + 0.9 * 0.85, -0.05 + 0.9 * 1, 1]
-    # = [0.715, 0.85, 1.0]; episode 2 (truncated, one padded turn) [-0.05, -0.05] -> [-0.095, -0.05].
-    # All 5 returns: mean 2.42 / 5 = 0.484; std 0.4635 (ddof 0) / 0.5182 (ddof 1).
-    r = torch.tensor([[-0.05, -0.05, 1.0], [-0.05, -0.05, 0.0]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    pop = rebn_advantages(r, mask, gamma=0.9, ddof=0)
-    assert torch.allclose(pop, torch.tensor([[0.4984, 0.7897, 1.1134], [-1.2493, -1.1522, 0.0]],
-                                            dtype=torch.float64), atol=1e-4)
-    sample = rebn_advantages(r, mask, gamma=0.9, ddof=1)
-    assert torch.allclose(sample, torch.tensor([[0.4458, 0.7063, 0.9958], [-1.1174, -1.0306, 0.0]],
-                                               dtype=torch.float64), atol=1e-4)
-    assert sample[1, 2].item() == 0.0

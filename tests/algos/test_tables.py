@@ -16,7 +16,7 @@ def test_unknown_names_list_the_valid_ones():
     assert str(err.value) == ("unknown policy loss 'ppo2'; valid names: ppo, vanilla, tis, topr, cispo, kimi15, "
                               "decoupled_ppo")
     with pytest.raises(ValueError, match=r"^unknown advantage estimator 'grpo'; valid names: reinforce, rloo, "
-                                         r"reinforce_pp_baseline, gae$"):
+                                         r"reinforce_pp_baseline, gae, step_returns, rebn, gigpo, chunk_returns$"):
         ESTIMATORS.get("grpo")
     with pytest.raises(ValueError, match="unknown thing None; valid names: a"):
         Registry("thing", {"a": 1}).get(None)

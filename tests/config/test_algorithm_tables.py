@@ -10,13 +10,15 @@ import torch
 from gyre.algos import LossDenominator
 from gyre.algos.advantages import ESTIMATORS
 from gyre.algos.policy_loss import POLICY_LOSSES, PolicyLossSpec
-from gyre.config import ConfigError
+from gyre.config import ConfigError, load_config, make_plan
 from gyre.config.schema import AlgorithmConfig, PolicyLossKnobs
+from gyre.data.batching import collate_groups
 from gyre.engines.losses import PolicyLoss
 from gyre.pipelines.advantage import AlgorithmState, estimate_advantages
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 from tests.pipelines.test_advantage import groups_of, sample, stage, to_batch
+from tests.pipelines.test_turn_advantages import episode, group
 
 RUN_FIELDS = {"temperature", "old_source"}
 
@@ -63,14 +65,19 @@ def test_unknown_names_are_refused_with_the_valid_ones():
                                           "'cispo', 'kimi15' or 'decoupled_ppo'"):
         stage("algorithm.policy_loss=ppo2")
     with pytest.raises(ConfigError, match="algorithm.estimator: Input should be 'reinforce', 'rloo', "
-                                          "'reinforce_pp_baseline' or 'gae'"):
+                                          "'reinforce_pp_baseline', 'gae', 'step_returns', 'rebn', 'gigpo' or "
+                                          "'chunk_returns'"):
         stage("algorithm.estimator=grpo")
     # A spec built by hand is checked when the trainer builds its loss, before any batch.
     with pytest.raises(ValueError, match="unknown policy loss 'ppo2'; valid names: ppo, vanilla"):
         PolicyLoss(LossDenominator(tokens=2), PolicyLossSpec(policy_loss="ppo2"))
 
 
-@pytest.mark.parametrize("name", ESTIMATORS.names)
+TOKEN_LEVEL = [n for n in ESTIMATORS.names if ESTIMATORS.get(n).turns is None]
+TURN_LEVEL = [n for n in ESTIMATORS.names if ESTIMATORS.get(n).turns is not None]
+
+
+@pytest.mark.parametrize("name", TOKEN_LEVEL)
 def test_every_estimator_is_reachable_from_config(name):
     entry = ESTIMATORS.get(name)
     scopes = [] if entry.scoped else ["algorithm.norm_mean=none", "algorithm.norm_std=none"]
@@ -85,3 +92,34 @@ def test_every_estimator_is_reachable_from_config(name):
     # Sample 0 scored 1, sample 1 scored 0: every estimator gives the first a positive advantage.
     assert batch.advantages[0].sum() > 0 > batch.advantages[1].sum()
     assert (batch.returns is not None) == entry.critic
+
+
+@pytest.mark.parametrize("name", TURN_LEVEL)
+def test_every_turn_estimator_is_reachable_from_config(name):
+    entry = ESTIMATORS.get(name)
+    scopes = [] if entry.scoped else ["algorithm.norm_mean=none", "algorithm.norm_std=none"]
+    cfg = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", f"algorithm.estimator={name}", *scopes])
+    assert cfg.algorithm.uses_turns and not cfg.algorithm.uses_critic
+    # A run that learns from prompts samples single responses: refused when the run is planned.
+    with pytest.raises(ConfigError, match=f"estimator={name} assigns credit to the turns of multi-turn episodes, "
+                                          "but this run learns from prompts"):
+        make_plan(cfg, "cpu", 4)
+    state = AlgorithmState.create(cfg.algorithm)
+    assert state.estimator is entry
+    groups = [group("g0", episode(0, [(2, 0.0, "s0"), (2, 1.0, "s1")]), episode(1, [(2, 0.0, "s0"), (2, 0.0, "s2")]))]
+    batch, _ = collate_groups(groups, 0)
+    _, plan = stage()
+    estimate_advantages(batch, groups, cfg.algorithm, plan, state, cfg.rollout.sampling.max_new_tokens)
+    # The first episode is paid, the second is not: every turn estimator credits the first more.
+    assert batch.advantages[0].sum() > batch.advantages[1].sum() and batch.returns is None
+
+
+def test_turn_estimators_refuse_the_token_kl_penalty():
+    with pytest.raises(ConfigError, match="kl_reward_coef puts a per-token KL penalty into the token rewards, which "
+                                          "estimator=gigpo"):
+        stage("algorithm.estimator=gigpo", "algorithm.kl_reward_coef=0.1")
+
+
+def test_gigpo_knobs_without_gigpo_are_noted():
+    _, plan = stage("algorithm.gigpo_step_gamma=0.9")
+    assert "algorithm.gigpo_step_gamma: no effect, estimator=reinforce is not gigpo" in plan.notes
