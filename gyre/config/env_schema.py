@@ -57,6 +57,10 @@ class EnvConfig(StrictModel):
     extra_samples: NonNegInt = 0
     """Episodes run per group beyond rollout.samples_per_prompt; the first to finish are kept and the rest
     stopped (trajectory-level redundancy against slow environments)."""
+    turn_sync: bool = False
+    """Turn-synchronised batching: every episode's next turn waits for every environment, and every
+    environment for every turn (the classic loop; slower when environments vary: for comparison).
+    Default: each episode goes on as soon as its own environment answers."""
     val_episodes: PositiveInt = 32
     """Validation environment seeds (fixed for the run); each is played validation.samples_per_prompt times."""
 

@@ -235,7 +235,7 @@ def episode_runners(cfg: RLVRConfig, data, envs: EnvPool | None):
 
     def make(sampling: SamplingParams) -> EpisodeRunner:
         return EpisodeRunner(envs.slots, data.builder, limits, sampling, env_seed=lambda g: int(g.prompt.ground_truth),
-                             max_failures=e.max_failures)
+                             max_failures=e.max_failures, turn_sync=e.turn_sync)
     return make
 
 

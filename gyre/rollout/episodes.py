@@ -11,6 +11,10 @@ each with its own sampling streams. An environment that fails (raises, hangs, cr
 costs its episode, which is counted (``env/failures_<kind>``) and replaced by a fresh one of the same
 group on the same seed, at most ``max_failures`` times per group; past that the group is given up
 (``failed``) and the scheduler admits another in its place.
+
+``turn_sync`` turns this into classic turn-synchronised batching, the baseline environment-level
+asynchrony is measured against: every running episode's next turn is sampled together once every
+environment has answered, and the environments are stepped together once every turn is sampled.
 """
 
 from __future__ import annotations
@@ -74,12 +78,15 @@ class _Live:
     calls: int = 0
     request: str | None = None
     """Its turn being sampled, if any."""
+    in_env: bool = False
+    """An environment call of it is outstanding."""
 
 
 class EpisodeRunner:
     def __init__(self, slots: SlotPool, builder: ContextBuilder, limits: EpisodeLimits, sampling: SamplingParams,
-                 env_seed: Callable[[Group], int] | None = None, max_failures: int = 3):
-        """``env_seed(group)``: the environment seed its episodes play (default: from the group's seed)."""
+                 env_seed: Callable[[Group], int] | None = None, max_failures: int = 3, turn_sync: bool = False):
+        """``env_seed(group)``: the environment seed its episodes play (default: from the group's seed);
+        ``turn_sync``: barriers between turns (see the module docstring)."""
         self.slots, self.builder, self.limits, self.sampling = slots, builder, limits, sampling
         self.env_seed = env_seed or (lambda g: derive_seed(g.seed, "env") % (2 ** 31))
         self.max_failures = max_failures
@@ -94,6 +101,9 @@ class EpisodeRunner:
         self.requests: RequestBook | None = None
         self.outbox: list = []
         self.stats: dict[str, float] = {}
+        self.turn_sync = turn_sync
+        self._held_turns: list = []
+        self._held_steps: list = []
 
     def bind(self, requests: RequestBook, outbox: list, stats: dict[str, float]) -> None:
         """Share the scheduler's request book, outbox and counters."""
@@ -116,6 +126,7 @@ class EpisodeRunner:
         self.groups.pop(group_id, None)
         self.failures.pop(group_id, None)
         self._start_waiting()
+        self._pass_barriers()
 
     def on_env(self, results: list[EnvResult]) -> Outcome:
         out = Outcome()
@@ -125,6 +136,7 @@ class EpisodeRunner:
             if live is None:
                 continue  # its group was stopped meanwhile
             value = result.value
+            live.in_env = False
             if isinstance(value, EnvFailure):
                 self._count(f"env/failures_{value.kind}")
                 self._fail(key, out)
@@ -138,6 +150,7 @@ class EpisodeRunner:
                 else:
                     self._ask(key, request)
         self._start_waiting()
+        self._pass_barriers()
         return out
 
     def on_turn(self, result: GenerationResult) -> None:
@@ -150,9 +163,11 @@ class EpisodeRunner:
         if result.finish_reason == "abort":  # dropped by a weight update without partial rollouts: ask again
             self._count("rollout/tokens_wasted", len(result.response_ids))
             self._ask(key, live.episode.request())
+            self._pass_barriers()
             return
         action = live.episode.on_turn(result)
         self._call(key, "step", action)
+        self._pass_barriers()
 
     def retry_turn(self, request_id: str) -> None:
         """Its engine was lost: ask for the turn again (same stream: the same tokens under the same weights)."""
@@ -188,12 +203,43 @@ class EpisodeRunner:
     def _call(self, key: str, op: str, arg) -> None:
         live = self.live[key]
         live.calls += 1
-        self.outbox.append(EnvCall(live.slot, f"{key}@{live.calls}", op, arg))
+        call = EnvCall(live.slot, f"{key}@{live.calls}", op, arg)
+        if self.turn_sync and op == "step":
+            self._held_steps.append((key, call))
+            return
+        live.in_env = True
+        self.outbox.append(call)
 
     def _ask(self, key: str, request) -> None:
         live = self.live[key]
+        if self.turn_sync:
+            self._held_turns.append((key, request))
+            return
         live.request = request.request_id
         self.requests.assign([request], lambda request_id: live.group)
+
+    def _pass_barriers(self) -> None:
+        """Turn-synchronised batching: turns go together once no environment is busy, steps together once
+        no turn is being sampled."""
+        if not self.turn_sync:
+            return
+        held_turns = [(k, r) for k, r in self._held_turns if k in self.live]
+        held_steps = [(k, c) for k, c in self._held_steps if k in self.live]
+        busy_env = any(live.in_env for live in self.live.values())
+        sampling = any(live.request is not None for live in self.live.values())
+        if held_steps and not sampling and not held_turns:
+            self._held_steps = []
+            for key, call in held_steps:
+                self.live[key].in_env = True
+                self.outbox.append(call)
+        elif held_turns and not busy_env and not held_steps:
+            self._held_turns = []
+            for key, request in held_turns:
+                live = self.live[key]
+                live.request = request.request_id
+                self.requests.assign([request], lambda request_id, g=live.group: g)
+        else:
+            self._held_turns, self._held_steps = held_turns, held_steps
 
     def _finish(self, key: str, out: Outcome) -> None:
         live = self.live[key]

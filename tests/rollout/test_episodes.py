@@ -86,11 +86,12 @@ class EnvWorld:
         return batch
 
 
-def scheduler(slots: int, extra: int = 0, alpha: float = 0.0) -> RolloutScheduler:
+def scheduler(slots: int, extra: int = 0, alpha: float = 0.0, turn_sync: bool = False) -> RolloutScheduler:
     spec = ScheduleSpec(3, 2, SamplingParams(max_new_tokens=12), run_seed=5, async_ratio=alpha, replicate=True,
                         extra_samples=extra)
     runner = EpisodeRunner(SlotPool(slots), ContextBuilder(TOKENIZER, use_template=False),
-                           EpisodeLimits(max_turns=4, turn_tokens=12, context_tokens=400), spec.sampling)
+                           EpisodeLimits(max_turns=4, turn_tokens=12, context_tokens=400), spec.sampling,
+                           turn_sync=turn_sync)
     return RolloutScheduler(spec, engines=2, episodes=runner)
 
 
@@ -164,3 +165,20 @@ def test_asynchronous_episodes_stay_inside_the_window(alpha):
         for _ in range(world.rng.randrange(20)):  # the rollout goes on while the policy trains
             world.step()
             world.sched.admit(step + 1, lambda k: [next(source) for _ in range(k)])
+
+
+def test_turn_synchronised_batching_never_samples_while_an_environment_steps():
+    world = EnvWorld(scheduler(slots=6, turn_sync=True), random.Random(3))
+    source = iter(seeds(100))
+    overlaps = []
+    step = world.step
+
+    def watched_step():
+        world.pump()
+        overlaps.append(bool(world.running) and any(c.op == "step" for c in world.calls))
+        return step()
+
+    world.step = watched_step
+    for n in (1, 2):
+        check_batch(world, world.run_until_ready(n, lambda k: [next(source) for _ in range(k)]))
+    assert len(overlaps) > 20 and not any(overlaps)
