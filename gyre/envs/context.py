@@ -5,8 +5,9 @@ each observation once, as the tokens that close the model's turn and open the ne
 template's delta). Earlier turns are never re-tokenised, so the ids trained on are the ids sampled.
 
 With a chat template the delta comes from a fixed two-message conversation: the text the template
-writes after an assistant message, then a user message and the generation prompt. Without one, an
-observation is its text between newlines.
+writes after an assistant message, then a user message and the generation prompt. Without one, every
+observation (the first too) is followed by a newline and later ones are preceded by one:
+``obs0\n turn1 \nobs1\n turn2 ...`` (``plain_transcript`` writes the same text).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class ContextBuilder:
     def first(self, observation: str) -> list[int]:
         """The prompt of the first turn."""
         if not self.use_template:
-            text = (self.system + "\n" if self.system else "") + observation
+            text = (self.system + "\n" if self.system else "") + observation + self.frame.prompt
             return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + \
             [{"role": "user", "content": observation}]
@@ -79,3 +80,12 @@ def _eos_ids(tokenizer) -> set[int]:
     ids = tokenizer.eos_token_id
     out = set(ids) if isinstance(ids, list) else ({ids} if ids is not None else set())
     return out
+
+
+def plain_transcript(observations: list[str], actions: list[str], system: str | None = None) -> str:
+    """The text a template-less conversation has before the model's next turn, given the observations so
+    far and the actions between them (one fewer): what ``ContextBuilder`` builds, as text (for SFT rows)."""
+    text = (system + "\n" if system else "") + observations[0] + "\n"
+    for action, observation in zip(actions, observations[1:]):
+        text += action + "\n" + observation + "\n"
+    return text

@@ -115,7 +115,11 @@ class Episode:
                           RewardResult(score, correct, info=info), "scored", turns=list(self.turns))
 
     def request(self) -> GenerationRequest:
-        """The request for the next turn (again, after an engine lost it: the same stream)."""
+        """The request for the next turn (again, after an engine lost it: the same stream). The context it
+        carries must be the prompt and every recorded segment, token for token: what the model is shown
+        is what will be trained on (checked every turn; a mismatch is a bug, not bad input)."""
+        if self.context != self.prompt.prompt_ids + [t for s in self.segments for t in s.token_ids]:
+            raise RuntimeError(f"episode {self.key}: its context no longer equals its recorded tokens")
         turn = len(self.turns)
         room = self.limits.context_tokens - len(self.context)
         params = dataclasses.replace(self.sampling, max_new_tokens=max(1, min(self.limits.turn_tokens, room)))

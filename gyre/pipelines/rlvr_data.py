@@ -94,6 +94,8 @@ class EnvRunData:
     """What an environment run draws from: seeds, fixed validation seeds, and the conversation builder."""
 
     tokenizer: object
+    renderer: PromptRenderer
+    """For an SFT warm-up's rows."""
     builder: ContextBuilder
     train_sampler: EnvSeeds
     val_prompts: list[PromptRecord]
@@ -105,9 +107,10 @@ class EnvRunData:
     @classmethod
     def load(cls, cfg: RLVRConfig) -> EnvRunData:
         tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
-        builder = ContextBuilder(tokenizer, PromptRenderer(tokenizer, "auto").use_template, cfg.env.system_prompt)
+        renderer = PromptRenderer(tokenizer, "auto")
+        builder = ContextBuilder(tokenizer, renderer.use_template, cfg.env.system_prompt)
         val = EnvSeeds(cfg.run.seed, "env-val").take(cfg.env.val_episodes)
-        return cls(tokenizer, builder, EnvSeeds(cfg.run.seed), val, int(tokenizer.pad_token_id))
+        return cls(tokenizer, renderer, builder, EnvSeeds(cfg.run.seed), val, int(tokenizer.pad_token_id))
 
     def next_train_prompts(self, k: int) -> list[PromptRecord]:
         return self.train_sampler.take(k)

@@ -3,7 +3,7 @@ whole conversation, with the model's turns exactly as sampled."""
 
 import pytest
 
-from gyre.envs.context import ContextBuilder
+from gyre.envs.context import ContextBuilder, plain_transcript
 from gyre.models.presets import build_char_tokenizer
 
 TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>\n{% endfor %}"
@@ -34,8 +34,10 @@ def test_turn_by_turn_equals_the_whole_conversation_templated():
 def test_without_a_template_observations_sit_between_newlines():
     tok = build_char_tokenizer()
     ctx = ContextBuilder(tok, use_template=False)
-    assert ctx.first("go") == list(tok("go")["input_ids"])  # with the special tokens the tokenizer adds
+    assert ctx.first("go") == list(tok("go\n")["input_ids"])  # with the special tokens the tokenizer adds
     assert ctx.observation(ids(tok, "a"), "ok") == ids(tok, "\nok\n")
+    built = ctx.first("go") + ids(tok, "a") + ctx.observation(ids(tok, "a"), "ok")
+    assert built == ids(tok, plain_transcript(["go", "ok"], ["a"]))
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused():
