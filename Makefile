@@ -38,6 +38,7 @@ bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/vs_trl.py
 	$(BIN)/python bench/code_sandbox.py
 	$(BIN)/python bench/rollout_schedules.py
+	$(BIN)/python bench/agentic_async.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
