@@ -39,10 +39,11 @@ def drill_config(tmp_path, name, model_dir, data, restarts, steps=STEPS):
 
 def lockstep_config(tmp_path, name, model_dir, data, restarts):
     """Asynchronous training in lockstep (alpha 1: rollout a step ahead of the policy)."""
-    path = drill_config(tmp_path, name, model_dir, data, restarts, steps=22)
+    path = drill_config(tmp_path, name, model_dir, data, restarts, steps=16)
     cfg = yaml.safe_load(path.read_text())
     cfg["rollout"].update(async_ratio=1, async_mode="lockstep")
     cfg["validation"]["every"] = 6
+    cfg["watchdog"]["call_timeout_s"] = 25  # a stop before a call has a usual duration is found sooner
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -64,14 +65,14 @@ def drill(straight, tmp_path, tiny_model_dir, arithmetic_data, faults, seed, con
 
 
 def test_faults_at_random_moments_leave_an_async_lockstep_run_unchanged(tmp_path, tiny_model_dir, arithmetic_data):
-    """Rollout a step ahead of the policy (lockstep, alpha 1): a stopped policy rank (run recovery from
-    the checkpoint), a stopped rollout engine (replaced in place) and a SIGKILLed driver (resumed with
-    the groups generated ahead from its checkpoint) leave the metric stream and final weights of the
-    uninterrupted run. (Reward worker faults: tests/cluster/test_reward_pool.py and the slow drill.)"""
+    """Rollout a step ahead of the policy (lockstep, alpha 1): a stopped rollout engine (replaced in place)
+    and a SIGKILLed driver (resumed with the groups generated ahead from its checkpoint) leave the metric
+    stream and final weights of the uninterrupted run. (Policy and reward faults, with run recovery:
+    the slow drill; reward workers also tests/cluster/test_reward_pool.py.)"""
     (tmp_path / "s").mkdir()
     run_drill(lockstep_config(tmp_path / "s", "straight", tiny_model_dir, arithmetic_data, 0), [], seed=0,
               timeout_s=300)
-    faults = [Fault("policy", "stop"), Fault("rollout", "stop"), Fault("driver", "kill")]
+    faults = [Fault("rollout", "stop"), Fault("driver", "kill")]
     drill(tmp_path / "s" / "straight", tmp_path, tiny_model_dir, arithmetic_data, faults, seed=1,
           config=lockstep_config)
 

@@ -100,6 +100,7 @@ def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_dat
     assert [r["weight_version"] for r in records] == [1, 2, 3]
 
 
+@pytest.mark.slow  # about 40 s; resume is also exercised by the default fault drill and the SIGTERM test
 def test_ppo_with_a_critic_role_warms_up_checkpoints_and_resumes(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     """PPO: a critic (value head on the tiny backbone) trains as its own role; the policy waits one step."""
     reward = Path(__file__).with_name("reward_fns.py")
