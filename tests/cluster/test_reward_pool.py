@@ -115,6 +115,7 @@ def duo(ray_local, tmp_path_factory):
     pool.scorers["duo"].group.kill()
 
 
+@pytest.mark.slow  # about 12 s; the default suite keeps the dying and stopped worker cases
 def test_the_only_worker_killed_mid_batch_is_waited_for_then_replaced_when_ray_gives_up(duo, tmp_path):
     expected = duo[2]
     pool = slow_pool("solo", 1, tmp_path, max_restarts=1)
