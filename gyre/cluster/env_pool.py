@@ -44,10 +44,6 @@ class EnvPool:
     def refs(self) -> list:
         return list(self._pending)
 
-    @property
-    def busy(self) -> bool:
-        return bool(self._pending)
-
     def poll(self, ready: list) -> list[EnvResult]:
         """The answers among ``ready`` refs, and failures for calls past their deadline or on dead workers."""
         out, broken = [], set()

@@ -356,10 +356,6 @@ class EnvWorker:
             target = self.slots[slot]
             return target.reset(arg, self.timeouts[op]) if op == "reset" else target.step(arg, self.timeouts[op])
 
-    def restarts(self) -> int:
-        """Environment processes killed or found dead and started again (call it in the ``PROBE`` group)."""
-        return sum(s.restarts for s in self.slots)
-
     def close(self) -> None:
         for s in self.slots:
             s.close()

@@ -169,7 +169,8 @@ class RolloutDriver:
                 if name in self.schedulers:  # a finished scheduler's late samples are dropped
                     self.schedulers[name].on_generated(results)
         if self.envs is not None:
-            self._env_answers([r for r in ready if r in set(env_refs)])
+            asked = set(env_refs)
+            self._env_answers([r for r in ready if r in asked])
         scored = self.rewards.poll(0)
         if scored:
             for s in self.schedulers.values():

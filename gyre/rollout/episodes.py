@@ -163,10 +163,8 @@ class EpisodeRunner:
         if result.finish_reason == "abort":  # dropped by a weight update without partial rollouts: ask again
             self._count("rollout/tokens_wasted", len(result.response_ids))
             self._ask(key, live.episode.request())
-            self._pass_barriers()
-            return
-        action = live.episode.on_turn(result)
-        self._call(key, "step", action)
+        else:
+            self._call(key, "step", live.episode.on_turn(result))
         self._pass_barriers()
 
     def retry_turn(self, request_id: str) -> None:
@@ -174,13 +172,10 @@ class EpisodeRunner:
         key = request_id.rpartition("#")[0]
         live = self.live.get(key)
         if live is not None and live.request == request_id:
+            live.request = None
             self._ask(key, live.episode.request())
             self._count("rollout/samples_requeued")
-
-    @property
-    def busy(self) -> bool:
-        """Episodes are running or waiting."""
-        return bool(self.live)
+            self._pass_barriers()  # turn-synchronised: a held turn must not wait for an event that never comes
 
     # ---- internals ----------------------------------------------------------------------------
     def _new_episode(self, group: Group) -> None:

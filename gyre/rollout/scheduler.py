@@ -80,6 +80,11 @@ class ScheduleSpec:
                              "pick groups by finish time")
 
     @property
+    def launched(self) -> int:
+        """Samples asked for per admitted group (group_size + extra_samples)."""
+        return self.group_size + self.extra_samples
+
+    @property
     def plan(self) -> LockstepPlan | None:
         return LockstepPlan(self.async_ratio, self.batch_groups) if self.lockstep else None
 
@@ -156,10 +161,13 @@ class RolloutScheduler:
         (ROLL Flash rule 3; alpha = 0 admits one batch per step), within ``max_draws`` for the step."""
         s = self.spec
         budget = s.batch_groups + round(s.async_ratio * s.batch_groups) + s.redundancy
-        room = budget - len(self.flights) - len(self.buffer)
-        if s.max_draws is not None:
-            room = min(room, s.max_draws - self._admitted_for.get(step, 0))
-        return max(0, room)
+        return max(0, self._within_draws(step, budget - len(self.flights) - len(self.buffer)))
+
+    def _within_draws(self, step: int, count: int) -> int:
+        """``count``, capped by what ``max_draws`` still allows for step ``step``."""
+        if self.spec.max_draws is None:
+            return count
+        return min(count, self.spec.max_draws - self._admitted_for.get(step, 0))
 
     def admit(self, step: int, draw: Callable[[int], list[PromptRecord]]) -> None:
         """Admit what capacity allows for step ``step``; ``draw(k)`` gives the next k training prompts.
@@ -179,7 +187,7 @@ class RolloutScheduler:
             return
         k = self.capacity(step)
         if k:
-            self._admit(step, draw(k), self.spec.group_size + self.spec.extra_samples)
+            self._admit(step, draw(k), self.spec.launched)
 
     def _admit_planned(self, draw: Callable[[int], list[PromptRecord]]) -> None:
         """Lockstep: every part the plan gives the current version (or an older one) that is not admitted
@@ -192,18 +200,15 @@ class RolloutScheduler:
             self._parts.add((step, k))
             if k == len(plan.parts(step)) - 1:  # the last part also makes up for the earlier parts' rejects
                 count = s.batch_groups - self._held(step)
-            if s.max_draws is not None:
-                count = min(count, s.max_draws - self._admitted_for.get(step, 0))
+            count = self._within_draws(step, count)
             if count > 0:
-                self._admit(step, draw(count), s.group_size + s.extra_samples)
+                self._admit(step, draw(count), s.launched)
         for step in self._open_steps():
             if self._batch_settled(step):
                 continue
-            room = s.batch_groups - self._held(step)
-            if s.max_draws is not None:
-                room = min(room, s.max_draws - self._admitted_for.get(step, 0))
+            room = self._within_draws(step, s.batch_groups - self._held(step))
             if room > 0:
-                self._admit(step, draw(room), s.group_size + s.extra_samples)
+                self._admit(step, draw(room), s.launched)
             break  # later batches refill once this one has settled
 
     def _open_steps(self) -> list[int]:

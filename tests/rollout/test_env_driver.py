@@ -25,58 +25,45 @@ def engine_args(model_dir, rank):
     return (rank, str(model_dir), str(model_dir), "float32", False, "cpu", 1, None)
 
 
-def test_episodes_complete_while_environments_hang_and_crash(ray_local, tiny_model_dir):
-    engines = RoleGroup.local("rollout", RolloutWorker, [engine_args(tiny_model_dir, r) for r in range(2)])
-    spec = EnvSpec(f"{HOSTILE}:Flaky", {})
-    workers = RoleGroup.create_unplaced("env", EnvWorker, 2, 0.25, (spec, 2, 2.0, 2.0))
-    pool = EnvPool(workers, per_worker=2, deadline_s=2.0)
+def rollout_episodes(model_dir, env: str, kwargs: dict, timeout_s: float, pool_cls=EnvPool, seed: int = 1):
+    """One batch of 3 groups x 2 episodes (2 turns of 4-8 tokens at most) on in-process engines and 2
+    environment workers of 2 slots each; returns the pieces to check and to stop."""
+    engines = RoleGroup.local("rollout", RolloutWorker, [engine_args(model_dir, r) for r in range(2)])
+    workers = RoleGroup.create_unplaced("env", EnvWorker, 2, 0.25, (EnvSpec(env, kwargs), 2, timeout_s, timeout_s))
+    pool = pool_cls(workers, per_worker=2, deadline_s=timeout_s)
     sampling = SamplingParams(max_new_tokens=8)
     runner = EpisodeRunner(pool.slots, ContextBuilder(build_char_tokenizer(), use_template=False),
-                           EpisodeLimits(max_turns=2, turn_tokens=8, context_tokens=200), sampling, max_failures=6)
-    sched = RolloutScheduler(ScheduleSpec(2, 3, sampling, run_seed=1, replicate=True), engines=2, episodes=runner)
+                           EpisodeLimits(max_turns=2, turn_tokens=8, context_tokens=200), sampling, max_failures=8)
+    sched = RolloutScheduler(ScheduleSpec(2, 3, sampling, run_seed=seed, replicate=True), engines=2, episodes=runner)
     source = iter([PromptRecord(f"env{i}", "", [], "") for i in range(50)])
     sched.admit(1, lambda k: [next(source) for _ in range(k)])
     driver = RolloutDriver(engines, RewardPool({}), emit_every=1, envs=pool)
     driver.run(sched, lambda: sched.ready(1))
-    batch = sched.take(1)
-    stats = sched.take_stats()
-    assert len(batch) == 3 and all(len(g.trajectories) == 2 for g in batch)
-    assert all(t.reward.score == 1.0 and len(t.turns) == 1 for g in batch for t in g.trajectories)
-    assert stats.get("env/failures_timeout", 0) + stats.get("env/failures_crashed", 0) >= 1
+    batch, stats = sched.take(1), sched.take_stats()
     driver.close()
     pool.close()
     engines.kill()
     workers.kill()
+    assert len(batch) == 3 and all(len(g.trajectories) == 2 for g in batch)
+    return batch, stats, pool
+
+
+def test_episodes_complete_while_environments_hang_and_crash(ray_local, tiny_model_dir):
+    batch, stats, _ = rollout_episodes(tiny_model_dir, f"{HOSTILE}:Flaky", {}, 2.0)
+    assert all(t.reward.score == 1.0 and len(t.turns) == 1 for g in batch for t in g.trajectories)
+    assert stats.get("env/failures_timeout", 0) + stats.get("env/failures_crashed", 0) >= 1
 
 
 @pytest.mark.slow  # about 40 s: a fresh worker starts its environments' processes again
 def test_a_dead_environment_worker_is_replaced_and_its_episodes_rerun(ray_local, tiny_model_dir):
-    engines = RoleGroup.local("rollout", RolloutWorker, [engine_args(tiny_model_dir, r) for r in range(2)])
-    spec = EnvSpec(f"{HOSTILE}:Counter", {"limit": 2})
-    workers = RoleGroup.create_unplaced("env", EnvWorker, 2, 0.25, (spec, 2, 20.0, 5.0))
-    pool = EnvPool(workers, per_worker=2, deadline_s=5.0)
-    sampling = SamplingParams(max_new_tokens=4)
-    runner = EpisodeRunner(pool.slots, ContextBuilder(build_char_tokenizer(), use_template=False),
-                           EpisodeLimits(max_turns=2, turn_tokens=4, context_tokens=200), sampling, max_failures=8)
-    sched = RolloutScheduler(ScheduleSpec(2, 3, sampling, run_seed=2, replicate=True), engines=2, episodes=runner)
-    source = iter([PromptRecord(f"env{i}", "", [], "") for i in range(50)])
-    sched.admit(1, lambda k: [next(source) for _ in range(k)])
     killed = []
 
     class KillingPool(EnvPool):
         def poll(self, ready):
             if ready and not killed:
-                killed.append(ray_local.kill(workers.actors[0]))
+                killed.append(ray_local.kill(self.workers.actors[0]))
             return super().poll(ready)
 
-    pool.__class__ = KillingPool
-    driver = RolloutDriver(engines, RewardPool({}), emit_every=1, envs=pool)
-    driver.run(sched, lambda: sched.ready(1))
-    batch = sched.take(1)
+    _, stats, pool = rollout_episodes(tiny_model_dir, f"{HOSTILE}:Counter", {"limit": 2}, 20.0, KillingPool, seed=2)
     assert killed and pool.worker_restarts == 1
-    assert len(batch) == 3 and all(len(g.trajectories) == 2 for g in batch)
-    assert sched.take_stats()["env/failures_crashed"] >= 1
-    driver.close()
-    pool.close()
-    engines.kill()
-    workers.kill()
+    assert stats["env/failures_crashed"] >= 1

@@ -182,3 +182,23 @@ def test_turn_synchronised_batching_never_samples_while_an_environment_steps():
     for n in (1, 2):
         check_batch(world, world.run_until_ready(n, lambda k: [next(source) for _ in range(k)]))
     assert len(overlaps) > 20 and not any(overlaps)
+
+
+def test_a_lost_engine_does_not_stall_turn_synchronised_episodes():
+    """Turns owed by a lost engine are asked again; under the barrier too, the batch completes."""
+    world = EnvWorld(scheduler(slots=6, turn_sync=True), random.Random(5))
+    source = iter(seeds(100))
+    world.sched.admit(1, lambda k: [next(source) for _ in range(k)])
+    lost = False
+    while not world.sched.ready(1):
+        world.pump()
+        if not lost and world.running:
+            owed = {rid for rid, (engine, _) in world.sched.requests.live.items() if engine == 0}
+            if owed:
+                world.running = [r for r in world.running if r.request_id not in owed]
+                world.sched.on_engine_lost(0)
+                world.sched.on_engine_back(0)
+                lost = True
+        assert world.step(), "the world went quiet: a held turn was never released"
+    assert lost and world.sched.take_stats()["rollout/samples_requeued"] >= 1
+    check_batch(world, world.sched.take(1))
