@@ -120,9 +120,10 @@ def plan_faults(count: int, seed: int, targets: tuple[Target, ...] = ("policy", 
 # ---- drills: a run under faults, compared with an uninterrupted one -----------------------------------
 
 _VOLATILE = ("time", "time/", "idle/", "reward/latency", "/reward_latency", "fault/", "rollout/in_flight_groups",
-             "rollout/buffer_groups")
+             "rollout/buffer_groups", "rollout/samples_requeued")
 """Metric keys that measure time or count faults: they differ between a faulted run and a straight one
-(with asynchrony, how far the rollout ran ahead when a batch was taken is a matter of timing too)."""
+(with asynchrony, how far the rollout ran ahead when a batch was taken is a matter of timing too; samples
+are requeued only when an engine is lost while it owes them, and come out the same when regenerated)."""
 
 
 def _comparable(record: dict) -> dict:
