@@ -1,8 +1,8 @@
 """Typed records that flow between the stages of a run, one per stage.
 
 prompt file row -> PromptRecord -> Group (admitted) -> GenerationRequest -> GenerationResult -> Trajectory
-(segments, + RewardResult) -> Group (committed) -> TrainBatch (tensors) -> trainer. Shapes: B trajectories,
-L padded sequence length (prompt + response).
+(segments, + RewardResult) -> Group (committed) -> TrainBatch (tensors) -> trainer. Shapes: B rows (one per
+trajectory, or per model turn with step-level samples), L padded sequence length (prompt + response).
 
 Weight versions: a ``WeightVersion`` is the number of RL training steps whose updates the weights
 contain (0 = the initial model). Every generated sample records the version that produced it.
@@ -11,6 +11,7 @@ contain (0 = the initial model). Every generated sample records the version that
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -160,6 +161,17 @@ class TurnRecord:
     """A key of the observation the turn acted on: turns of a group with equal keys share a state (GiGPO)."""
 
 
+def window_start(turns: Sequence[TurnRecord], k: int, window: int) -> int:
+    """Where the context of turn ``k`` starts among the response tokens when a turn is shown the ``window``
+    turns before it, each with the observation that followed it (window 0: only the last observation).
+    The first observation (the prompt) is always shown."""
+    if k == 0:
+        return 0
+    if window == 0:
+        return turns[k - 1].end
+    return turns[max(0, k - window)].start
+
+
 @dataclass
 class Trajectory:
     """One sampled response to a prompt (single-turn: one segment; multi-turn: many), its reward, its state."""
@@ -175,6 +187,9 @@ class Trajectory:
     status: TrajectoryStatus = "generating"
     turns: list[TurnRecord] = dataclasses.field(default_factory=list)
     """Multi-turn trajectories: each model turn (empty for single-turn ones)."""
+    window: int | None = None
+    """Step-level samples: each model turn trains as a row of its own, shown the prompt and the ``window``
+    turns before it with their observations, as it was when sampled. None: the whole trajectory is one row."""
 
     @classmethod
     def from_result(cls, prompt: PromptRecord, result: GenerationResult) -> Trajectory:
@@ -199,6 +214,13 @@ class Trajectory:
     @property
     def response_ids(self) -> list[int]:
         return [t for s in self.segments for t in s.token_ids]
+
+    def rows(self) -> list[tuple[int, int, int]]:
+        """Its training rows as offsets among the response tokens: (context from, trained from, end). One
+        row (0, 0, all) for the whole trajectory; with step-level samples one row per model turn."""
+        if self.window is None or not self.turns:
+            return [(0, 0, len(self.response_ids))]
+        return [(window_start(self.turns, k, self.window), turn.start, turn.end) for k, turn in enumerate(self.turns)]
 
     @property
     def logprobs(self) -> list[float]:
@@ -259,7 +281,7 @@ class Group:
             segments = [Segment(**s) for s in t["segments"]]
             turns = [TurnRecord(**turn) for turn in t.get("turns", [])]
             trajectories.append(Trajectory(prompt, t["sample_index"], segments, t["response_text"],
-                                           t["finish_reason"], reward, t["status"], turns))
+                                           t["finish_reason"], reward, t["status"], turns, t.get("window")))
         return cls(**{**data, "prompt": prompt, "trajectories": trajectories})
 
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
 from gyre.config.schema import RLVRConfig
 
@@ -36,6 +37,9 @@ class RunPlan:
     rollout_batch: int
     mini_batch_size: int
     optimizer_steps_per_step: int
+    rows_multiple: int
+    """Training batches are padded with empty rows to a multiple of this (mini-batches per epoch x ranks):
+    step-level samples make batches of varying row counts, and data-parallel ranks need equal shares."""
     samples_per_rank: int
     micro_batches_per_rank: int
     total_optimizer_steps: int
@@ -114,7 +118,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     dp = len(cfg.policy.devices)
     n = cfg.rollout.samples_per_prompt
     _check_groups(cfg)
-    _check_turns(cfg)
+    _check_turns(cfg, notes)
     rollout_batch = cfg.rollout.prompts_per_step * n
     mini = cfg.policy.mini_batch_size or rollout_batch
     if rollout_batch % mini:
@@ -132,9 +136,10 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     recompute = _recompute_old_logprobs(cfg, steps_per_batch, notes)
     _note_rollout_logprobs(cfg, notes)
     _note_algorithm(cfg, steps_per_batch, notes)
-    max_new = cfg.rollout.sampling.max_new_tokens
-    agg_norm = (a.loss_agg_norm or max_new) if a.loss_agg == "seq-mean-token-sum-norm" else None
-    cache = max(1, round(a.overlong_penalty_frac * max_new)) if a.overlong_penalty_frac else None
+    agg_norm = (a.loss_agg_norm or _response_budget(cfg)) if a.loss_agg == "seq-mean-token-sum-norm" else None
+    # The overlong penalty measures each response (each model turn, in an episode) against its own budget.
+    turn_budget = cfg.env.turn_tokens if cfg.env is not None else cfg.rollout.sampling.max_new_tokens
+    cache = max(1, round(a.overlong_penalty_frac * turn_budget)) if a.overlong_penalty_frac else None
     sft_steps = _check_sft(cfg, dp)
     if cfg.validation.every and cfg.data is not None and not cfg.data.val_files:
         raise ConfigError("validation.every > 0 needs data.val_files (held-out prompts); or set validation.every=0")
@@ -146,6 +151,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         offload=offload,
         dp_size=dp, rollout_workers=len(cfg.rollout.devices), rollout_batch=rollout_batch, mini_batch_size=mini,
         optimizer_steps_per_step=steps_per_batch, samples_per_rank=per_rank,
+        rows_multiple=rollout_batch // mini * math.lcm(dp, len(cfg.critic.devices) if use_critic else 1),
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
         total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
         use_reference=use_reference, use_critic=use_critic,
@@ -233,13 +239,30 @@ def _check_groups(cfg: RLVRConfig) -> None:
                           "(greedy decoding suits validation.temperature)")
 
 
-def _check_turns(cfg: RLVRConfig) -> None:
+def _response_budget(cfg: RLVRConfig) -> int:
+    """Most new tokens one response may have: a multi-turn row's model turns share the turn budget."""
+    if cfg.env is None:
+        return cfg.rollout.sampling.max_new_tokens
+    return cfg.env.turn_tokens * (1 if cfg.env.samples == "step" else cfg.env.max_turns)
+
+
+def _check_turns(cfg: RLVRConfig, notes: list[str]) -> None:
     """Credit per model turn needs multi-turn episodes; a run that learns from prompts samples single responses."""
     a = cfg.algorithm
     if a.uses_turns and cfg.data is not None:
         raise ConfigError(f"algorithm.estimator={a.estimator} assigns credit to the turns of multi-turn episodes, "
                           "but this run learns from prompts (data), whose samples are single responses; choose a "
                           "trajectory-level estimator (e.g. algorithm=grpo or rloo) or learn from an environment")
+    env = cfg.env
+    default_history = EnvConfig.model_fields["history_turns"].default
+    if env is not None and env.samples != "step" and env.history_turns != default_history:
+        notes.append(f"env.history_turns={env.history_turns}: no effect, trajectory-level samples show every turn "
+                     "(set env.samples: step for a history window)")
+    if a.uses_critic and env is not None and env.samples == "step":
+        raise ConfigError(f"algorithm.estimator={a.estimator} learns a value of each token of one sequence, but "
+                          "env.samples=step trains every turn as a sequence of its own whose context drops "
+                          "earlier turns; use env.samples: trajectory, or a critic-free estimator (e.g. grpo, "
+                          "step_returns, gigpo)")
 
 
 def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> None:

@@ -46,8 +46,16 @@ class EnvConfig(StrictModel):
     turn_tokens: PositiveInt = 64
     """New tokens one turn may sample."""
     context_tokens: PositiveInt = 1024
-    """The whole conversation (first observation, turns, observations); a turn gets what is left, and an
-    observation that does not fit truncates the episode."""
+    """What one turn is shown plus what it samples: the whole conversation so far (or, with step-level
+    samples, the first observation and the history window); a turn gets what is left, and an observation
+    that does not fit truncates the episode."""
+    samples: Literal["trajectory", "step"] = "trajectory"
+    """trajectory: each turn is shown the whole conversation so far and the episode trains as one sequence;
+    step: each turn is shown the first observation and the last env.history_turns turns, and trains as a
+    sample of its own with that context (long episodes in a bounded context; ROLL's step-level manager)."""
+    history_turns: NonNegInt = 2
+    """Step-level samples: earlier turns (each with the observation that followed it) a turn is shown;
+    0 shows only the latest observation (for environments whose observation is their whole state)."""
     observation_tokens: PositiveInt = 256
     """Longest observation kept (the rest is cut)."""
     max_observation_chars: PositiveInt = 20_000
@@ -57,6 +65,11 @@ class EnvConfig(StrictModel):
     extra_samples: NonNegInt = 0
     """Episodes run per group beyond rollout.samples_per_prompt; the first to finish are kept and the rest
     stopped (trajectory-level redundancy against slow environments)."""
+    stale_episodes: Literal["abort", "restart"] = "abort"
+    """Asynchronous runs (rollout.async_ratio > 0): what happens to a group when an episode of it falls out
+    of the staleness window (checked whenever the weights change, so at every turn): abort the group
+    (another is admitted), or restart just the episodes that started too long ago, from reset on the same
+    seed under the current weights."""
     turn_sync: bool = False
     """Turn-synchronised batching: every episode's next turn waits for every environment, and every
     environment for every turn (the classic loop; slower when environments vary: for comparison).
@@ -70,3 +83,8 @@ class EnvConfig(StrictModel):
             raise ValueError(f"env.turn_tokens ({self.turn_tokens}) must be below env.context_tokens "
                              f"({self.context_tokens}): the first observation needs room too")
         return self
+
+    @property
+    def window(self) -> int | None:
+        """The history window of each turn (None: the whole conversation)."""
+        return self.history_turns if self.samples == "step" else None

@@ -27,6 +27,9 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         lines.append(f"  env        {e.id}: {e.workers} CPU worker(s) x {e.slots_per_worker} environment(s), "
                      f"up to {e.max_turns} turns of {e.turn_tokens} tokens within {e.context_tokens}; the episode "
                      "return is the reward")
+        if e.samples == "step":
+            lines.append(f"  samples    one per turn, shown the first observation and {e.history_turns} earlier "
+                         f"turn(s); batches padded to a multiple of {plan.rows_multiple} rows")
     for name, d in cfg.reward.domains.items() if cfg.env is None else ():
         routed = "every prompt" if cfg.reward.single else f"tags {cfg.reward.tags_of(name)}"
         share = f", {d.ratio:.0%} of each batch" if d.ratio is not None else ""

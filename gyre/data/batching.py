@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gyre.types import Group, TrainBatch, select_rows
+from gyre.types import Group, TrainBatch, Trajectory, select_rows
 
 
 def collate(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int,
@@ -72,39 +72,29 @@ class GroupLayout:
 
 @dataclass(frozen=True)
 class TurnLayout:
-    """Where the model turns of each batch row lie, and what the environment said of them: turn-level
-    advantages are computed per turn and spread over each turn's tokens through this."""
+    """What the environment said of each trajectory's model turns (turn-level advantages are computed per
+    trajectory and turn, then spread over the rows that train the turns through ``RowMap``)."""
 
-    spans: tuple[tuple[tuple[int, int], ...], ...]
-    """Per batch row, the token positions [start, end) of each model turn in the row (prompt + response)."""
     rewards: tuple[tuple[float, ...], ...]
-    """Per batch row, the environment's reward for each turn."""
+    """Per trajectory, the environment's reward for each turn."""
     states: tuple[tuple[str, ...], ...]
-    """Per batch row, the key of the state each turn acted on ("" when unknown)."""
+    """Per trajectory, the key of the state each turn acted on ("" when unknown)."""
 
     @classmethod
     def of(cls, groups: Sequence[Group]) -> TurnLayout:
-        """The layout ``collate_groups`` writes: a turn's offsets among the response tokens, shifted by the
-        prompt. A single-turn trajectory has no turns (an empty row)."""
-        spans, rewards, states = [], [], []
+        """Trajectories in batch order; a single-turn trajectory has no turns (an empty row)."""
+        rewards, states = [], []
         for t in (t for g in groups for t in g.trajectories):
-            prompt, end = len(t.prompt.prompt_ids), 0
-            for turn in t.turns:
-                if not end <= turn.start <= turn.end <= len(t.response_ids):
-                    raise ValueError(f"trajectory {t.prompt.uid}#{t.sample_index}: turn [{turn.start}, {turn.end}) "
-                                     f"overlaps the turn before it or runs past its {len(t.response_ids)} "
-                                     "response tokens")
-                end = turn.end
-            spans.append(tuple((prompt + turn.start, prompt + turn.end) for turn in t.turns))
+            _check_turns(t)
             rewards.append(tuple(turn.reward for turn in t.turns))
             states.append(tuple(turn.state for turn in t.turns))
-        return cls(tuple(spans), tuple(rewards), tuple(states))
+        return cls(tuple(rewards), tuple(states))
 
     def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(rewards [B, K] float32, mask [B, K] float32, state ids [B, K] int64), K the most turns of a row.
+        """(rewards [E, K] float32, mask [E, K] float32, state ids [E, K] int64), K the most turns of a trajectory.
 
         Equal state keys get equal ids; an unknown state ("") gets an id of its own (it anchors nothing)."""
-        b, k = len(self.spans), max((len(s) for s in self.spans), default=0)
+        b, k = len(self.rewards), max((len(r) for r in self.rewards), default=0)
         rewards = torch.zeros((b, k), dtype=torch.float32)
         mask = torch.zeros((b, k), dtype=torch.float32)
         states = torch.full((b, k), -1, dtype=torch.long)
@@ -118,49 +108,105 @@ class TurnLayout:
                 states[i, j] = ids.setdefault(key, len(ids)) if key else b * k + i * k + j
         return rewards, mask, states
 
+
+def _check_turns(t: Trajectory) -> None:
+    end = 0
+    for turn in t.turns:
+        if not end <= turn.start <= turn.end <= len(t.response_ids):
+            raise ValueError(f"trajectory {t.prompt.uid}#{t.sample_index}: turn [{turn.start}, {turn.end}) overlaps "
+                             f"the turn before it or runs past its {len(t.response_ids)} response tokens")
+        end = turn.end
+
+
+@dataclass(frozen=True)
+class RowMap:
+    """Which trajectory each batch row trains, and where that trajectory's model turns lie in the row.
+
+    A trajectory is one row, or (step-level samples, ``Trajectory.window``) one row per model turn; rows
+    past the trajectories are padding (so that data-parallel ranks get equal shares), they train nothing.
+    Per-trajectory values (rewards, baselines) reach rows through ``expand``, per-turn ones through
+    ``broadcast``."""
+
+    trajectory: tuple[int, ...]
+    """Per row, its trajectory's index in batch order (-1: a padding row)."""
+    turns: tuple[tuple[tuple[int, int, int], ...], ...]
+    """Per row, (turn index, start, end): the token positions of each model turn the row trains."""
+
+    @classmethod
+    def of(cls, groups: Sequence[Group], rows: int | None = None) -> RowMap:
+        """The rows ``collate_groups`` writes (``rows``: the batch's row count, padding included)."""
+        owner, turns = [], []
+        for e, t in enumerate(t for g in groups for t in g.trajectories):
+            prompt = len(t.prompt.prompt_ids)
+            for context, trained, end in t.rows():
+                owner.append(e)
+                # Turns wholly inside [trained, end), at their positions in a row that starts at ``context``.
+                turns.append(tuple((k, prompt + turn.start - context, prompt + turn.end - context)
+                                   for k, turn in enumerate(t.turns) if trained <= turn.start and turn.end <= end))
+        pad = (rows or len(owner)) - len(owner)
+        if pad < 0:
+            raise ValueError(f"the groups make {len(owner)} rows, more than the batch's {rows}")
+        return cls(tuple(owner + [-1] * pad), tuple(turns + [()] * pad))
+
+    def expand(self, values: torch.Tensor) -> torch.Tensor:
+        """[E] per-trajectory values -> [B] per row (0 on padding rows)."""
+        index = torch.tensor(self.trajectory, dtype=torch.long)
+        return torch.where(index >= 0, values[index.clamp(min=0)], torch.zeros((), dtype=values.dtype))
+
     def broadcast(self, per_turn: torch.Tensor, width: int) -> torch.Tensor:
-        """[B, K] per-turn values -> [B, width]: each turn's value on its tokens, 0 elsewhere (prompt,
-        observations, padding)."""
-        index = torch.full((len(self.spans), width), -1, dtype=torch.long)
-        for i, row in enumerate(self.spans):
-            for j, (start, end) in enumerate(row):
-                index[i, start:end] = j
-        spread = per_turn.gather(1, index.clamp(min=0))
+        """[E, K] per-turn values -> [B, width]: each turn's value on its tokens in the rows that train it, 0
+        elsewhere (prompt, observations, earlier turns shown as context, padding)."""
+        index = torch.full((len(self.trajectory), width), -1, dtype=torch.long)
+        k = max(per_turn.shape[1], 1)
+        for i, (e, row) in enumerate(zip(self.trajectory, self.turns)):
+            for j, start, end in row:
+                index[i, start:end] = e * k + j
+        flat = per_turn.reshape(-1)
+        spread = flat[index.clamp(min=0)] if flat.numel() else torch.zeros(index.shape, dtype=per_turn.dtype)
         return torch.where(index >= 0, spread, torch.zeros_like(spread))
 
 
-def collate_groups(groups: Sequence[Group], pad_id: int) -> tuple[TrainBatch, GroupLayout]:
-    """Right-padded [B, L] tensors of committed groups (one row per trajectory: prompt + its segments).
+def collate_groups(groups: Sequence[Group], pad_id: int, multiple: int = 1) -> tuple[TrainBatch, GroupLayout]:
+    """Right-padded [B, L] tensors of committed groups: one row per trajectory (prompt + its segments), or
+    per model turn for step-level samples (``Trajectory.rows``), then padding rows up to a multiple of
+    ``multiple`` (one pad token, nothing trained: step-level batches vary in size, data-parallel ranks
+    need equal shares).
 
-    ``response_mask`` is 1 on trainable segments only (it need not be contiguous: observation tokens
-    between turns are 0), ``versions`` holds each sampled token's weight version, ``rollout_logprobs`` the
-    sampler's log-probs. Advantages are 0 until the advantage stage fills them.
+    ``response_mask`` is 1 on the trainable tokens a row trains (it need not be contiguous: observation
+    tokens between turns are 0), ``versions`` holds each sampled token's weight version, ``rollout_logprobs``
+    the sampler's log-probs. Advantages are 0 until the advantage stage fills them.
     """
     trajectories = [t for g in groups for t in g.trajectories]
     if not trajectories:
         raise ValueError("no trajectories to collate")
-    lengths = [len(t.prompt.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories]
-    b, width = len(trajectories), max(lengths)
+    rows = [(t, *span) for t in trajectories for span in t.rows()]
+    b = -(-len(rows) // multiple) * multiple
+    width = max(len(t.prompt.prompt_ids) + end - context for t, context, _, end in rows)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     attention = torch.zeros((b, width), dtype=torch.long)
+    attention[len(rows):, 0] = 1  # padding rows: one token, so that every row has something to attend to
     trainable = torch.zeros((b, width), dtype=torch.float32)
     logprobs = torch.zeros((b, width), dtype=torch.float32)
     versions = torch.full((b, width), -1, dtype=torch.long)
-    for i, t in enumerate(trajectories):
+    for i, (t, context, trained, end) in enumerate(rows):
         if not t.prompt.prompt_ids:
             raise ValueError("a prompt must have at least one token")
         pos = len(t.prompt.prompt_ids)
         ids[i, :pos] = torch.tensor(t.prompt.prompt_ids, dtype=torch.long)
+        seg_start = 0  # the segment's offset among the response tokens
         for seg in t.segments:
-            end = pos + len(seg.token_ids)
-            ids[i, pos:end] = torch.tensor(seg.token_ids, dtype=torch.long)
-            logprobs[i, pos:end] = torch.tensor(seg.logprobs, dtype=torch.float32)
-            if seg.trainable:
-                trainable[i, pos:end] = 1.0
-            if seg.weight_version is not None:
-                versions[i, pos:end] = seg.weight_version
-            pos = end
-        attention[i, :pos] = 1
+            seg_end = seg_start + len(seg.token_ids)
+            lo, hi = max(seg_start, context), min(seg_end, end)  # the part of it in this row
+            if lo < hi:
+                at, part = slice(pos + lo - context, pos + hi - context), slice(lo - seg_start, hi - seg_start)
+                ids[i, at] = torch.tensor(seg.token_ids[part], dtype=torch.long)
+                logprobs[i, at] = torch.tensor(seg.logprobs[part], dtype=torch.float32)
+                if seg.trainable and hi > trained:
+                    trainable[i, pos + max(lo, trained) - context:at.stop] = 1.0
+                if seg.weight_version is not None:
+                    versions[i, at] = seg.weight_version
+            seg_start = seg_end
+        attention[i, :pos + end - context] = 1
     batch = TrainBatch(input_ids=ids, attention_mask=attention, response_mask=trainable,
                        advantages=torch.zeros((b, width), dtype=torch.float32), rollout_logprobs=logprobs,
                        versions=versions)

@@ -7,6 +7,11 @@ environment's answer (a segment that is context only). Limits, each ending the e
 ``max_turns`` model turns; ``context_tokens`` for the whole sequence (a turn gets at most what is
 left; an observation that does not fit ends the episode before it); an observation longer than
 ``observation_tokens`` is cut to that many tokens (``info["observations_cut"]`` counts them).
+
+Step-level samples (``limits.window``): each turn is shown the first observation and only a window of
+the turns before it (so ``context_tokens`` bounds one turn's view, not the episode). The trajectory still
+records every token once; it trains one row per turn, with the context that turn was shown
+(``Trajectory.rows``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from gyre.types import (
     Segment,
     Trajectory,
     TurnRecord,
+    window_start,
 )
 
 
@@ -40,6 +46,10 @@ class EpisodeLimits:
     """The whole sequence: first observation, every turn and every later observation."""
     observation_tokens: int = 256
     """Longest observation kept; longer ones are cut to their first tokens."""
+    window: int | None = None
+    """Step-level samples: a turn is shown the first observation and the ``window`` turns before it with
+    their observations (``gyre.types.window_start``); ``context_tokens`` then bounds what one turn is
+    shown. None: the whole conversation so far."""
 
 
 @dataclass
@@ -58,7 +68,9 @@ class Episode:
     segments: list[Segment] = field(default_factory=list)
     turns: list[TurnRecord] = field(default_factory=list)
     context: list[int] = field(default_factory=list)
-    """Every token so far (prompt included): the next turn's prompt."""
+    """What the next turn is shown: the prompt and every token since (or its window's)."""
+    shown_from: int = 0
+    """Where ``context`` starts among the response tokens (past 0 only with a window)."""
     end: str = ""
     """How it ended: terminated, truncated (by the environment), turns, context; empty while running."""
     info: dict = field(default_factory=dict)
@@ -97,13 +109,23 @@ class Episode:
         if len(obs_ids) > self.limits.observation_tokens:
             obs_ids = obs_ids[:self.limits.observation_tokens]
             self.info["observations_cut"] = self.info.get("observations_cut", 0) + 1
-        if len(self.context) + len(obs_ids) >= self.limits.context_tokens:
+        if len(self.context) + len(obs_ids) - self._leaving() >= self.limits.context_tokens:
             self.end = "context"
             return None
         self.segments.append(Segment(obs_ids, [0.0] * len(obs_ids), None, trainable=False))
         self.context += obs_ids
+        self._slide()
         self._state = _key(step.observation)
         return self.request()
+
+    def _slide(self) -> None:
+        """Step-level samples: drop from the context the turns (and observations) that left the window."""
+        if self.limits.window is None:
+            return
+        start = window_start(self.turns, len(self.turns), self.limits.window)
+        prompt = len(self.prompt.prompt_ids)
+        del self.context[prompt:prompt + start - self.shown_from]
+        self.shown_from = start
 
     def trajectory(self) -> Trajectory:
         """The finished episode: its segments, and its return (the sum of turn rewards) as the reward."""
@@ -112,19 +134,27 @@ class Episode:
         finish = "length" if self.end in ("turns", "context", "truncated") else self.info.get("last_finish", "eos")
         info = {"turns": len(self.turns), "end": self.end, **{k: v for k, v in self.info.items() if k != "last_finish"}}
         return Trajectory(self.prompt, self.index, list(self.segments), "", finish,
-                          RewardResult(score, correct, info=info), "scored", turns=list(self.turns))
+                          RewardResult(score, correct, info=info), "scored", turns=list(self.turns),
+                          window=self.limits.window)
 
     def request(self) -> GenerationRequest:
         """The request for the next turn (again, after an engine lost it: the same stream). The context it
         carries must be the prompt and every recorded segment, token for token: what the model is shown
         is what will be trained on (checked every turn; a mismatch is a bug, not bad input)."""
-        if self.context != self.prompt.prompt_ids + [t for s in self.segments for t in s.token_ids]:
+        shown = [t for s in self.segments for t in s.token_ids][self.shown_from:]
+        if self.context != self.prompt.prompt_ids + shown:
             raise RuntimeError(f"episode {self.key}: its context no longer equals its recorded tokens")
         turn = len(self.turns)
         room = self.limits.context_tokens - len(self.context)
         params = dataclasses.replace(self.sampling, max_new_tokens=max(1, min(self.limits.turn_tokens, room)))
         return GenerationRequest(f"{self.key}#{turn}", list(self.context), params, n=1,
                                  seed=derive_seed(self.seed, "turn", self.index, turn))
+
+    def _leaving(self) -> int:
+        """Tokens the window drops before the next turn (0 without a window)."""
+        if self.limits.window is None:
+            return 0
+        return window_start(self.turns, len(self.turns), self.limits.window) - self.shown_from
 
     def _response_len(self) -> int:
         return sum(len(s.token_ids) for s in self.segments)

@@ -28,8 +28,8 @@ from gyre.algos.stats import RunningMoments, masked_mean, masked_whiten
 from gyre.algos.value import explained_variance
 from gyre.config.derive import RunPlan
 from gyre.config.schema import AlgorithmConfig, MismatchConfig
-from gyre.data.batching import GroupLayout, TurnLayout
-from gyre.types import Group, TrainBatch
+from gyre.data.batching import GroupLayout, RowMap, TurnLayout
+from gyre.types import Group, TrainBatch, Trajectory
 
 
 @dataclass
@@ -80,24 +80,25 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
     """Fill ``batch.advantages`` (and ``returns`` for a critic, ``scores``) and narrow
     ``batch.response_mask`` to the tokens that train. ``batch`` holds ``groups`` as ``collate_groups`` lays
     them out. Returns the stage's metrics."""
-    layout = GroupLayout.of(groups)
+    layout, rows = GroupLayout.of(groups), RowMap.of(groups, len(batch))
     trajectories = [t for g in groups for t in g.trajectories]
     raw = torch.tensor([t.reward.score for t in trajectories], dtype=torch.float32)
-    lengths = torch.tensor([len(t.response_ids) for t in trajectories])
     truncated = torch.tensor([t.finish_reason == "length" for t in trajectories])
     metrics: dict[str, float] = {}
     scores = raw
     if plan.overlong_cache_tokens:
-        penalty = soft_overlong_penalty(lengths, max_new_tokens, plan.overlong_cache_tokens)
+        penalty = soft_overlong_penalty(_model_lengths(trajectories), max_new_tokens, plan.overlong_cache_tokens)
         scores = raw + penalty
         metrics["reward/overlong_penalty"] = float(penalty.mean())
-    keep = _sample_keep(raw, truncated, a, layout, metrics)
+    keep = rows.expand(_sample_keep(raw, truncated, a, layout, metrics))
     rewards = _response_rewards(scores, groups, a, state, layout)
     if a.reward_clip is not None:
         rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
     resp = batch.response_mask
-    level = _turn_advantages if state.estimator.turns is not None else _token_advantages
-    adv, returns = level(batch, groups, rewards, a, state, metrics)
+    if state.estimator.turns is not None:
+        adv, returns = _turn_advantages(batch, groups, rows, rewards, a, state), None
+    else:
+        adv, returns = _token_advantages(batch, rows.expand(rewards), a, state, metrics)
     if returns is not None:  # the critic's regression targets
         batch.returns = returns
         metrics["critic/explained_variance"] = explained_variance(batch.values, returns, resp)
@@ -109,34 +110,43 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
         adv = adv.clamp(-a.advantage_clip, a.advantage_clip)
     batch.advantages = adv * final
     batch.response_mask = final
-    batch.scores = scores
+    batch.scores = rows.expand(scores)
     metrics.update(_advantage_stats(batch.advantages, final))
     return metrics
 
 
-def _token_advantages(batch: TrainBatch, groups: list[Group], rewards: torch.Tensor, a: AlgorithmConfig,
-                      state: AlgorithmState, metrics: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The outcome on each row's last model token, minus the KL penalty, through the token-level estimator."""
+def _model_lengths(trajectories: list[Trajectory]) -> torch.Tensor:
+    """[E] what the overlong penalty measures: the response's length, or for a multi-turn trajectory its
+    longest model turn (each turn has the length budget; observations are not the model's)."""
+    return torch.tensor([max(t.end - t.start for t in tr.turns) if tr.turns else len(tr.response_ids)
+                         for tr in trajectories])
+
+
+def _token_advantages(batch: TrainBatch, rewards: torch.Tensor, a: AlgorithmConfig, state: AlgorithmState,
+                      metrics: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's outcome ([B] ``rewards``) on its last model token, minus the KL penalty, through the
+    token-level estimator."""
     token_rewards = outcome_token_rewards(rewards, batch.response_mask)
     token_rewards = _kl_penalty(batch, token_rewards, a, state, metrics)
     return state.estimator.advantages(token_rewards, batch.values, batch.response_mask, a.gamma, a.lam)
 
 
-def _turn_advantages(batch: TrainBatch, groups: list[Group], rewards: torch.Tensor, a: AlgorithmConfig,
-                     state: AlgorithmState, metrics: dict) -> tuple[torch.Tensor, None]:
-    """One advantage per model turn (``TurnRecord`` rewards and states), spread over the turn's tokens."""
-    turns = TurnLayout.of(groups)
-    single = [t for g in groups for t in g.trajectories if not t.turns]
+def _turn_advantages(batch: TrainBatch, groups: list[Group], rows: RowMap, rewards: torch.Tensor,
+                     a: AlgorithmConfig, state: AlgorithmState) -> torch.Tensor:
+    """One advantage per model turn (``TurnRecord`` rewards and states, [E] response-level ``rewards``),
+    spread over the turn's tokens in the rows that train it."""
+    every = [t for g in groups for t in g.trajectories]
+    single = [t for t in every if not t.turns]
     if single:
         whole = [n for n in ESTIMATORS.names if ESTIMATORS.get(n).turns is None]
         raise ValueError(f"algorithm.estimator={a.estimator} assigns credit to the turns of multi-turn episodes, but "
-                         f"{len(single)} of {len(batch)} trajectories have no turns (e.g. {single[0].prompt.uid}#"
+                         f"{len(single)} of {len(every)} trajectories have no turns (e.g. {single[0].prompt.uid}#"
                          f"{single[0].sample_index}, a single response); learn from an environment, or choose a "
                          f"trajectory-level estimator ({', '.join(whole)})")
-    turn_rewards, mask, states = turns.padded()
+    turn_rewards, mask, states = TurnLayout.of(groups).padded()
     inputs = TurnBatch(turn_rewards, mask, rewards, GroupLayout.of(groups).group_index(), states)
     per_turn = state.estimator.turns(inputs, a.turn_spec)
-    return turns.broadcast(per_turn.to(torch.float32), batch.response_mask.shape[1]), None
+    return rows.broadcast(per_turn.to(torch.float32), batch.response_mask.shape[1])
 
 
 def _sample_keep(raw: torch.Tensor, truncated: torch.Tensor, a: AlgorithmConfig, layout: GroupLayout,

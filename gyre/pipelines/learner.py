@@ -70,8 +70,9 @@ class Learner:
 
     def minibatches(self, batch: TrainBatch, step: int, ranks: int) -> tuple[list[list[TrainBatch]], list]:
         """Per-rank shards of every optimizer step's mini-batch (epochs x shuffled mini-batches) and each
-        step's global loss denominator. Policy and critic see the same mini-batches."""
-        mini = self.plan.mini_batch_size
+        step's global loss denominator. Policy and critic see the same mini-batches; their count is fixed,
+        their rows are the batch's share (step-level samples make batches of varying size)."""
+        mini = len(batch) * self.plan.mini_batch_size // self.plan.rollout_batch
         per_rank: list[list[TrainBatch]] = [[] for _ in range(ranks)]
         denoms = []
         for epoch in range(self.cfg.policy.epochs):

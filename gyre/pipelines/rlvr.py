@@ -116,7 +116,7 @@ class RLVRPipeline:
         timer.update(generate=rollout.times.generate, reward=rollout.times.reward)
         trajectories = rollout.trajectories
         reward_stats = self.reward_metrics(trajectories)
-        batch, _ = collate_groups(rollout.groups, self.data.pad_id)
+        batch, _ = collate_groups(rollout.groups, self.data.pad_id, self.plan.rows_multiple)
         with _phase(timer, "logprobs"):
             self.learner.score(batch)
         algo_metrics = self.compute_advantages(rollout.groups, batch)
@@ -129,7 +129,7 @@ class RLVRPipeline:
         # Samples carry the version that generated them; the policy trained them at version step - 1.
         sample_version = min(t.weight_version for t in trajectories)
         versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
-                    "weight_version": self.rollout.version}
+                    "weight_version": self.rollout.version, "batch/rows": len(batch)}
         faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries,
                   "fault/rollout_engine_deaths": self.rollout.driver.engine_deaths,
                   "fault/rollout_engine_hangs": self.rollout.driver.engine_hangs}
@@ -154,8 +154,9 @@ class RLVRPipeline:
     def compute_advantages(self, groups: list[Group], batch: TrainBatch) -> dict:
         """Advantages, returns and loss masks (``gyre.pipelines.advantage``), group statistics over ``groups``."""
         keep, metrics = correct_mismatch(batch, self.cfg.algorithm.mismatch)
-        metrics.update(estimate_advantages(batch, groups, self.cfg.algorithm, self.plan, self.algo_state,
-                                           self.cfg.rollout.sampling.max_new_tokens, keep))
+        env = self.cfg.env
+        budget = env.turn_tokens if env is not None else self.cfg.rollout.sampling.max_new_tokens  # per response
+        metrics.update(estimate_advantages(batch, groups, self.cfg.algorithm, self.plan, self.algo_state, budget, keep))
         return metrics
 
     def idle_fractions(self, timer: dict[str, float], engine_busy: list[float]) -> dict[str, float]:
@@ -231,7 +232,7 @@ def episode_runners(cfg: RLVRConfig, data, envs: EnvPool | None):
     if cfg.env is None:
         return None
     e = cfg.env
-    limits = EpisodeLimits(e.max_turns, e.turn_tokens, e.context_tokens, e.observation_tokens)
+    limits = EpisodeLimits(e.max_turns, e.turn_tokens, e.context_tokens, e.observation_tokens, e.window)
 
     def make(sampling: SamplingParams) -> EpisodeRunner:
         return EpisodeRunner(envs.slots, data.builder, limits, sampling, env_seed=lambda g: int(g.prompt.ground_truth),
@@ -250,6 +251,7 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
         max_draws=math.ceil(ds.max_draws * r.prompts_per_step) if ds else None,
         tail=TailSpec(tail.eta_prompts, tail.eta_samples) if tail else None,
         extra_samples=cfg.env.extra_samples if cfg.env is not None else 0,
+        restart_stale=cfg.env is not None and cfg.env.stale_episodes == "restart",
         lockstep=r.async_ratio > 0 and r.async_mode == "lockstep")
 
 

@@ -29,7 +29,7 @@ from gyre.envs.episode import Episode, EpisodeLimits
 from gyre.envs.protocol import EnvFailure, EnvReset, EnvStep
 from gyre.rollout.requests import RequestBook
 from gyre.seeding import derive_seed
-from gyre.types import GenerationResult, Group, SamplingParams, Trajectory
+from gyre.types import GenerationResult, Group, SamplingParams, Trajectory, WeightVersion
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ class _Live:
     """Its turn being sampled, if any."""
     in_env: bool = False
     """An environment call of it is outstanding."""
+    started: WeightVersion | None = None
+    """The policy version when its first turn was asked for (its start version: staleness counts from it)."""
 
 
 class EpisodeRunner:
@@ -102,6 +104,8 @@ class EpisodeRunner:
         self.outbox: list = []
         self.stats: dict[str, float] = {}
         self.turn_sync = turn_sync
+        self.version: WeightVersion = 0
+        """The policy version the engines hold (set by the scheduler)."""
         self._held_turns: list = []
         self._held_steps: list = []
 
@@ -127,6 +131,22 @@ class EpisodeRunner:
         self.failures.pop(group_id, None)
         self._start_waiting()
         self._pass_barriers()
+
+    def restart(self, group: Group, oldest: WeightVersion, replace: int = 0) -> int:
+        """Restart the group's running episodes that started before ``oldest`` (from reset, on the same
+        environment seed, under the current weights) and launch ``replace`` more; returns how many restarted."""
+        stale = [k for k, live in self.live.items()
+                 if live.group == group.group_id and live.started is not None and live.started < oldest]
+        for key in stale:
+            self._drop(key)
+        self.waiting = deque(k for k in self.waiting if k in self.live)
+        self.launch(group, len(stale) + replace)
+        self._pass_barriers()
+        return len(stale)
+
+    def start_versions(self, group_id: str) -> list[WeightVersion]:
+        """Start versions of the group's running episodes that have asked for a turn."""
+        return [live.started for live in self.live.values() if live.group == group_id and live.started is not None]
 
     def on_env(self, results: list[EnvResult]) -> Outcome:
         out = Outcome()
@@ -207,6 +227,8 @@ class EpisodeRunner:
 
     def _ask(self, key: str, request) -> None:
         live = self.live[key]
+        if live.started is None:
+            live.started = self.version
         if self.turn_sync:
             self._held_turns.append((key, request))
             return

@@ -132,3 +132,18 @@ def test_a_run_has_data_or_an_environment():
     assert cfg.data is None and cfg.env.kwargs == {"width": 5}
     with pytest.raises(ConfigError, match="env.turn_tokens"):
         load_config(None, ["model.path=m", "env.id=gyre:sokoban", "env.turn_tokens=900", "env.context_tokens=800"])
+
+
+def test_step_level_samples_plan():
+    def env_plan(*overrides):
+        cfg = load_config(None, ["model.path=m", "env.id=gyre:sokoban", "rollout.devices=[0]", "policy.devices=[1,2]",
+                                 "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4",
+                                 "policy.mini_batch_size=8", *overrides])
+        return make_plan(cfg, "cpu", 4)
+
+    plan = env_plan("env.samples=step", "env.history_turns=1")
+    assert plan.rows_multiple == 2 * 2  # 2 mini-batches x 2 ranks
+    assert not any("history_turns" in n for n in plan.notes)
+    assert any("env.history_turns=3: no effect" in n for n in env_plan("env.history_turns=3").notes)
+    with pytest.raises(ConfigError, match="env.samples=step trains every turn as a sequence of its own"):
+        env_plan("env.samples=step", "algorithm=ppo")

@@ -124,19 +124,25 @@ def test_ppo_with_a_critic_role_warms_up_checkpoints_and_resumes(ray_local, tiny
     assert [r["step"] for r in records] == [1, 2, 3, 4] and math.isfinite(records[-1]["critic/value_loss"])
 
 
-def test_an_agentic_run_plays_environments_turn_by_turn(ray_local, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("samples", ["trajectory", "step"])
+def test_an_agentic_run_plays_environments_turn_by_turn(ray_local, tiny_model_dir, tmp_path, samples):
     """A multi-turn run on a built-in game: environment workers host the games, episodes are sampled
-    turn by turn, the episode return is the reward, and validation plays fixed seeds."""
+    turn by turn, the episode return is the reward, and validation plays fixed seeds. Step-level samples
+    train one row per turn (with GiGPO), padded to equal shares of two ranks' two mini-batches."""
+    mode = ["env.samples=step", "env.history_turns=1", "algorithm.estimator=gigpo", "policy.mini_batch_size=4"] \
+        if samples == "step" else []
     cfg = load_config(None, [
         f"run.output_dir={tmp_path / 'run'}", "run.steps=2", "run.seed=1", f"model.path={tiny_model_dir}",
         "env.id=gyre:guess_number", "env.kwargs={low: 1, high: 8}", "env.max_turns=3", "env.turn_tokens=12",
         "env.context_tokens=400", "env.slots_per_worker=8", "env.val_episodes=4", "rollout.devices=[0,1]",
         "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "policy.devices=[0,1]",
-        "policy.micro_batch_size=4", "validation.every=2", "logging.progress=false"])
+        "policy.micro_batch_size=4", "validation.every=2", "logging.progress=false", *mode])
     launch.train(cfg)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in train] == [1, 2] and "val/accuracy" in records[0] and "val/accuracy" in train[-1]
     for r in train:
         assert r["env/steps"] >= 8 and r["rollout/groups_admitted"] == 2
+        rows = r["batch/rows"]
+        assert rows == 8 if samples == "trajectory" else (rows >= 8 and rows % 4 == 0)  # a row per turn
         assert -0.1 <= r["reward/mean"] <= 1.0  # a format penalty at worst, a win at best

@@ -1,11 +1,13 @@
 """The advantage stage on hand-made multi-turn trajectories: turn-level estimators chosen by config, their
 advantages on each turn's tokens (never on the prompt or the observations), and trajectory-level ones."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from gyre.config.schema import AlgorithmConfig
-from gyre.data.batching import TurnLayout, collate_groups
+from gyre.data.batching import RowMap, TurnLayout, collate_groups
 from gyre.pipelines.advantage import AlgorithmState, estimate_advantages
 from gyre.types import Group, PromptRecord, RewardResult, Segment, Trajectory, TurnRecord
 from tests.pipelines.test_advantage import sample, stage
@@ -34,23 +36,29 @@ def group(uid, *trajectories):
     return Group(uid, trajectories[0].prompt, len(trajectories), 0, 0, list(trajectories))
 
 
-def advantages(groups, **knobs):
-    """Run the stage with an algorithm section of ``knobs``; returns the batch. (A run that learns from
-    prompts refuses turn-level estimators, so the algorithm section is built on its own here.)"""
+def stepwise(groups, window=1):
+    """The same episodes as step-level samples (one row per model turn, shown ``window`` turns before it)."""
+    return [Group(g.group_id, g.prompt, g.size, g.seed, g.admitted_version,
+                  [dataclasses.replace(t, window=window) for t in g.trajectories]) for g in groups]
+
+
+def advantages(groups, multiple=1, **knobs):
+    """Run the stage with an algorithm section of ``knobs`` on a batch padded to ``multiple`` rows; returns
+    the batch. (A run that learns from prompts refuses turn-level estimators, so the algorithm section is
+    built on its own here.)"""
     _, plan = stage()
     a = AlgorithmConfig(**knobs)
-    batch, _ = collate_groups(groups, 0)
+    batch, _ = collate_groups(groups, 0, multiple)
     estimate_advantages(batch, groups, a, plan, AlgorithmState.create(a), 16)
     return batch
 
 
 def turn_values(batch, groups):
     """Per row, the advantage on each turn's tokens (asserting it is constant within the turn)."""
-    layout = TurnLayout.of(groups)
     rows = []
-    for i, spans in enumerate(layout.spans):
+    for i, spans in enumerate(RowMap.of(groups).turns):
         values = []
-        for start, end in spans:
+        for _, start, end in spans:
             turn = batch.advantages[i, start:end]
             assert torch.allclose(turn, turn[0].expand_as(turn))
             values.append(turn[0].item())
@@ -60,10 +68,9 @@ def turn_values(batch, groups):
 
 def assert_only_model_tokens(batch, groups):
     """Prompt, observations and padding carry no advantage and no loss."""
-    layout = TurnLayout.of(groups)
     on_turns = torch.zeros_like(batch.advantages, dtype=torch.bool)
-    for i, spans in enumerate(layout.spans):
-        for start, end in spans:
+    for i, spans in enumerate(RowMap.of(groups).turns):
+        for _, start, end in spans:
             on_turns[i, start:end] = True
     assert (batch.advantages[~on_turns] == 0).all()
     assert torch.equal(batch.response_mask.bool(), on_turns)
@@ -76,11 +83,11 @@ GEM = [group("g0", episode(0, [(2, -0.05, "a"), (3, -0.05, "b"), (1, 1.0, "c")])
 
 def test_turn_layout_maps_offsets_like_collate():
     t = GEM[0].trajectories[0]
-    layout = TurnLayout.of(GEM)
+    layout, rows = TurnLayout.of(GEM), RowMap.of(GEM)
     # Response: turn [0, 2), observation [2, 4), turn [4, 7), observation [7, 9), turn [9, 10); prompt 2 tokens.
-    assert layout.spans[0] == ((2, 4), (6, 9), (11, 12))
+    assert rows.turns[0] == ((0, 2, 4), (1, 6, 9), (2, 11, 12)) and rows.trajectory == (0, 1)
     batch, _ = collate_groups(GEM, 0)
-    for (start, end), turn in zip(layout.spans[0], t.turns):
+    for (_, start, end), turn in zip(rows.turns[0], t.turns):
         assert batch.input_ids[0, start:end].tolist() == t.response_ids[turn.start:turn.end]
         assert batch.response_mask[0, start:end].tolist() == [1.0] * (end - start)
     rewards, mask, states = layout.padded()
@@ -153,14 +160,32 @@ def test_chunk_returns_ipa_example_and_group_normalised():
     assert_only_model_tokens(batch, groups)
 
 
-def test_trajectory_level_grpo_on_a_multi_turn_group():
+@pytest.mark.parametrize("steps", [False, True])
+def test_trajectory_level_grpo_on_a_multi_turn_group(steps):
     # The episode return is the trajectory's reward: R = [1, 0] -> +-0.70711 on every model token of the
-    # trajectory (the outcome is carried back over the observations, which get nothing).
+    # trajectory (the outcome is carried back over the observations, which get nothing); as step-level
+    # samples, on every turn's row.
     groups = [group("g0", episode(0, [(2, 0.5, "a"), (3, 0.5, "b")]), episode(1, [(1, 0.0, "a"), (2, 0.0, "c")]))]
+    if steps:
+        groups = stepwise(groups)
+        batch = advantages(groups, estimator="reinforce")
+        assert turn_values(batch, groups) == [[pytest.approx(x, abs=1e-5)] for x in [0.70711] * 2 + [-0.70711] * 2]
+        assert_only_model_tokens(batch, groups)
+        return
     batch = advantages(groups, estimator="reinforce")
     assert turn_values(batch, groups) == [pytest.approx([0.70711] * 2, abs=1e-5),
                                           pytest.approx([-0.70711] * 2, abs=1e-5)]
     assert_only_model_tokens(batch, groups)
+
+
+@pytest.mark.parametrize("window", [0, 1, 2])
+def test_step_level_rows_get_the_advantages_their_turns_get_in_the_whole_trajectory(window):
+    # GEM's step returns (gamma 0.9), one row per turn, padded to 8 rows (the padding trains nothing).
+    steps = stepwise(GEM, window)
+    batch = advantages(steps, multiple=8, estimator="step_returns", norm_mean="none", norm_std="none", gamma=0.9)
+    assert len(batch) == 8 and batch.response_mask[5:].sum() == 0 and batch.advantages[5:].abs().sum() == 0
+    assert turn_values(batch, steps) == [[pytest.approx(x)] for x in (0.715, 0.85, 1.0, -0.095, -0.05)]
+    assert_only_model_tokens(batch, steps)
 
 
 def test_a_single_turn_batch_is_refused_by_turn_estimators():
@@ -169,3 +194,15 @@ def test_a_single_turn_batch_is_refused_by_turn_estimators():
                                          r"of 2 trajectories have no turns \(e.g. p0#0.*\(reinforce, rloo, "
                                          r"reinforce_pp_baseline, gae\)"):
         advantages(groups, estimator="rebn", norm_mean="none", norm_std="none")
+
+
+def test_the_overlong_penalty_measures_an_episodes_longest_turn():
+    # Turn budget 4, L_cache 0.5 x 4 = 2: an episode whose longest turn has 3 tokens gets (2 - 3) / 2 = -0.5,
+    # though its 10 response tokens (observations included) would be far past the budget; one of 2-token
+    # turns gets nothing.
+    _, plan = stage("algorithm.overlong_penalty_frac=0.5", max_new=4)
+    groups = [group("g0", episode(0, [(2, 1.0, "a"), (3, 0.0, "b")]), episode(1, [(2, 1.0, "a"), (2, 0.0, "c")]))]
+    a = AlgorithmConfig(estimator="reinforce", norm_mean="none", norm_std="none")
+    batch, _ = collate_groups(groups, 0)
+    metrics = estimate_advantages(batch, groups, a, plan, AlgorithmState.create(a), 4)
+    assert batch.scores.tolist() == [0.5, 1.0] and metrics["reward/overlong_penalty"] == -0.25

@@ -3,6 +3,7 @@ environments (the built-in number game) in a random order, failing some environm
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -86,9 +87,10 @@ class EnvWorld:
         return batch
 
 
-def scheduler(slots: int, extra: int = 0, alpha: float = 0.0, turn_sync: bool = False) -> RolloutScheduler:
+def scheduler(slots: int, extra: int = 0, alpha: float = 0.0, turn_sync: bool = False,
+              restart: bool = False) -> RolloutScheduler:
     spec = ScheduleSpec(3, 2, SamplingParams(max_new_tokens=12), run_seed=5, async_ratio=alpha, replicate=True,
-                        extra_samples=extra)
+                        extra_samples=extra, restart_stale=restart)
     runner = EpisodeRunner(SlotPool(slots), ContextBuilder(TOKENIZER, use_template=False),
                            EpisodeLimits(max_turns=4, turn_tokens=12, context_tokens=400), spec.sampling,
                            turn_sync=turn_sync)
@@ -154,17 +156,51 @@ def test_redundant_episodes_are_stopped_once_a_group_has_its_size():
     assert len(runner.slots.free) == 10 - sum(live.slot is not None for live in runner.live.values())
 
 
-@pytest.mark.parametrize("alpha", [1, 2])
-def test_asynchronous_episodes_stay_inside_the_window(alpha):
-    world = EnvWorld(scheduler(slots=6, alpha=alpha), random.Random(alpha))
+@pytest.mark.parametrize("restart", [False, True])
+@pytest.mark.parametrize("alpha", [0.5, 1, 2])
+def test_asynchronous_episodes_stay_inside_the_window(alpha, restart):
+    """Every episode trained started within the window; an episode that left it cost its group (abort) or
+    was restarted from reset (restart: no group is lost)."""
+    world = EnvWorld(scheduler(slots=6, alpha=alpha, restart=restart), random.Random(alpha))
     source = iter(seeds(200))
-    for step in range(1, 7):
+    totals: dict[str, float] = {}
+    for step in range(1, 9):
         batch = world.run_until_ready(step, lambda k: [next(source) for _ in range(k)])
         check_batch(world, batch)
-        assert world.sched.take_stats()["staleness/violations"] == 0
-        for _ in range(world.rng.randrange(20)):  # the rollout goes on while the policy trains
+        stats = world.sched.take_stats()
+        assert stats["staleness/violations"] == 0
+        assert all(step - 1 - t.weight_version <= math.ceil(alpha) for g in batch for t in g.trajectories)
+        for key in ("rollout/groups_expired", "env/episodes_restarted"):
+            totals[key] = totals.get(key, 0) + stats.get(key, 0)
+        for _ in range(world.rng.randrange(40)):  # the rollout goes on while the policy trains
             world.step()
             world.sched.admit(step + 1, lambda k: [next(source) for _ in range(k)])
+    assert totals["rollout/groups_expired" if restart else "env/episodes_restarted"] == 0
+
+
+def test_episodes_that_left_the_window_restart_from_reset_and_their_groups_live_on():
+    world = EnvWorld(scheduler(slots=6, alpha=1, restart=True), random.Random(7))
+    source = iter(seeds(100))
+    world.sched.admit(1, lambda k: [next(source) for _ in range(k)])  # 4 groups of 3 episodes, 6 slots
+    runner = world.sched.episodes
+    while not any(f.group.trajectories for f in world.sched.flights.values()):
+        assert world.step()
+    finished = sum(len(f.group.trajectories) for f in world.sched.flights.values())
+    started = sum(live.started == 0 for live in runner.live.values())
+    groups = set(world.sched.flights)
+    world.sched.on_published(1)
+    world.sched.on_published(2)  # alpha 1: what version 0 sampled can no longer train
+    stats = world.sched.take_stats()
+    assert stats["env/episodes_restarted"] == finished + started and not stats.get("rollout/groups_expired")
+    assert set(world.sched.flights) == groups and not any(f.group.trajectories for f in world.sched.flights.values())
+    assert all(f.group.admitted_version >= 1 for f in world.sched.flights.values())
+    assert all(live.started is None for live in runner.live.values())
+    while not world.sched.buffer.entries:
+        assert world.step()
+    (_, group), = world.sched.buffer.entries
+    assert group.group_id in groups and {t.weight_version for t in group.trajectories} == {2}  # sampled since
+    firsts = {tuple(t.prompt.prompt_ids) for t in group.trajectories}
+    assert len(firsts) == 1  # restarted on the same environment seed
 
 
 def test_turn_synchronised_batching_never_samples_while_an_environment_steps():
