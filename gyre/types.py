@@ -58,6 +58,9 @@ class PromptRecord:
     """The reward domain that scores it (from its tag; see ``gyre.data.domains``)."""
     question: str = ""
     """What was asked, without any chat template (the text a judge or a reward function reads)."""
+    columns: dict = dataclasses.field(default_factory=dict)
+    """The row's other columns, plain JSON-able values: reward functions get them as keyword arguments
+    (see ``gyre.rewards.base.call_reward``)."""
 
 
 @dataclass

@@ -24,10 +24,15 @@ def test_init_model_and_init_data(tmp_path, capsys):
 def test_check_prints_config_and_plan(tmp_path, tiny_model_dir, arithmetic_data, capsys):
     args = ["check", "gyre/recipes/quickstart.yaml", f"model.path={tiny_model_dir}",
             f"data.train_files=[{arithmetic_data['train']}]", f"data.val_files=[{arithmetic_data['val']}]",
-            f"sft_warmup.train_files=[{arithmetic_data['sft']}]", "cluster.cpu_slots=2"]
+            f"sft_warmup.train_files=[{arithmetic_data['sft']}]", "cluster.cpu_slots=2", "data.max_prompt_tokens=5",
+            "data.overlong_prompts=truncate_left"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "# resolved configuration" in out and "layout hybrid" in out and "rollout batch" in out
+    # Every arithmetic prompt ("67+38=") is one character over: all are cut, and counted.
+    total = sum(len(open(arithmetic_data[k]).readlines()) for k in ("train", "val"))
+    assert (f"held-out prompts ({total} truncated to their last 5 tokens: longer than data.max_prompt_tokens=5)"
+            in out)
 
 
 def test_errors_are_one_clear_line(tmp_path, tiny_model_dir, arithmetic_data, capsys):

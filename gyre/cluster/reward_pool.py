@@ -246,7 +246,8 @@ class RewardPool:
         if scorer.adaptive is not None:
             options = {"timeout_s": scorer.adaptive.timeout_for(p.uid), "case_key": p.uid}
         # Rewards read the question as written; the chat-templated text is what the policy saw.
-        return RewardRequest(sample.response_text, p.ground_truth, p.question or p.prompt_text, p.tag, options)
+        return RewardRequest(sample.response_text, p.ground_truth, p.question or p.prompt_text, p.tag, options,
+                             p.columns)
 
     def _budget(self, scorer: DomainScorer, requests: list[RewardRequest]) -> float:
         if scorer.runner is None:

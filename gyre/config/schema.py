@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator
 from gyre.algos.agentic import TurnSpec
@@ -25,6 +25,7 @@ from gyre.config.base import (
     UnitFloat,
     section_from_spec,
 )
+from gyre.config.data_schema import DataConfig, DataSource
 from gyre.config.env_schema import EnvConfig
 from gyre.config.presets import algorithm_problems, expand_preset
 from gyre.config.reward_schema import RewardConfig
@@ -78,24 +79,6 @@ class ModelConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
-
-
-class DataConfig(StrictModel):
-    train_files: list[str]
-    """JSONL or Parquet files; each row has `prompt` (text) or `messages` (chat), `ground_truth`, optional `tag`."""
-    val_files: list[str] = []
-    max_prompt_tokens: PositiveInt = 512
-    chat_template: Literal["auto", "always", "never"] = "auto"
-    """auto: use the tokenizer's chat template when it has one; chat `messages` rows always need one."""
-    shuffle: bool = True
-    max_val_prompts: PositiveInt | None = None
-
-    @field_validator("train_files")
-    @classmethod
-    def _non_empty(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError("data.train_files must name at least one JSONL or Parquet file")
-        return value
 
 
 class SamplingConfig(StrictModel):
@@ -418,8 +401,9 @@ class LoggingConfig(StrictModel):
 class SFTConfig(StrictModel):
     """Supervised warm-up before RL (or a standalone SFT run)."""
 
-    train_files: list[str]
-    """JSONL or Parquet rows with `prompt` or `messages`, and the target `response`."""
+    train_files: list[DataSource]
+    """Rows with `prompt` (text or chat) or `messages`, and the target `response`; files, directories,
+    globs or {dataset: ...} entries, as for data.train_files."""
     steps: PositiveInt = 100
     batch_size: PositiveInt = 32
     """Samples per optimizer step across all ranks."""

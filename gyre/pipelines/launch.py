@@ -38,8 +38,7 @@ def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], Non
         if cfg.env is not None:
             echo(f"env: {cfg.env.id} built and reset once; {len(data.val_prompts)} validation seeds")
         else:
-            echo(f"data: {len(data.train)} training prompts, {len(data.val_prompts)} held-out prompts"
-                 + (f" ({data.dropped_long} dropped: longer than data.max_prompt_tokens)" if data.dropped_long else ""))
+            echo(_describe_data(cfg, data))
         check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
         probe.check(data.train)
     if address:
@@ -50,6 +49,12 @@ def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], Non
             runtime.shutdown()
     echo(format_plan(cfg, plan))
     return plan
+
+
+def _describe_data(cfg: RLVRConfig, data) -> str:
+    """The data line ``check`` and ``train`` print: prompt counts, and the over-long ones dropped or cut."""
+    return (f"data: {len(data.train)} training prompts, {len(data.val_prompts)} held-out prompts"
+            + data.overlong.describe(cfg.data.max_prompt_tokens))
 
 
 def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
@@ -64,6 +69,8 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
     start = decide_start(cfg.run.output_dir, mode)
     with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
         data = load_data(cfg)
+        if cfg.data is not None:
+            echo(_describe_data(cfg, data))
         check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
         probe.check(data.train)
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gyre.config.data_schema import DataSource
 from gyre.config.derive import RunPlan, detect_local_devices, make_plan
 from gyre.config.schema import RLVRConfig
 from gyre.models.loading import check_model_dir
@@ -26,15 +27,24 @@ def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
         cfg.model.tokenizer_path = absolute(cfg.model.tokenizer_path)
     if cfg.critic.model_path:
         cfg.critic.model_path = absolute(cfg.critic.model_path)
+
+    def source(entry: DataSource) -> DataSource:
+        """Files, directories and globs made absolute; a dataset's path too when it is a local one."""
+        if isinstance(entry, str):
+            return absolute(entry)
+        if Path(entry.dataset).expanduser().exists():
+            return entry.model_copy(update={"dataset": absolute(entry.dataset)})
+        return entry  # a Hub id
+
     if cfg.data is not None:
-        cfg.data.train_files = [absolute(f) for f in cfg.data.train_files]
-        cfg.data.val_files = [absolute(f) for f in cfg.data.val_files]
+        cfg.data.train_files = [source(f) for f in cfg.data.train_files]
+        cfg.data.val_files = [source(f) for f in cfg.data.val_files]
     if cfg.env is not None and cfg.env.id.rpartition(":")[0].endswith(".py"):
         target, _, name = cfg.env.id.rpartition(":")
         cfg.env.id = f"{absolute(target)}:{name}"
     cfg.run.output_dir = Path(absolute(str(cfg.run.output_dir)))
     if cfg.sft_warmup is not None:
-        cfg.sft_warmup.train_files = [absolute(f) for f in cfg.sft_warmup.train_files]
+        cfg.sft_warmup.train_files = [source(f) for f in cfg.sft_warmup.train_files]
     for domain in cfg.reward.domains.values():
         fn = domain.function
         if fn and fn.rpartition(":")[0].endswith(".py"):

@@ -88,7 +88,8 @@ class RewardProbe:
             truth_scores = []
             for row in [r for r in train if r.domain == name][:PROBE_ROWS]:
                 for response in (row.ground_truth, ""):
-                    request = RewardRequest(response, row.ground_truth, row.question or row.prompt_text, row.tag)
+                    request = RewardRequest(response, row.ground_truth, row.question or row.prompt_text, row.tag,
+                                            columns=row.columns)
                     result = _score_one(cfg, name, runner, request)
                     _check_probe(cfg, name, row, request, result)
                     truth_scores += [result.score] if response else []

@@ -7,8 +7,9 @@ import json
 from dataclasses import dataclass, field
 
 from gyre.config.schema import RLVRConfig
+from gyre.data.columns import ColumnMap
 from gyre.data.domains import DomainSampler, route_domains
-from gyre.data.prompts import PromptRenderer, load_prompts
+from gyre.data.prompts import OverlongCount, PromptRenderer, load_prompts
 from gyre.data.sampler import EpochSampler
 from gyre.envs.context import ContextBuilder
 from gyre.models.loading import load_tokenizer
@@ -25,18 +26,21 @@ class RunData:
     train_sampler: EpochSampler | DomainSampler
     """Plain epochs over all prompts, or per-domain epochs mixed by the configured ratios."""
     pad_id: int
-    dropped_long: int
+    overlong: OverlongCount
+    """Prompts over data.max_prompt_tokens, dropped or truncated (training and held-out together)."""
 
     @classmethod
     def load(cls, cfg: RLVRConfig) -> RunData:
+        d = cfg.data
         tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
-        renderer = PromptRenderer(tokenizer, cfg.data.chat_template)
-        train, dropped = load_prompts(cfg.data.train_files, renderer, cfg.data.max_prompt_tokens)
+        renderer = PromptRenderer(tokenizer, d.chat_template, d.system_prompt, d.chat_template_kwargs)
+        columns = ColumnMap.from_config(d)
+        train, overlong = load_prompts(d.train_files, renderer, d.max_prompt_tokens, columns, d.overlong_prompts)
         val: list[PromptRecord] = []
-        if cfg.data.val_files:
-            val, more = load_prompts(cfg.data.val_files, renderer, cfg.data.max_prompt_tokens)
-            dropped += more
-            val = val[:cfg.data.max_val_prompts] if cfg.data.max_val_prompts else val
+        if d.val_files:
+            val, more = load_prompts(d.val_files, renderer, d.max_prompt_tokens, columns, d.overlong_prompts)
+            overlong += more
+            val = val[:d.max_val_prompts] if d.max_val_prompts else val
         for records in (train, val):
             route_domains(records, cfg.reward)
         shares = {name: d.ratio for name, d in cfg.reward.domains.items() if d.ratio is not None}
@@ -44,7 +48,7 @@ class RunData:
             sampler = DomainSampler(train, shares, cfg.run.seed, cfg.data.shuffle)
         else:
             sampler = EpochSampler(len(train), seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        return cls(tokenizer, renderer, train, val, sampler, int(tokenizer.pad_token_id), dropped)
+        return cls(tokenizer, renderer, train, val, sampler, int(tokenizer.pad_token_id), overlong)
 
     def next_train_prompts(self, k: int) -> list[PromptRecord]:
         return [self.train[i] for i in self.train_sampler.take(k)]
@@ -102,7 +106,7 @@ class EnvRunData:
     pad_id: int
     train: list = field(default_factory=list)
     """No finite prompt list (empty, for the checks that read one)."""
-    dropped_long: int = 0
+    overlong: OverlongCount = field(default_factory=OverlongCount)
 
     @classmethod
     def load(cls, cfg: RLVRConfig) -> EnvRunData:

@@ -1,12 +1,19 @@
 """The reward-function contract and how a config names one.
 
 A reward function is any callable ``fn(response: str, ground_truth: str, **kwargs) -> float | bool |
-RewardResult``; it may also accept ``prompt`` and ``tag`` keyword arguments. A config names it as
-"package.module:function" or "path/to/file.py:function".
+RewardResult``. A config names it as "package.module:function" or "path/to/file.py:function".
+
+Keyword arguments, as in TRL, are the prompt row's data columns other than the prompt, answer and tag
+(``PromptRecord.columns``), then ``prompt`` (the question as written) and ``tag``. A function gets
+only the names its signature takes (or all of them with ``**kwargs``), so one written for other data
+keeps working. The domain's configured ``kwargs`` and per-request options override a column of the
+same name. Columns named ``response``, ``ground_truth``, ``prompt`` or ``tag``, or like the function's
+first two parameters (which take the response and ground truth by position), are never passed.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -34,6 +41,12 @@ class RewardRequest:
     tag: str | None = None
     options: dict = field(default_factory=dict)
     """Per-request keyword arguments on top of the domain's (e.g. an adaptive code timeout)."""
+    columns: dict = field(default_factory=dict)
+    """The prompt row's other data columns; each is passed when the function takes its name."""
+
+
+RESERVED = frozenset({"response", "ground_truth", "prompt", "tag"})
+"""Argument names that carry gyre's values; data columns with these names are not passed."""
 
 
 _IMPORTING = threading.Lock()
@@ -101,15 +114,42 @@ def _import_failure(target: str, exc: BaseException, path: Path | None = None) -
 
 
 def call_reward(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardResult:
-    """Call ``fn`` with the arguments it accepts and normalise its return value."""
-    extra = {**kwargs, **request.options}
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    """Call ``fn`` with the arguments it accepts and normalise its return value. A function marked
+    ``takes_request`` (a composite such as ``shaped_reward``) gets the request itself and routes it."""
+    if getattr(fn, "takes_request", False):
+        return to_result(fn(request, **kwargs))
+    takes = keyword_filter(fn)
+    extra = {k: v for k, v in request.columns.items() if k not in RESERVED and takes(k)}
+    extra.update(kwargs)
+    extra.update(request.options)
     for key in ("prompt", "tag"):
-        if takes_any or key in params:
+        if takes(key):
             extra[key] = getattr(request, key)
     value = fn(request.response, request.ground_truth, **extra)
     return to_result(value)
+
+
+def keyword_filter(fn: RewardFn) -> Callable[[str], bool]:
+    """Whether ``fn`` takes a keyword argument of a given name (any name with ``**kwargs``)."""
+    try:
+        names = _keywords(fn)
+    except TypeError:  # an unhashable callable object: inspect it every time
+        names = _keywords.__wrapped__(fn)
+    return (lambda _: True) if names is None else names.__contains__
+
+
+@functools.lru_cache(maxsize=256)
+def _keywords(fn: RewardFn) -> frozenset[str] | None:
+    """The names ``fn`` takes as keywords, None for any (``**kwargs``); inspected once per function."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (some builtins): pass no extras
+        return frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    # The first two take the response and the ground truth by position, whatever their names.
+    return frozenset(p.name for p in params[2:]
+                     if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
 
 
 def to_result(value: object) -> RewardResult:

@@ -8,6 +8,7 @@ small margin for the terms.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 
 from gyre.rewards.base import RewardRequest, call_reward, load_function
@@ -22,18 +23,21 @@ def _fn(spec: str):
     return load_function(spec)
 
 
-def shaped_reward(response: str, ground_truth: str, *, base: str, base_kwargs: dict, terms: list[dict],
-                  prompt: str = "", tag: str | None = None, **per_request) -> RewardResult:
-    """Score with ``base`` (per-request options such as a code timeout go to it), then add the terms."""
-    request = RewardRequest(response, ground_truth, prompt, tag)
-    result = call_reward(_fn(base), request, {**base_kwargs, **per_request})
+def shaped_reward(request: RewardRequest, *, base: str, base_kwargs: dict, terms: list[dict]) -> RewardResult:
+    """Score with ``base`` (per-request options such as a code timeout go to it), then add the terms.
+    Each function gets the data columns its signature takes (``call_reward``)."""
+    result = call_reward(_fn(base), request, base_kwargs)
+    plain = dataclasses.replace(request, options={})  # the options are the base's (a code timeout)
     shaping = {}
     for term in terms:
-        value = call_reward(_fn(term["function"]), request, term["kwargs"]).score
+        value = call_reward(_fn(term["function"]), plain, term["kwargs"]).score
         shaping[term["function"].rpartition(":")[2]] = value
         result.score += term["weight"] * value
     result.info = {**result.info, "shaping": shaping}
     return result
+
+
+shaped_reward.takes_request = True  # call_reward hands it the whole request, columns and options
 
 
 def _deadline_s(ground_truth: str, *, base: str, base_kwargs: dict, terms: list[dict], **per_request) -> float | None:

@@ -21,6 +21,11 @@ def kill_worker_once(response, ground_truth, marker):
     return 1.0
 
 
+def by_columns(response, ground_truth, difficulty, weights=None):
+    """A TRL-style reward reading the prompt row's own columns (it ignores the row's other columns)."""
+    return float(difficulty) * weights[len(response) - 1]
+
+
 def raises(response, ground_truth):
     raise ValueError("bad reward")
 

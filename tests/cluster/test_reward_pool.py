@@ -46,6 +46,16 @@ def test_samples_are_routed_to_their_domain(ray_local):
     assert all(s.reward.status == "error" and "bad reward" in s.reward.error for s in b)
 
 
+def test_the_prompt_row_s_columns_reach_the_reward_function():
+    workers = RoleGroup.local_unplaced("c", RewardWorker, 1, (f"{FNS}:by_columns", {}, 10.0, 1))
+    pool = RewardPool({"c": DomainScorer("c", workers)})
+    batch = samples("c", 2)
+    batch[0].prompt.columns = {"difficulty": 3, "weights": [0.5, 2.0], "unused": "x"}  # the prompt both share
+    pool.score(batch)
+    assert [s.reward.score for s in batch] == [1.5, 6.0]
+    workers.kill()
+
+
 def test_a_dying_worker_is_retried_then_reported(ray_local, tmp_path):
     scorer = DomainScorer("k", group(ray_local, "k", "kill_worker_once", {"marker": str(tmp_path / "m")}), retries=1)
     pool = RewardPool({"k": scorer})

@@ -6,6 +6,11 @@ def digit_fraction(response: str, ground_truth: str) -> float:
     return sum(c.isdigit() for c in response) / max(1, len(response))
 
 
+def weighted_digit_fraction(response: str, ground_truth: str, weight: float) -> float:
+    """The digit fraction times the prompt row's own ``weight`` column (TRL style: a column is a keyword)."""
+    return weight * digit_fraction(response, ground_truth)
+
+
 def fails_on_real_responses(response: str, ground_truth: str):
     """Passes the pre-flight probe (the ground truth and the empty response score), returns junk for
     anything a policy writes: only the run's error-share check can stop it."""

@@ -24,10 +24,20 @@ def quick_config(tmp_path, model_dir, data, *extra):
 
 def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     reward = Path(__file__).with_name("reward_fns.py")
-    cfg = quick_config(tmp_path, tiny_model_dir, arithmetic_data, "algorithm.kl_loss_coef=0.01",
-                       "reference.devices=[1]", "policy.offload=always", "reward.type=function",
-                       f"reward.function={reward}:digit_fraction")
-    summary = launch.train(cfg)
+    # Every row gets a column of its own, which the reward requires: the run gets through only if the
+    # column reaches the reward function. Prompts keep their last 5 tokens ("67+38=" -> "7+38=").
+    rows, val = ([json.loads(line) for line in Path(arithmetic_data[name]).read_text().splitlines()]
+                 for name in ("train", "val"))
+    for name, source in (("train", rows), ("val", val)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({**r, "weight": 1.0}) + "\n" for r in source))
+    cfg = quick_config(tmp_path, tiny_model_dir, {"train": tmp_path / "train.jsonl", "val": tmp_path / "val.jsonl"},
+                       "algorithm.kl_loss_coef=0.01", "reference.devices=[1]", "policy.offload=always",
+                       "reward.type=function", f"reward.function={reward}:weighted_digit_fraction",
+                       "data.max_prompt_tokens=5", "data.overlong_prompts=truncate_left")
+    lines = []
+    summary = launch.train(cfg, echo=lines.append)
+    truncated = sum(len(r["prompt"]) > 5 for r in rows + val)  # one token per character
+    assert f"data: {len(rows)} training prompts, 16 held-out prompts ({truncated} truncated" in "\n".join(lines)
     out = tmp_path / "run"
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["step"] > 0]

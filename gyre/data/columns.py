@@ -1,0 +1,164 @@
+"""Which columns of a row hold the prompt, the answer and the tag, and how each is read.
+
+Any dataset's column names map onto gyre's three (``data.prompt_key``, ``data.answer_key``,
+``data.tag_key``, or a ``data.prompt_template`` over several columns); every other column is kept, as
+plain JSON-able data, for the reward function's keyword arguments. A missing column is an error naming
+the row, the columns it has and the key to set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gyre.config.data_schema import DataConfig
+from gyre.data.sources import DataError, RawRow
+from gyre.rewards.math import last_boxed
+
+Chat = list[dict[str, str]]
+_MISSING = object()
+
+
+def lookup(data: dict[str, Any], key: str) -> Any:
+    """``data[key]``, or for a dotted key not itself a column the value inside nested objects
+    ("reward_model.ground_truth"); ``_MISSING`` when there is none."""
+    if key in data:
+        return data[key]
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data (checkpoints hold it); what JSON cannot hold (dates, bytes) becomes text."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    return json.loads(json.dumps(value, default=str, ensure_ascii=False))
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """How one kind of row is read. ``section`` names the config section whose keys these are, for the
+    error messages ("data"); None for a format with fixed names."""
+
+    prompt_key: str = "prompt"
+    answer_key: str = "ground_truth"
+    tag_key: str | None = "tag"
+    prompt_template: str | None = None
+    answer_pattern: str | None = None
+    answer_boxed: bool = False
+    section: str | None = "data"
+
+    @classmethod
+    def from_config(cls, data: DataConfig) -> ColumnMap:
+        return cls(data.prompt_key, data.answer_key, data.tag_key, data.prompt_template, data.answer_pattern,
+                   data.answer_boxed)
+
+    # ---- prompt -----------------------------------------------------------------------------------
+    def prompt(self, row: RawRow) -> str | Chat:
+        """The prompt as a text or a chat (a non-empty list of {"role": str, "content": str})."""
+        if self.prompt_template is not None:
+            return self._fill_template(row)
+        key, value = self._prompt_column(row)
+        if value is _MISSING:
+            raise self._missing(row, self.prompt_key, "prompt_key", "the prompt (or set data.prompt_template)")
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, list) and value and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in value):
+            return [{"role": m["role"], "content": m["content"]} for m in value]
+        raise DataError(f"{row.where}: '{key}' must be a non-empty text or a chat: a non-empty list of "
+                        f"{{'role': str, 'content': str}} (got {_describe(value)})")
+
+    def _prompt_column(self, row: RawRow) -> tuple[str, Any]:
+        value = lookup(row.data, self.prompt_key)
+        if value is _MISSING and self.prompt_key == "prompt" and "messages" in row.data:
+            return "messages", row.data["messages"]
+        return self.prompt_key, value
+
+    def _fill_template(self, row: RawRow) -> str:
+        values = {k: "" if v is None else v for k, v in row.data.items()}
+        try:
+            return self.prompt_template.format_map(values)
+        except KeyError as exc:
+            raise self._missing(row, str(exc.args[0]), "prompt_template", "a field of the template") from None
+        except (IndexError, ValueError, TypeError) as exc:
+            raise DataError(f"{row.where}: data.prompt_template {self.prompt_template!r} cannot be filled from this "
+                            f"row: {type(exc).__name__}: {exc}") from None
+
+    # ---- answer and tag ---------------------------------------------------------------------------
+    def answer(self, row: RawRow) -> str:
+        """The ground truth: the answer column as text, then the configured extraction."""
+        value = lookup(row.data, self.answer_key)
+        if value is _MISSING or value is None:
+            raise self._missing(row, self.answer_key, "answer_key", "the answers")
+        if isinstance(value, bool):
+            raise DataError(f"{row.where}: '{self.answer_key}' must be a text, a number, or an object or list "
+                            "(written as JSON), got a boolean")
+        text = _answer_text(value)
+        if self.answer_boxed:
+            boxed = last_boxed(text)
+            if boxed is None:
+                raise DataError(f"{row.where}: '{self.answer_key}' has no complete \\boxed{{...}} (data.answer_boxed "
+                                f"is true): {text[-120:]!r}")
+            return boxed.strip()
+        if self.answer_pattern is not None:
+            matches = list(re.finditer(self.answer_pattern, text))
+            if not matches:
+                raise DataError(f"{row.where}: data.answer_pattern {self.answer_pattern!r} does not match "
+                                f"'{self.answer_key}': {text[-120:]!r}")
+            return matches[-1].group(1).strip()
+        return text
+
+    def tag(self, row: RawRow) -> str | None:
+        if self.tag_key is None:
+            return None
+        tag = lookup(row.data, self.tag_key)
+        if tag is _MISSING or tag is None:
+            return None
+        if not isinstance(tag, str):
+            raise DataError(f"{row.where}: '{self.tag_key}' must be a string, got {type(tag).__name__}")
+        return tag
+
+    def others(self, row: RawRow) -> dict[str, Any]:
+        """The columns not read as the prompt, answer or tag, as plain JSON-able data (a dotted key's
+        parent column is kept: it may hold more than the value read)."""
+        used = {self.answer_key, self.tag_key}
+        if self.prompt_template is None:
+            used.add(self._prompt_column(row)[0])
+        return {k: jsonable(v) for k, v in row.data.items() if k not in used}
+
+    def _missing(self, row: RawRow, column: str, key: str, what: str) -> DataError:
+        columns = ", ".join(sorted(row.data)) or "none"
+        if self.section is None:
+            return DataError(f"{row.where}: no column '{column}'; this row has columns: {columns}. Rows need a "
+                             f"'{column}' column.")
+        if key == "prompt_template":
+            fix = f"name only existing columns in {self.section}.prompt_template"
+        else:
+            fix = f"set {self.section}.{key} to the column that holds {what}"
+        return DataError(f"{row.where}: no column '{column}' ({self.section}.{key}); this row has columns: "
+                         f"{columns}. {fix[0].upper() + fix[1:]}.")
+
+
+def _answer_text(value: Any) -> str:
+    """Text as is, numbers written out, objects and lists (code tests) as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return str(value)
+    return json.dumps(jsonable(value), ensure_ascii=False)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        return "an empty text"
+    if isinstance(value, list):
+        return "an empty list" if not value else f"a list whose first item is {str(value[0])[:60]!r}"
+    return type(value).__name__
