@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 CONSTRAINTS ?= requirements/cpu-constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: setup quickstart test test-all bench clean
+.PHONY: setup quickstart quickstart-agentic test test-all bench clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # --overwrite: a second `make quickstart` moves the previous run to runs/quickstart.old-<time>.
 quickstart: $(STAMP)
 	$(BIN)/gyre quickstart --overwrite
+
+# Multi-turn RL on a game (guess-the-number): ~8-15 minutes.
+quickstart-agentic: $(STAMP)
+	$(BIN)/gyre quickstart --task guess_number --overwrite
 
 test: $(STAMP)
 	$(BIN)/pytest -q
