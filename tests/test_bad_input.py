@@ -231,6 +231,10 @@ CASES = [
          ("multi.jsonl:1", "no reward domain scores", "reward.domains.<name>.tags")),
     # ---- model -----------------------------------------------------------------------------------
     Case("model-missing", lambda e: model(e, e.root / "nomodel"), ("does not exist", "gyre init-model")),
+    Case("model-hub-id-not-cached", lambda e: train(e, "model.path=gyre-tests/not-in-any-cache"),
+         ("not-in-any-cache' is neither a local directory nor a model in the Hugging Face cache",
+          "`hf download gyre-tests/not-in-any-cache`")),
+    Case("model-revision-local-dir", lambda e: train(e, "model.revision=v2"), ("Remove model.revision",)),
     Case("model-no-config", lambda e: model(e, e.model_copy("noconfig", drop=("config.json",))),
          ("no config.json",)),
     Case("model-config-json", lambda e: model(e, model_with(e, "badconfig", "config.json", "{")),

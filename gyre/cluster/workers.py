@@ -203,14 +203,14 @@ class PolicyWorker(TrainerRank, EngineHost):
         state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         return [ray.put(pack_weights(state, version))]
 
-    def save_hf(self, directory: str, tokenizer_path: str) -> None:
-        """Write the current weights as a Hugging Face model directory (rank 0 writes)."""
-        from gyre.models.loading import load_tokenizer
+    def save_hf(self, directory: str, tokenizer_path: str, dtype: str) -> None:
+        """Write the current weights in ``dtype`` as a Hugging Face model directory, with the tokenizer
+        files of ``tokenizer_path`` copied unchanged (rank 0 writes)."""
+        from gyre.models.saving import save_hf_model
 
         state = self.backend.full_state_dict()
         if state is not None:
-            self.backend.hf_model.save_pretrained(directory, state_dict=state)
-            load_tokenizer(tokenizer_path).save_pretrained(directory)
+            save_hf_model(self.backend.hf_model, state, directory, dtype, tokenizer_path)
 
 
 class CriticWorker(TrainerRank):
@@ -228,7 +228,8 @@ class RolloutWorker(EngineHost):
     """One rollout engine replica."""
 
     def __init__(self, rank: int, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
-                 device_kind: str, threads: int, max_batch_size: int | None, start_offloaded: bool = False):
+                 device_kind: str, threads: int, max_batch_size: int | None, start_offloaded: bool = False,
+                 attn_implementation: str | None = None):
         from gyre.engines.hf_rollout import HFRolloutEngine
         from gyre.models.loading import load_causal_lm, load_tokenizer
 
@@ -236,7 +237,8 @@ class RolloutWorker(EngineHost):
         self.rank = rank
         device = _device(device_kind)
         # A colocated engine starts in host memory; the time-share reloads it when rollout runs.
-        model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device))
+        model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device),
+                               attn_implementation)
         self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path, trust_remote_code), device, max_batch_size)
 
     def _engine(self):
@@ -265,12 +267,13 @@ class ReferenceWorker:
     """A frozen reference model for the KL term."""
 
     def __init__(self, rank: int, model_path: str, dtype: str, trust_remote_code: bool, device_kind: str,
-                 threads: int, micro_batch_size: int, start_offloaded: bool = False):
+                 threads: int, micro_batch_size: int, start_offloaded: bool = False,
+                 attn_implementation: str | None = None):
         from gyre.engines.forward import ReferenceModel
 
         _set_threads(threads)
         self.model = ReferenceModel(model_path, dtype, _device(device_kind), trust_remote_code, micro_batch_size,
-                                    start_offloaded)
+                                    start_offloaded, attn_implementation)
 
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.model.compute_logprobs(shard, temperature)

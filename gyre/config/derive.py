@@ -102,6 +102,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     use_critic = a.uses_critic
     hybrid = _check_hybrid(cfg, notes)
     _check_rollout_schedule(cfg, hybrid, notes)
+    _check_attention(cfg, device_kind)
     roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
     if use_reference:
         roles["reference"] = cfg.reference.devices
@@ -347,6 +348,13 @@ def _note_rollout_logprobs(cfg: RLVRConfig, notes: list[str]) -> None:
     if cfg.model.dtype != "float32":
         notes.append(f"warning: algorithm.old_logprobs=rollout with a {cfg.model.dtype} rollout: the ratio also "
                      "carries the precision gap between sampler and trainer")
+
+
+def _check_attention(cfg: RLVRConfig, device_kind: str) -> None:
+    kind = cfg.model.attn_implementation
+    if kind is not None and kind.startswith("flash_attention") and device_kind != "cuda":
+        raise ConfigError(f"model.attn_implementation={kind} runs only on CUDA GPUs, and this run's devices are CPU "
+                          "slots: set it to sdpa or eager, or leave it unset (transformers' choice)")
 
 
 def _check_sft(cfg: RLVRConfig, dp: int) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gyre.config.aliases import alias_for, describe
 from gyre.config.schema import RLVRConfig
 
 
@@ -108,7 +109,7 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel], source:
         dotted = _shown(".".join(loc)) or "(top level)"
         if err["type"] == "extra_forbidden":
             valid = _valid_keys(root, loc[:-1])
-            hint = _suggest(root, loc)
+            hint = _suggest(root, loc, err.get("input"))
             lines.append(f"  - unknown key {dotted!r}{hint} (valid keys here: {', '.join(sorted(valid))})")
         elif err["type"] == "missing":
             lines.append(f"  - missing required key {dotted!r}")
@@ -121,8 +122,12 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel], source:
     return "\n".join(lines)
 
 
-def _suggest(root: type[BaseModel], loc: tuple[str, ...]) -> str:
-    """A "did you mean" hint: a close spelling here, else the same key in a nested section."""
+def _suggest(root: type[BaseModel], loc: tuple[str, ...], value: Any = None) -> str:
+    """A "did you mean" hint: gyre's key for another framework's name (``aliases``), else a close
+    spelling here, else the same key in a nested section."""
+    foreign = _foreign_hint(root, _shown(".".join(loc)), value)
+    if foreign:
+        return foreign
     parent, key = loc[:-1], loc[-1]
     valid = _valid_keys(root, parent)
     guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6) or [k for k in valid if k.startswith(key)][:1]
@@ -133,6 +138,35 @@ def _suggest(root: type[BaseModel], loc: tuple[str, ...]) -> str:
     if nested:
         return f"; did you mean {_shown('.'.join(parent + nested[0]))!r}?"
     return ""
+
+
+def _foreign_hint(root: type[BaseModel], path: str, value: Any) -> str:
+    """Another framework's key at ``path``: gyre's key for it. For an unknown section (verl's
+    actor_rollout_ref...), gyre's key for each of its entries: an alias, else a key of the same name."""
+    match = alias_for(path)
+    if match is not None:
+        return f"; did you mean {match[1].key!r}? {describe(*match)}"
+    if not isinstance(value, dict):
+        return ""
+    found = []
+    for leaf in _leaves(value, path):
+        match = alias_for(leaf)
+        if match is not None:
+            found.append(f"{leaf} is {match[1].key!r} {describe(*match)}")
+            continue
+        same = [p for p in _all_paths(root) if p[-1] == leaf.rpartition(".")[2]]
+        if same:
+            found.append(f"{leaf} is {'.'.join(same[0])!r}")
+    return "; in gyre, " + ", ".join(found) if found else ""
+
+
+def _leaves(value: dict, prefix: str) -> list[str]:
+    """Dotted paths of the non-mapping values under ``value``."""
+    paths = []
+    for key, item in value.items():
+        path = f"{prefix}.{key}"
+        paths.extend(_leaves(item, path) if isinstance(item, dict) and item else [path])
+    return paths
 
 
 def _all_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -7,6 +7,7 @@ import yaml
 from gyre.config.derive import RunPlan
 from gyre.config.presets import preset_report
 from gyre.config.schema import RLVRConfig
+from gyre.models.hub import cached_repo_of
 
 
 def resolved_yaml(cfg: RLVRConfig) -> str:
@@ -41,6 +42,7 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         lines.append(f"  {a} and {b} share {kind}s {list(devices)}: {how}")
     lines += [
         "derived:",
+        _model_line(cfg),
         f"  rollout batch        {plan.rollout_batch} samples = {cfg.rollout.prompts_per_step} prompts x "
         f"{cfg.rollout.samples_per_prompt} samples",
         f"  data parallel        {plan.dp_size} rank(s), {cfg.policy.strategy}",
@@ -65,3 +67,12 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
     lines += preset_report(a)
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def _model_line(cfg: RLVRConfig) -> str:
+    """Where the model came from (a Hub id: its cached commit) and the dtypes it computes and is saved in."""
+    m = cfg.model
+    cached = cached_repo_of(m.path)
+    source = f"{cached[0]} at commit {cached[1][:12]} (Hugging Face cache: {m.path})" if cached else m.path
+    attention = f", attention {m.attn_implementation}" if m.attn_implementation else ""
+    return f"  model                {source}; computes in {m.dtype}{attention}, final model saved in {m.save_dtype}"

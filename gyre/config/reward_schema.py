@@ -65,7 +65,8 @@ class JudgeConfig(StrictModel):
 
     backend: Literal["local", "openai"] = "local"
     model_path: str | None = None
-    """local: a Hugging Face causal-LM directory."""
+    """local: a Hugging Face causal-LM directory, or a Hub id in the local Hugging Face cache (its main
+    revision; see model.path)."""
     devices: DeviceList = (0,)
     """local: devices of the judge role (it stays resident; it is not time-shared)."""
     max_batch_size: PositiveInt | None = None
@@ -102,6 +103,8 @@ class RewardModelConfig(StrictModel):
     """A scalar reward model: a local sequence-classification model scoring prompt + response."""
 
     path: str
+    """A sequence-classification model directory, or a Hub id in the local Hugging Face cache (its main
+    revision; see model.path)."""
     devices: DeviceList = (0,)
     micro_batch_size: PositiveInt = 16
     pass_score: float = 0.0

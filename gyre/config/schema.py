@@ -73,12 +73,36 @@ class ClusterConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
+    """The policy's starting model. Every model path of a run (here, critic.model_path, a judge's or a
+    reward model's) is a local Hugging Face model directory or a Hub id resolved, once and on the driver,
+    to its snapshot in the local Hugging Face cache; nothing is downloaded during a run."""
+
     path: str
-    """A local Hugging Face model directory (config.json, weights, tokenizer files)."""
+    """A local Hugging Face model directory (config.json, weights, tokenizer files), or a Hub id such as
+    Qwen/Qwen2.5-0.5B-Instruct already in the local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub,
+    else ~/.cache/huggingface/hub; fetch it once with `hf download <id>`). A directory of that name wins."""
+    revision: str | None = None
+    """For a Hub id: the branch, tag or commit (a unique prefix of one) of the cached snapshot to load;
+    None is main. It also applies to tokenizer_path and critic.model_path when they name the same id."""
     tokenizer_path: str | None = None
+    """Where the tokenizer comes from (a directory or a cached Hub id, as path); default: path. Its files
+    are copied unchanged into the saved final model."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The compute precision, TRL's torch_dtype: the rollout engines and the reference model hold their
+    weights in it; the trainers keep float32 master weights and, on GPUs, compute in it under autocast
+    (FSDP2: its mixed-precision policy). It does not set the dtype of the saved model (save_dtype does)."""
+    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The dtype the final model is saved in; auto is the dtype the input model is stored in (its
+    config.json, else its weights), resolved once at start and printed."""
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3",
+                                 "flex_attention"] | None = None
+    """The attention kernel of the policy, rollout, reference and critic models (transformers'
+    attn_implementation); None lets transformers choose (sdpa where the model supports it). The
+    flash_attention kinds need CUDA GPUs and the flash-attn package."""
     trust_remote_code: bool = False
+    """Run the modelling and tokenizer code shipped with the model (transformers' trust_remote_code)."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass of the trainers: less memory, about a third more compute."""
 
 
 class SamplingConfig(StrictModel):
@@ -365,7 +389,8 @@ class CriticConfig(StrictModel):
     """The value model of PPO (algorithm.estimator gae): a value head on a copy of the backbone."""
 
     model_path: str | None = None
-    """Where the critic's backbone comes from; default model.path."""
+    """Where the critic's backbone comes from (a local directory or a cached Hub id, as model.path);
+    default model.path."""
     devices: DeviceList = (0,)
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     optimizer: OptimizerConfig = OptimizerConfig()

@@ -82,11 +82,12 @@ class ReferenceModel:
     """A frozen copy of the initial policy that scores tokens for the KL term."""
 
     def __init__(self, model_path: str, dtype: str, device: torch.device, trust_remote_code: bool = False,
-                 micro_batch_size: int = 16, start_offloaded: bool = False):
+                 micro_batch_size: int = 16, start_offloaded: bool = False, attn_implementation: str | None = None):
         from gyre.models.loading import load_causal_lm
 
         self.device = device
-        self.model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device))
+        self.model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device),
+                                    attn_implementation)
         self.model.requires_grad_(False)
         self.micro_batch_size = micro_batch_size
 

@@ -34,6 +34,8 @@ class TrainerSpec:
     micro_batch_size: int = 8
     head: Literal["lm", "value"] = "lm"
     """lm: the policy (a causal LM); value: a critic (the backbone with a scalar value head)."""
+    attn_implementation: str | None = None
+    """transformers' attention kernel (model.attn_implementation); None: transformers' choice."""
 
 
 def lr_lambda(spec: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
@@ -73,7 +75,8 @@ class TrainerBackend:
         # the whole model on its GPU; DDP keeps a full replica per rank anyway.
         load_on = "cpu" if self.spec.strategy == "fsdp2" else str(self.device)
         load = load_causal_lm if self.spec.head == "lm" else load_value_model
-        model = load(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on)
+        model = load(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on,
+                     self.spec.attn_implementation)
         if self.spec.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.train()

@@ -5,27 +5,36 @@ from __future__ import annotations
 from pathlib import Path
 
 from gyre.models.checks import ModelPathError, check_config_json, check_tokenizer_files, check_weights
+from gyre.models.hub import cached_repo_of, download_command, missing_model_message
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def check_model_dir(path: str | Path, key: str = "model.path", weights: bool = True, tokenizer: bool = True) -> Path:
     """Fail early, before Ray starts, when ``path`` cannot be a local HF model directory: config.json
-    parses, weight headers are sound (``weights``), tokenizer files exist (``tokenizer``)."""
+    parses, weight headers are sound (``weights``), tokenizer files exist (``tokenizer``). ``path`` is
+    local (``gyre.models.hub.resolve_model_path`` turns a Hub id into its cached snapshot first)."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise ModelPathError(
-            f"{key}={str(path)!r} does not exist. Point it at a local Hugging Face model directory, or create a "
-            f"small one with: gyre init-model --preset tiny --out {path}")
-    if not p.is_dir() or not (p / "config.json").is_file():
-        raise ModelPathError(
-            f"{key}={str(path)!r} is not a Hugging Face model directory (no config.json inside). "
-            "Weights cannot be downloaded by gyre: save the model with save_pretrained() and point here.")
-    check_config_json(p, key)
-    if weights:
-        check_weights(p, key)
-    if tokenizer:
-        check_tokenizer_files(p, key)
+        raise ModelPathError(missing_model_message(path, key))
+    try:
+        if not p.is_dir() or not (p / "config.json").is_file():
+            raise ModelPathError(
+                f"{key}={str(path)!r} is not a Hugging Face model directory (no config.json inside). "
+                "Weights cannot be downloaded by gyre: save the model with save_pretrained() and point here.")
+        check_config_json(p, key)
+        if weights:
+            check_weights(p, key)
+        if tokenizer:
+            check_tokenizer_files(p, key)
+    except ModelPathError as exc:
+        cached = cached_repo_of(p)
+        if cached is None:
+            raise
+        # A snapshot in the Hub cache is fixed by fetching it again, not by re-saving it in place.
+        repo_id, commit = cached
+        raise ModelPathError(f"{exc} ({p} is the cached snapshot {commit[:7]} of {repo_id}: fetch it whole with "
+                             f"`{download_command(repo_id, commit)}`.)") from None
     return p
 
 
@@ -55,18 +64,22 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     return tokenizer
 
 
-def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device: str = "cpu"):
-    """A causal LM from a local directory in ``dtype`` on ``device``, in train mode off (eval)."""
+def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device: str = "cpu",
+                   attn_implementation: str | None = None):
+    """A causal LM from a local directory in ``dtype`` on ``device``, in train mode off (eval).
+    ``attn_implementation`` (eager, sdpa, flash_attention_2, ...): None lets transformers choose."""
     import torch
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code)
+        str(path), dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code,
+        **_attention(attn_implementation))
     return model.to(device).eval()
 
 
-def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device: str = "cpu"):
+def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device: str = "cpu",
+                     attn_implementation: str | None = None):
     """A critic: the backbone of the causal LM at ``path`` with a fresh scalar head on every position
     (a token-classification model with one label), in eval mode."""
     import torch
@@ -75,11 +88,17 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
     quiet_transformers()
     try:
         model = AutoModelForTokenClassification.from_pretrained(
-            str(path), num_labels=1, dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code)
+            str(path), num_labels=1, dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code,
+            **_attention(attn_implementation))
     except ValueError as exc:
         raise ValueError(f"cannot build a critic (value head) from {path}: {exc}; this architecture has no "
                          "token-classification class in transformers") from None
     return model.to(device).eval()
+
+
+def _attention(attn_implementation: str | None) -> dict:
+    # Left out when unset, so that transformers keeps its own default (sdpa where the model supports it).
+    return {"attn_implementation": attn_implementation} if attn_implementation else {}
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

@@ -58,6 +58,8 @@ def variant_config(base: RLVRConfig, variant: Variant, seed: int, steps: int, mo
     raw = base.model_dump(mode="json")
     raw.pop("sft_warmup", None)
     raw["algorithm"] = {"preset": variant.preset}
+    if model != base.model.path:  # the warm start is a local directory: the Hub revision named the input
+        raw["model"]["revision"] = None
     for item in [f"run.seed={seed}", f"run.steps={steps}", f"model.path={model}", f"run.output_dir={out}",
                  f"run.name={variant.label}-seed{seed}", "logging.progress=false", "logging.tensorboard=false",
                  "logging.plot=false", "checkpoint.every=0", *variant.overrides]:

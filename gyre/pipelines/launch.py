@@ -187,7 +187,8 @@ def warm_up(cfg: RLVRConfig, target: Path, echo: Callable[[str], None] = print) 
         try:
             echo(f"SFT warm-up ({cfg.sft_warmup.steps} steps), shared by every run")
             _sft_warmup(cfg, plan, roles, data, logger)
-            roles.policy.call("save_hf", str(target), cfg.model.tokenizer_path or cfg.model.path)
+            # float32: the variants continue training from it, so nothing is rounded away in between.
+            roles.policy.call("save_hf", str(target), cfg.model.tokenizer_path or cfg.model.path, "float32")
         finally:
             logger.close()
             roles.kill()

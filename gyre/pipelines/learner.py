@@ -127,6 +127,7 @@ class Learner:
         if self.critic is not None:
             self.critic.call("load_checkpoint", str(directory / "critic"))
 
-    def save_model(self, directory: Path, tokenizer_path: str) -> None:
-        """The policy as a Hugging Face model directory (with its tokenizer)."""
-        self.policy.call("save_hf", str(directory), tokenizer_path)
+    def save_model(self, directory: Path, tokenizer_path: str, dtype: str) -> None:
+        """The policy as a Hugging Face model directory in ``dtype``, with the tokenizer files of
+        ``tokenizer_path`` copied unchanged."""
+        self.policy.call("save_hf", str(directory), tokenizer_path, dtype)

@@ -11,22 +11,22 @@ from pathlib import Path
 from gyre.config.data_schema import DataSource
 from gyre.config.derive import RunPlan, detect_local_devices, make_plan
 from gyre.config.schema import RLVRConfig
+from gyre.models.hub import resolve_model_path
 from gyre.models.loading import check_model_dir
+from gyre.models.saving import stored_dtype
 from gyre.rewards.registry import check_functions
 
 
 def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
-    """A copy with every path absolute: actors may run in another directory or on another node."""
+    """A copy with every path absolute (actors may run in another directory or on another node), every
+    model path a local directory (Hub ids: their snapshot in the local HF cache) and model.save_dtype
+    concrete."""
 
     def absolute(path: str) -> str:
         return str(Path(path).expanduser().resolve())
 
     cfg = cfg.model_copy(deep=True)
-    cfg.model.path = absolute(cfg.model.path)
-    if cfg.model.tokenizer_path:
-        cfg.model.tokenizer_path = absolute(cfg.model.tokenizer_path)
-    if cfg.critic.model_path:
-        cfg.critic.model_path = absolute(cfg.critic.model_path)
+    resolve_models(cfg)
 
     def source(entry: DataSource) -> DataSource:
         """Files, directories and globs made absolute; a dataset's path too when it is a local one."""
@@ -50,11 +50,31 @@ def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
         if fn and fn.rpartition(":")[0].endswith(".py"):
             target, _, name = fn.rpartition(":")
             domain.function = f"{absolute(target)}:{name}"
-        if domain.judge is not None and domain.judge.model_path:
-            domain.judge.model_path = absolute(domain.judge.model_path)
-        if domain.reward_model is not None:
-            domain.reward_model.path = absolute(domain.reward_model.path)
     return cfg
+
+
+def resolve_models(cfg: RLVRConfig) -> None:
+    """Turn every model path of ``cfg`` (in place) into a local directory, once, here on the driver: the
+    actors load what the driver found, whichever node they run on. model.revision also selects the
+    snapshot of tokenizer_path and critic.model_path when they name the same Hub id."""
+    m = cfg.model
+
+    def resolve(path: str, key: str) -> str:
+        return resolve_model_path(path, m.revision if path == m.path else None, key)
+
+    if m.tokenizer_path:
+        m.tokenizer_path = resolve(m.tokenizer_path, "model.tokenizer_path")
+    if cfg.critic.model_path and cfg.algorithm.uses_critic:
+        cfg.critic.model_path = resolve(cfg.critic.model_path, "critic.model_path")
+    for name, domain in cfg.reward.domains.items():  # the models of model roles (an endpoint judge has none)
+        scorer = domain.scoring_model
+        if domain.model_role == "judge":
+            scorer.model_path = resolve_model_path(scorer.model_path, None, f"reward.domains.{name}.judge.model_path")
+        elif domain.model_role == "reward_model":
+            scorer.path = resolve_model_path(scorer.path, None, f"reward.domains.{name}.reward_model.path")
+    m.path = resolve(m.path, "model.path")
+    if m.save_dtype == "auto":
+        m.save_dtype = stored_dtype(m.path) or "float32"
 
 
 def check_models(cfg: RLVRConfig) -> None:

@@ -222,8 +222,8 @@ class RLVRPipeline:
 
     def save_final_model(self) -> Path:
         out = Path(self.cfg.run.output_dir) / "final_model"
-        tok = self.cfg.model.tokenizer_path or self.cfg.model.path
-        self.learner.save_model(out, tok)
+        m = self.cfg.model  # resolved: save_dtype is concrete ("auto" became the input's dtype)
+        self.learner.save_model(out, m.tokenizer_path or m.path, m.save_dtype)
         return out
 
 

@@ -147,3 +147,10 @@ def test_step_level_samples_plan():
     assert any("env.history_turns=3: no effect" in n for n in env_plan("env.history_turns=3").notes)
     with pytest.raises(ConfigError, match="env.samples=step trains every turn as a sequence of its own"):
         env_plan("env.samples=step", "algorithm=ppo")
+
+
+def test_flash_attention_needs_cuda():
+    with pytest.raises(ConfigError, match="model.attn_implementation=flash_attention_2 runs only on CUDA GPUs"):
+        plan_for("model.attn_implementation=flash_attention_2")
+    assert plan_for("model.attn_implementation=flash_attention_2", kind="cuda").dp_size == 1
+    assert plan_for("model.attn_implementation=eager").dp_size == 1

@@ -118,3 +118,49 @@ def test_reward_short_form_and_domains():
 def test_reward_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["model.path=m", "data.train_files=[t]", *overrides])
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("rollout.n=8", "did you mean 'rollout.samples_per_prompt'? (verl: rollout.n)"),
+    ("num_generations=8", "did you mean 'rollout.samples_per_prompt'? (TRL: num_generations)"),
+    ("n_samples_per_prompt=8", "did you mean 'rollout.samples_per_prompt'? (OpenRLHF: n_samples_per_prompt)"),
+    ("policy.learning_rate=1e-6", "did you mean 'policy.optimizer.lr'? (TRL: learning_rate)"),
+    ("data.max_response_length=512", "did you mean 'rollout.sampling.max_new_tokens'?"),
+    ("beta=0.04", "did you mean 'algorithm.kl_loss_coef'?"),
+    ("model.torch_dtype=bfloat16", "did you mean 'model.dtype'?"),
+    ("ppo_mini_batch_size=16", "did you mean 'policy.mini_batch_size'? (verl: ppo_mini_batch_size; gyre counts "
+                               "samples"),
+])
+def test_other_frameworks_names_point_at_gyres_key(override, expected):
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, BASE + [override])
+    assert expected in str(exc.value)
+
+
+def test_a_foreign_section_maps_each_of_its_keys():
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, BASE + ["actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.optim.lr=1e-6",
+                                  "actor_rollout_ref.rollout.temperature=0.7", "actor_rollout_ref.actor.xyz=1"])
+    message = str(exc.value)
+    assert "actor_rollout_ref.rollout.n is 'rollout.samples_per_prompt' (verl" in message
+    assert "actor_rollout_ref.actor.optim.lr is 'policy.optimizer.lr'" in message  # same leaf name in gyre
+    assert "actor_rollout_ref.rollout.temperature is 'rollout.sampling.temperature'" in message
+    assert "xyz" not in message.split("(valid keys")[0]
+
+
+def test_every_alias_names_a_real_key_and_no_gyre_key():
+    from gyre.config.aliases import BY_NAME, BY_PATH
+    from gyre.config.load import _all_paths, _valid_keys
+    from gyre.config.schema import RLVRConfig
+
+    def real(key: str) -> bool:
+        # The single reward domain is written reward.<key>, stored as reward.domains.default.<key>.
+        parts = tuple(key.replace("reward.", "reward.domains.default.", 1).split("."))
+        return parts[-1] in _valid_keys(RLVRConfig, parts[:-1])
+
+    targets = {a.key for a in [*BY_NAME.values(), *BY_PATH.values()]}
+    assert not sorted(t for t in targets if not real(t))
+    from gyre.config.reward_schema import DomainConfig
+
+    leaves = {p[-1] for p in _all_paths(RLVRConfig) + _all_paths(DomainConfig)}
+    assert not sorted(set(BY_NAME) & leaves)  # an alias must not shadow a gyre key written in the wrong place

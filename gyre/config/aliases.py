@@ -1,0 +1,162 @@
+"""Other frameworks' names for gyre's config keys, for the "did you mean" of an unknown key.
+
+Users arrive with TRL's ``num_generations``, verl's ``actor_rollout_ref.rollout.n`` or OpenRLHF's
+``--n_samples_per_prompt`` in their fingers; the strict config rejects those keys, and this table lets
+the error name gyre's key instead of a spelling neighbour. Where the meaning differs (a batch counted in
+prompts instead of samples, a second key to set), the note says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Alias:
+    key: str
+    """gyre's key, as a user writes it (the single reward domain in its short form, reward.*)."""
+    origin: str
+    """Whose name this is: TRL, verl, OpenRLHF or ROLL."""
+    note: str = ""
+    """How gyre's key differs, when it does."""
+
+
+_SAMPLES = "rollout.samples_per_prompt"
+_NEW_TOKENS = "rollout.sampling.max_new_tokens"
+_PROMPT_TOKENS = "data.max_prompt_tokens"
+_PROMPTS_NOTE = "gyre counts prompts; the batch is prompts_per_step x samples_per_prompt samples"
+_MINI_NOTE = "gyre counts samples (prompts x samples_per_prompt) per optimizer step, across all ranks"
+_MICRO_NOTE = "samples per forward/backward pass on one rank"
+
+# Matched against the whole dotted path of the unknown key (its leaves, under an unknown section).
+BY_PATH: dict[str, Alias] = {
+    "rollout.n": Alias(_SAMPLES, "verl"),
+    "actor_rollout_ref.rollout.n": Alias(_SAMPLES, "verl"),
+    "data.train_batch_size": Alias("rollout.prompts_per_step", "verl"),
+    "actor_rollout_ref.model.path": Alias("model.path", "verl"),
+    "critic.model.path": Alias("critic.model_path", "verl"),
+    "reward_model.model.path": Alias("reward.reward_model.path", "verl", "with reward.type=reward_model"),
+    "critic.optim.lr": Alias("critic.optimizer.lr", "verl"),
+    "algorithm.kl_ctrl.kl_coef": Alias("algorithm.kl_reward_coef", "verl"),
+    "algorithm.kl_ctrl.target_kl": Alias("algorithm.kl_target", "verl"),
+    "actor_rollout_ref.rollout.name": Alias("rollout.backend", "verl"),
+}
+
+# Matched against the last part of the unknown key's path, wherever it was written.
+BY_NAME: dict[str, Alias] = {
+    # TRL (GRPOConfig, its TrainingArguments and ModelConfig)
+    "num_generations": Alias(_SAMPLES, "TRL"),
+    "per_device_train_batch_size": Alias("policy.micro_batch_size", "TRL", _MICRO_NOTE),
+    "gradient_accumulation_steps": Alias("policy.mini_batch_size", "TRL",
+                                         "gyre sets the samples per optimizer step; micro-batches accumulate to it"),
+    "generation_batch_size": Alias("rollout.prompts_per_step", "TRL", _PROMPTS_NOTE),
+    "steps_per_generation": Alias("policy.mini_batch_size", "TRL",
+                                  "optimizer steps per rollout batch = rollout batch / policy.mini_batch_size"),
+    "learning_rate": Alias("policy.optimizer.lr", "TRL"),
+    "max_completion_length": Alias(_NEW_TOKENS, "TRL"),
+    "max_prompt_length": Alias(_PROMPT_TOKENS, "TRL, verl"),
+    "filter_overlong_prompts": Alias("data.overlong_prompts", "verl", "data.overlong_prompts=drop"),
+    "truncation": Alias("data.overlong_prompts", "verl", "error, drop or truncate_left"),
+    "reward_fn_key": Alias("data.tag_key", "verl"),
+    "beta": Alias("algorithm.kl_loss_coef", "TRL"),
+    "epsilon": Alias("algorithm.clip_low", "TRL"),
+    "epsilon_high": Alias("algorithm.clip_high", "TRL"),
+    "num_iterations": Alias("policy.epochs", "TRL"),
+    "loss_type": Alias("algorithm.loss_agg", "TRL", "or a whole recipe with algorithm.preset, e.g. dr_grpo"),
+    "scale_rewards": Alias("algorithm.norm_std", "TRL", "group, batch or none"),
+    "mask_truncated_completions": Alias("algorithm.overlong_mask", "TRL"),
+    "importance_sampling_level": Alias("algorithm.ratio_level", "TRL"),
+    "max_steps": Alias("run.steps", "TRL, ROLL"),
+    "run_name": Alias("run.name", "TRL"),
+    "max_grad_norm": Alias("policy.grad_clip", "TRL"),
+    "lr_scheduler_type": Alias("policy.scheduler.type", "TRL"),
+    "save_steps": Alias("checkpoint.every", "TRL, OpenRLHF"),
+    "save_total_limit": Alias("checkpoint.keep_last", "TRL"),
+    "eval_steps": Alias("validation.every", "TRL, OpenRLHF"),
+    "bf16": Alias("model.dtype", "TRL, OpenRLHF", "model.dtype=bfloat16"),
+    "fp16": Alias("model.dtype", "TRL", "model.dtype=float16"),
+    "torch_dtype": Alias("model.dtype", "TRL", "the saved model's dtype is model.save_dtype"),
+    "model_name_or_path": Alias("model.path", "TRL"),
+    "model_revision": Alias("model.revision", "TRL"),
+    # verl (leaf names under actor_rollout_ref, algorithm, trainer)
+    "ppo_mini_batch_size": Alias("policy.mini_batch_size", "verl", _MINI_NOTE + "; verl counts prompts"),
+    "ppo_micro_batch_size_per_gpu": Alias("policy.micro_batch_size", "verl", _MICRO_NOTE),
+    "log_prob_micro_batch_size_per_gpu": Alias("reference.micro_batch_size", "verl"),
+    "ppo_epochs": Alias("policy.epochs", "verl, ROLL"),
+    "clip_ratio": Alias("algorithm.clip_low", "verl", "and algorithm.clip_high"),
+    "clip_ratio_low": Alias("algorithm.clip_low", "verl"),
+    "clip_ratio_high": Alias("algorithm.clip_high", "verl"),
+    "clip_ratio_c": Alias("algorithm.dual_clip_c", "verl"),
+    "loss_agg_mode": Alias("algorithm.loss_agg", "verl"),
+    "kl_loss_type": Alias("algorithm.kl_loss_estimator", "verl"),
+    "use_kl_loss": Alias("algorithm.kl_loss_coef", "verl, OpenRLHF", "a coefficient > 0 turns the KL loss on"),
+    "use_kl_in_reward": Alias("algorithm.kl_reward_coef", "verl", "a coefficient > 0 turns the KL penalty on"),
+    "entropy_coeff": Alias("algorithm.entropy_coef", "verl"),
+    "adv_estimator": Alias("algorithm.estimator", "verl, ROLL", "or a whole recipe with algorithm.preset"),
+    "norm_adv_by_std_in_grpo": Alias("algorithm.norm_std", "verl", "group or none"),
+    "enable_gradient_checkpointing": Alias("model.gradient_checkpointing", "verl"),
+    "max_response_length": Alias(_NEW_TOKENS, "verl"),
+    "total_training_steps": Alias("run.steps", "verl"),
+    "save_freq": Alias("checkpoint.every", "verl"),
+    "test_freq": Alias("validation.every", "verl"),
+    "default_local_dir": Alias("run.output_dir", "verl"),
+    "experiment_name": Alias("run.name", "verl"),
+    "max_actor_ckpt_to_keep": Alias("checkpoint.keep_last", "verl"),
+    # OpenRLHF (command-line flags)
+    "n_samples_per_prompt": Alias(_SAMPLES, "OpenRLHF"),
+    "rollout_batch_size": Alias("rollout.prompts_per_step", "OpenRLHF, ROLL", _PROMPTS_NOTE),
+    "train_batch_size": Alias("policy.mini_batch_size", "OpenRLHF", _MINI_NOTE),
+    "micro_train_batch_size": Alias("policy.micro_batch_size", "OpenRLHF", _MICRO_NOTE),
+    "micro_rollout_batch_size": Alias("rollout.max_batch_size", "OpenRLHF", "sequences one engine decodes at once"),
+    "max_epochs": Alias("policy.epochs", "OpenRLHF"),
+    "prompt_max_len": Alias(_PROMPT_TOKENS, "OpenRLHF"),
+    "generate_max_len": Alias(_NEW_TOKENS, "OpenRLHF"),
+    "pretrain": Alias("model.path", "OpenRLHF, ROLL"),
+    "critic_pretrain": Alias("critic.model_path", "OpenRLHF"),
+    "reward_pretrain": Alias("reward.reward_model.path", "OpenRLHF", "with reward.type=reward_model"),
+    "actor_learning_rate": Alias("policy.optimizer.lr", "OpenRLHF"),
+    "critic_learning_rate": Alias("critic.optimizer.lr", "OpenRLHF"),
+    "init_kl_coef": Alias("algorithm.kl_reward_coef", "OpenRLHF, ROLL",
+                          "with OpenRLHF's --use_kl_loss it is algorithm.kl_loss_coef"),
+    "kl_estimator": Alias("algorithm.kl_loss_estimator", "OpenRLHF"),
+    "eps_clip": Alias("algorithm.clip_low", "OpenRLHF", "and algorithm.clip_high"),
+    "eps_clip_low_high": Alias("algorithm.clip_low", "OpenRLHF", "and algorithm.clip_high"),
+    "lambd": Alias("algorithm.lam", "OpenRLHF"),
+    "advantage_estimator": Alias("algorithm.estimator", "OpenRLHF", "or a whole recipe with algorithm.preset"),
+    "entropy_loss_coef": Alias("algorithm.entropy_coef", "OpenRLHF"),
+    "save_path": Alias("run.output_dir", "OpenRLHF"),
+    "max_ckpt_num": Alias("checkpoint.keep_last", "OpenRLHF"),
+    "prompt_data": Alias("data.train_files", "OpenRLHF"),
+    "input_key": Alias("data.prompt_key", "OpenRLHF"),
+    "label_key": Alias("data.answer_key", "OpenRLHF"),
+    "apply_chat_template": Alias("data.chat_template", "OpenRLHF"),
+    "zero_stage": Alias("policy.strategy", "OpenRLHF", "fsdp2 shards parameters, gradients and optimizer state"),
+    "flash_attn": Alias("model.attn_implementation", "OpenRLHF", "model.attn_implementation=flash_attention_2"),
+    "dynamic_filtering": Alias("rollout.dynamic_sampling", "OpenRLHF"),
+    "dynamic_filtering_reward_range": Alias("rollout.dynamic_sampling.mean_range", "OpenRLHF"),
+    "adam_betas": Alias("policy.optimizer.betas", "OpenRLHF"),
+    "l2": Alias("policy.optimizer.weight_decay", "OpenRLHF"),
+    "max_norm": Alias("policy.grad_clip", "OpenRLHF"),
+    "vllm_num_engines": Alias("rollout.devices", "OpenRLHF", "one engine per device"),
+    "async_train": Alias("rollout.async_ratio", "OpenRLHF", "a ratio > 0 overlaps rollout with training"),
+    # ROLL (the reference design)
+    "num_return_sequences_in_group": Alias(_SAMPLES, "ROLL"),
+    "async_generation_ratio": Alias("rollout.async_ratio", "ROLL"),
+    "response_length": Alias(_NEW_TOKENS, "ROLL"),
+    "prompt_length": Alias(_PROMPT_TOKENS, "ROLL"),
+}
+
+
+def alias_for(path: str) -> tuple[str, Alias] | None:
+    """(the foreign name matched, gyre's key for it) for the unknown key at dotted ``path``: by its whole
+    path, else by its last part."""
+    if path in BY_PATH:
+        return path, BY_PATH[path]
+    name = path.rpartition(".")[2]
+    return (name, BY_NAME[name]) if name in BY_NAME else None
+
+
+def describe(name: str, alias: Alias) -> str:
+    """'(verl: actor_rollout_ref.rollout.n)', with the note when the meanings differ."""
+    note = f"; {alias.note}" if alias.note else ""
+    return f"({alias.origin}: {name}{note})"
