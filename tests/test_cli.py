@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from gyre.cli import main
 
@@ -75,3 +76,11 @@ def test_check_builds_the_environment_of_an_agentic_run(tiny_model_dir, capsys, 
     assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
                  "env.id=gyre:chess", "cluster.cpu_slots=2"]) == 2
     assert "no built-in environment 'chess'" in capsys.readouterr().err
+    # A reset that hangs or kills its process is reported, not a hung or killed launcher.
+    hostile = Path(__file__).parent / "envs" / "hostile_envs.py"
+    assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
+                 f"env.id={hostile}:StuckReset", "env.reset_timeout_s=1", "cluster.cpu_slots=2"]) == 2
+    assert "reset(0) failed before the run started: reset() did not return within 1 s" in capsys.readouterr().err
+    assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
+                 f"env.id={hostile}:ExitingReset", "cluster.cpu_slots=2"]) == 2
+    assert "its process died during reset() (exit code 4)" in capsys.readouterr().err

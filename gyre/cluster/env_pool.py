@@ -46,30 +46,34 @@ class EnvPool:
 
     def poll(self, ready: list) -> list[EnvResult]:
         """The answers among ``ready`` refs, and failures for calls past their deadline or on dead workers."""
-        out, broken = [], set()
+        out, broken = [], {}
         for ref in [r for r in ready if r in self._pending]:
-            call, rank, _ = self._pending.pop(ref)
+            call, rank, _ = self._pending[ref]
             try:
-                out.append(EnvResult(call.call_id, transport.get(ref)))
+                value = transport.get(ref)
             except transport.RemoteError as exc:
-                out.append(EnvResult(call.call_id, EnvFailure("crashed", f"environment worker {rank} failed: "
-                                                                          f"{str(exc).splitlines()[0][:200]}")))
-                broken.add(rank)
+                broken[rank] = f"it failed: {str(exc).splitlines()[0][:200]}"  # its calls all fail below
+                continue
+            del self._pending[ref]
+            out.append(EnvResult(call.call_id, value))
         now = time.monotonic()
-        broken |= {rank for _, rank, deadline in self._pending.values() if now > deadline}
-        for rank in broken:
-            out += self._replace(rank)
+        for _, rank, deadline in self._pending.values():
+            if now > deadline:
+                broken.setdefault(rank, f"a call went {self.deadline_s:g} s unanswered")
+        for rank, cause in broken.items():
+            out += self._replace(rank, cause)
         return out
 
-    def _replace(self, rank: int) -> list[EnvResult]:
+    def _replace(self, rank: int, cause: str) -> list[EnvResult]:
         """Fail every call pending on worker ``rank`` and put a fresh worker in its place."""
         failed = []
         for ref, (call, r, _) in list(self._pending.items()):
             if r == rank:
                 del self._pending[ref]
-                failed.append(EnvResult(call.call_id, EnvFailure("crashed", f"environment worker {rank} was lost")))
-        log.warning("environment worker %d died or stopped answering: %d call(s) failed, starting a fresh one",
-                    rank, len(failed))
+                failed.append(EnvResult(call.call_id, EnvFailure("crashed", f"environment worker {rank} was lost "
+                                                                            f"({cause})")))
+        log.warning("environment worker %d was lost (%s): %d call(s) failed, starting a fresh one", rank, cause,
+                    len(failed))
         self.workers.respawn(rank)
         self.worker_restarts += 1
         return failed

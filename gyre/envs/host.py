@@ -5,8 +5,10 @@ process or return junk. A Python call cannot be stopped from inside its own proc
 lives in a spawned child (``EnvSlot``): a call past its deadline kills the child, a crash is seen as
 the pipe closing, and either way the call returns an ``EnvFailure`` (one trajectory lost) and the next
 call starts a fresh child. A raise or an invalid return leaves the child running (the next ``reset``
-starts a new episode). Observations longer than ``max_observation_chars`` are cut (``info`` says so):
-a runaway environment must not flood the driver.
+starts a new episode). A step on a child not reset since it started fails at once (``crashed``): the
+episode's state died with the child before it (or with its environment worker, whose replacement hosts
+fresh slots), and a fresh environment must not silently play on. Observations longer than
+``max_observation_chars`` are cut (``info`` says so): a runaway environment must not flood the driver.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class EnvSlot:
         self._conn: Connection | None = None
         self.restarts = 0
         """Children killed or found dead and started again."""
+        self._reset_done = False
+        """The running child has been reset: it holds an episode a step may act on."""
 
     def reset(self, seed: int | None, deadline_s: float) -> EnvReset | EnvFailure:
         return self._call("reset", seed, deadline_s)
@@ -74,9 +78,14 @@ class EnvSlot:
         self._stop()
 
     def _call(self, op: str, arg, deadline_s: float):
+        if op == "reset":
+            self._reset_done = False
         failure = self._ensure()
         if failure is not None:
             return failure
+        if op == "step" and not self._reset_done:
+            return EnvFailure("crashed", "step() on an environment process that holds no episode: the one its "
+                                         "reset() ran in was lost (or reset() was never called)")
         try:
             self._conn.send((op, arg))
         except OSError:
@@ -89,7 +98,11 @@ class EnvSlot:
             kind, payload = self._conn.recv()
         except (EOFError, OSError):
             return self._lost(f"its process died during {op}() (exit code {self._exitcode()})")
-        return payload if kind == "ok" else EnvFailure(kind, payload)
+        if kind != "ok":
+            return EnvFailure(kind, payload)
+        if op == "reset":
+            self._reset_done = True
+        return payload
 
     def _ensure(self) -> EnvFailure | None:
         """A running child that has built its environment (started now if there is none)."""
@@ -130,6 +143,7 @@ class EnvSlot:
         return self._proc.exitcode
 
     def _stop(self) -> None:
+        self._reset_done = False
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()
             self._proc.join(timeout=5)

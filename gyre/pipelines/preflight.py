@@ -194,17 +194,16 @@ def _note_unsplit_asserts(name: str, records, echo) -> None:
 
 def check_env(cfg: RLVRConfig) -> None:
     """Build the environment once here and play a reset: a wrong id, file or keyword argument is an
-    error before any actor starts, not a failed episode in every worker."""
-    from gyre.envs.protocol import EnvError, call, check_reset, make_env
+    error before any actor starts, not a failed episode in every worker. It runs in a process of its own
+    within ``env.reset_timeout_s``, as in the workers: a reset that hangs or kills its process must not
+    hang or kill the launcher."""
+    from gyre.envs.host import EnvSlot, EnvSpec
+    from gyre.envs.protocol import EnvError, EnvFailure
 
-    env = make_env(cfg.env.id, cfg.env.kwargs)
+    slot = EnvSlot(EnvSpec(cfg.env.id, cfg.env.kwargs, cfg.env.max_observation_chars))
     try:
-        reset = call(env.reset, 0)
-    except Exception as exc:  # noqa: BLE001 - the user's reset failed: say so before the run starts
-        raise EnvError(f"env {cfg.env.id!r}: reset(0) raised {type(exc).__name__}: {exc}") from None
-    try:
-        check_reset(reset)
+        reset = slot.reset(0, cfg.env.reset_timeout_s)
     finally:
-        close = getattr(env, "close", None)
-        if callable(close):
-            close()
+        slot.close()
+    if isinstance(reset, EnvFailure):
+        raise EnvError(f"env {cfg.env.id!r}: reset(0) failed before the run started: {reset.message}")

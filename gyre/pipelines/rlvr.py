@@ -133,6 +133,8 @@ class RLVRPipeline:
         faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries,
                   "fault/rollout_engine_deaths": self.rollout.driver.engine_deaths,
                   "fault/rollout_engine_hangs": self.rollout.driver.engine_hangs}
+        if self.rollout.driver.envs is not None:
+            faults["fault/env_worker_restarts"] = self.rollout.driver.envs.worker_restarts
         return {**sample_metrics(trajectories), **domain_metrics(trajectories, self.cfg.reward), **reward_stats,
                 **algo_metrics, **train_metrics, **versions, **rollout.stats, **idle, **faults,
                 **{f"time/{k}": v for k, v in timer.items()}}
@@ -175,12 +177,15 @@ class RLVRPipeline:
         v = self.cfg.validation
         params = SamplingParams(v.temperature, 1.0, 0, self.sampling.max_new_tokens, self.sampling.stop)
         groups = self.rollout.evaluate(self.data.val_prompts, params, v.samples_per_prompt)
+        failed = {"val/groups_failed": len(self.data.val_prompts) - len(groups)} if self.cfg.env is not None else {}
         trajectories = [t for g in groups for t in g.trajectories]
+        if not trajectories:  # every validation environment failed too often (counted): nothing to score
+            return failed
         self.reward_metrics(trajectories)  # failures are counted (and stop the run) as in training
         metrics = {f"val/{k}": val for k, val in {**sample_metrics(trajectories),
                                                    **domain_metrics(trajectories, self.cfg.reward)}.items()}
         self.val_history.append(metrics["val/accuracy"])
-        return metrics
+        return {**metrics, **failed}
 
     def write_validation_table(self) -> None:
         """validation.md: held-out accuracy at every validation so far, overall and per domain."""

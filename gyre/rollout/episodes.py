@@ -10,7 +10,11 @@ All episodes of a group play the same environment seed (their returns are compar
 each with its own sampling streams. An environment that fails (raises, hangs, crashes, returns junk)
 costs its episode, which is counted (``env/failures_<kind>``) and replaced by a fresh one of the same
 group on the same seed, at most ``max_failures`` times per group; past that the group is given up
-(``failed``) and the scheduler admits another in its place.
+(``failed``) and the scheduler admits another in its place. The first failure of each kind is logged
+with its message. An environment that fails every episode would have groups given up forever: once
+``max(GIVE_UP_LIMIT, slots)`` groups in a row are given up with no episode finishing, the run stops
+(``EnvError``, with the last failure). Observations cut to the episode's limit are counted too
+(``env/observations_cut``).
 
 ``turn_sync`` turns this into classic turn-synchronised batching, the baseline environment-level
 asynchrony is measured against: every running episode's next turn is sampled together once every
@@ -19,6 +23,7 @@ environment has answered, and the environments are stepped together once every t
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,10 +31,16 @@ from typing import Literal
 
 from gyre.envs.context import ContextBuilder
 from gyre.envs.episode import Episode, EpisodeLimits
-from gyre.envs.protocol import EnvFailure, EnvReset, EnvStep
+from gyre.envs.protocol import EnvError, EnvFailure, EnvReset, EnvStep
 from gyre.rollout.requests import RequestBook
 from gyre.seeding import derive_seed
 from gyre.types import GenerationResult, Group, SamplingParams, Trajectory, WeightVersion
+
+log = logging.getLogger(__name__)
+
+GIVE_UP_LIMIT = 8
+"""Groups given up in a row (no episode finishing meanwhile) that stop the run, or the slot count if
+larger: one lost environment worker may fail every episode in flight at once."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,11 @@ class EpisodeRunner:
         """Episodes waiting for a slot, in launch order."""
         self.failures: dict[str, int] = {}
         """Group id -> episodes lost to environment failures."""
+        self.given_up_in_a_row = 0
+        """Groups given up since an episode last finished."""
+        self.last_failure: EnvFailure | None = None
+        self._logged: set[str] = set()
+        """Failure kinds whose first failure was logged."""
         self.next_index: dict[str, int] = {}
         self.groups: dict[str, Group] = {}
         self.requests: RequestBook | None = None
@@ -158,7 +174,7 @@ class EpisodeRunner:
             value = result.value
             live.in_env = False
             if isinstance(value, EnvFailure):
-                self._count(f"env/failures_{value.kind}")
+                self._report(value)
                 self._fail(key, out)
             elif isinstance(value, EnvReset):
                 self._ask(key, live.episode.on_reset(value))
@@ -261,7 +277,19 @@ class EpisodeRunner:
     def _finish(self, key: str, out: Outcome) -> None:
         live = self.live[key]
         out.finished.append((live.group, live.episode.trajectory()))
+        self._count("env/observations_cut", live.episode.info.get("observations_cut", 0))
+        self.given_up_in_a_row = 0
         self._release(key)
+
+    def _report(self, failure: EnvFailure) -> None:
+        """Count the failure; log the first of its kind with its message (the rest are only counted)."""
+        self._count(f"env/failures_{failure.kind}")
+        self.last_failure = failure
+        if failure.kind not in self._logged:
+            self._logged.add(failure.kind)
+            log.warning("an environment failed (%s): %s. Its episode is replaced; failures are counted in "
+                        "env/failures_%s, and only the first of each kind is shown", failure.kind, failure.message,
+                        failure.kind)
 
     def _fail(self, key: str, out: Outcome) -> None:
         """An environment failure: a fresh episode of the group replaces this one, or the group is given up."""
@@ -271,6 +299,12 @@ class EpisodeRunner:
         if lost > self.max_failures:
             out.failed.append(group_id)
             self._count("env/groups_failed")
+            self.given_up_in_a_row += 1
+            if self.given_up_in_a_row >= max(GIVE_UP_LIMIT, self.slots.size):
+                raise EnvError(f"the environment failed every episode of the last {self.given_up_in_a_row} groups "
+                               f"(each given up after env.max_failures = {self.max_failures} failures); the last "
+                               f"({self.last_failure.kind}): {self.last_failure.message}. Fix the environment, or "
+                               f"raise env.step_timeout_s / env.reset_timeout_s if it is only slow")
         elif group_id in self.groups:
             self._new_episode(self.groups[group_id])
 

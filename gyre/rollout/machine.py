@@ -91,7 +91,9 @@ class RolloutMachine:
             self.driver.run(sched, lambda: False, "train", refill=refill, until=refs, until_call=(group, method))
 
     def evaluate(self, prompts: Sequence[PromptRecord], params: SamplingParams, n: int) -> list[Group]:
-        """Every prompt's n samples, scored (validation): a one-off scheduler on the same driver."""
+        """Every prompt's n samples, scored (validation): a one-off scheduler on the same driver. A group
+        given up (its environment failed more than ``env.max_failures`` times) is left out, not replaced:
+        the prompts are fixed."""
         self.activate()
         self._flush()
         spec = ScheduleSpec(n, len(prompts), params, self.spec.run_seed, stream="val")
@@ -100,10 +102,10 @@ class RolloutMachine:
         scheduler.admit(0, lambda k: list(prompts[:k]))
         step = self.version + 1  # the step these weights would train: every group is on-policy for it
         try:
-            self.driver.run(scheduler, lambda: scheduler.ready(step), "val")
+            self.driver.run(scheduler, lambda: scheduler.ready(step) or scheduler.idle, "val")
         finally:
             self.driver.schedulers.pop("val", None)
-        return scheduler.take(step)
+        return scheduler.take(step) if scheduler.ready(step) else [g for _, g in scheduler.buffer.entries]
 
     def publish(self, version: WeightVersion, weights=None) -> None:
         """Every engine takes the policy's ``version`` at its next step boundary: loaded from ``weights``

@@ -48,6 +48,19 @@ def test_failures_cost_one_call_and_the_slot_recovers():
     s.close()
 
 
+def test_a_step_on_a_process_that_lost_its_episode_fails():
+    """A fresh slot (a replaced environment worker has only fresh ones) or a restarted child holds no
+    episode: stepping it would silently play a fresh environment, so the call fails (its episode is re-run)."""
+    s = slot()
+    lost = s.step("go", 5)
+    assert lost.kind == "crashed" and "holds no episode" in lost.message
+    s.reset(0, 30)
+    assert s.step("hang", 1.0).kind == "timeout"
+    assert s.step("go", 5).kind == "crashed"
+    assert s.reset(1, 30).observation == "start 1" and s.step("go", 5).observation == "step 1"
+    s.close()
+
+
 def test_an_environment_that_cannot_be_built_is_a_clear_error():
     with pytest.raises(EnvError, match="BrokenConstructor.* cannot be built with {}: ValueError: no config"):
         slot("BrokenConstructor").reset(0, 30)

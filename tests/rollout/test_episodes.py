@@ -11,7 +11,7 @@ import pytest
 from gyre.envs.builtin.guess import GuessNumber
 from gyre.envs.context import ContextBuilder
 from gyre.envs.episode import EpisodeLimits
-from gyre.envs.protocol import EnvFailure, check_reset, check_step
+from gyre.envs.protocol import EnvError, EnvFailure, check_reset, check_step
 from gyre.models.presets import build_char_tokenizer
 from gyre.rollout.episodes import EnvCall, EnvResult, EpisodeRunner, SlotPool
 from gyre.rollout.requests import Abort, Generate
@@ -88,11 +88,11 @@ class EnvWorld:
 
 
 def scheduler(slots: int, extra: int = 0, alpha: float = 0.0, turn_sync: bool = False,
-              restart: bool = False) -> RolloutScheduler:
+              restart: bool = False, observation_tokens: int = 256) -> RolloutScheduler:
     spec = ScheduleSpec(3, 2, SamplingParams(max_new_tokens=12), run_seed=5, async_ratio=alpha, replicate=True,
                         extra_samples=extra, restart_stale=restart)
-    runner = EpisodeRunner(SlotPool(slots), ContextBuilder(TOKENIZER, use_template=False),
-                           EpisodeLimits(max_turns=4, turn_tokens=12, context_tokens=400), spec.sampling,
+    limits = EpisodeLimits(max_turns=4, turn_tokens=12, context_tokens=400, observation_tokens=observation_tokens)
+    runner = EpisodeRunner(SlotPool(slots), ContextBuilder(TOKENIZER, use_template=False), limits, spec.sampling,
                            turn_sync=turn_sync)
     return RolloutScheduler(spec, engines=2, episodes=runner)
 
@@ -143,6 +143,28 @@ def test_failed_environments_cost_one_episode_each():
     assert stats["env/failures_timeout"] >= 1
     indices = [t.sample_index for g in batch for t in g.trajectories]
     assert max(indices) >= 3 or stats.get("rollout/groups_failed", 0) >= 1  # replacements ran
+
+
+def test_an_environment_that_fails_every_episode_stops_the_run_with_its_failure(caplog):
+    """Without a limit its groups would be given up and replaced forever, the run silent."""
+    world = EnvWorld(scheduler(slots=3), random.Random(1), fail=lambda call: True)
+    source = iter(seeds(100))
+    with pytest.raises(EnvError, match=r"failed every episode of the last 8 groups .*\(timeout\): scripted"):
+        world.run_until_ready(1, lambda k: [next(source) for _ in range(k)])
+    assert world.sched.stats["env/groups_failed"] == 8 and world.sched.stats["env/failures_timeout"] == 8 * 4
+    assert [r.getMessage() for r in caplog.records] == [
+        "an environment failed (timeout): scripted. Its episode is replaced; failures are counted in "
+        "env/failures_timeout, and only the first of each kind is shown"]
+
+
+def test_observations_cut_to_their_limit_are_counted():
+    world = EnvWorld(scheduler(slots=6, observation_tokens=3), random.Random(3))
+    source = iter(seeds(100))
+    batch = world.run_until_ready(1, lambda k: [next(source) for _ in range(k)])
+    kept = [t.segments[1::2] for g in batch for t in g.trajectories]
+    assert all(len(obs.token_ids) == 3 for segments in kept for obs in segments)  # "5: too low." and the like
+    cut = sum(len(segments) for segments in kept)
+    assert cut >= 1 and world.sched.take_stats()["env/observations_cut"] == cut
 
 
 def test_redundant_episodes_are_stopped_once_a_group_has_its_size():
