@@ -27,8 +27,8 @@ def test_a_hostile_environment_costs_episodes_never_the_run(ray_local, tiny_mode
         f"env.id={HOSTILE}:Troublemaker", f"env.kwargs={{ledger: {tmp_path / 'ledger'}, faults: {faults}}}",
         "env.workers=2", "env.slots_per_worker=4", "env.step_timeout_s=2", "env.max_failures=3",
         "env.max_turns=3", "env.turn_tokens=8", "env.context_tokens=120", "env.observation_tokens=32",
-        "env.val_episodes=2", "validation.every=3", "rollout.devices=[0,1]", "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=4", "policy.devices=[0,1]", "policy.micro_batch_size=4", "logging.progress=false"])
+        "env.val_episodes=2", "validation.every=3", "rollout.devices=[1]", "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4", "policy.devices=[0]", "policy.micro_batch_size=4", "logging.progress=false"])
     summary = launch.train(cfg)
 
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
