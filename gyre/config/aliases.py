@@ -146,7 +146,6 @@ BY_NAME: dict[str, Alias] = {
     "lora_alpha": Alias("policy.lora.alpha", "TRL, verl, OpenRLHF, peft"),
     "lora_dropout": Alias("policy.lora.dropout", "TRL, OpenRLHF, peft"),
     "lora_target_modules": Alias("policy.lora.target_modules", "TRL"),
-    "target_modules": Alias("policy.lora.target_modules", "verl, OpenRLHF, peft"),
     "lora_modules_to_save": Alias("policy.lora.modules_to_save", "TRL"),
     "use_rslora": Alias("policy.lora.rslora", "TRL, peft"),
     # ROLL (the reference design)

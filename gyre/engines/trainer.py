@@ -205,15 +205,14 @@ class TrainerBackend:
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The trainable parameters alone (with LoRA: the adapters and modules_to_save), unsharded on CPU,
-        on rank 0 (None elsewhere). Every rank must call it: under FSDP2 it gathers only these."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        state = get_model_state_dict(self.model, options=options)
-        if dist.get_rank() != 0:
-            return None
-        names = self._trainable_names()
-        return {k: v.detach().cpu() for k, v in state.items() if k in names}
+        on rank 0 (None elsewhere). Every rank must call it: under FSDP2 it gathers these and nothing else
+        (DCP's state-dict helpers would also gather a frozen output head tied to the embeddings)."""
+        state = {}
+        for name, p in self.hf_model.named_parameters():  # the same order on every rank
+            if p.requires_grad:
+                t = p.detach()
+                state[name] = (t.full_tensor() if hasattr(t, "full_tensor") else t).cpu()
+        return state if dist.get_rank() == 0 else None
 
     def _trainable_names(self) -> set[str]:
         return {name for name, p in self.hf_model.named_parameters() if p.requires_grad}
