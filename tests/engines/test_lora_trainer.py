@@ -80,6 +80,17 @@ def _weights_worker(rank, model_dir, port):
     merged = copy.deepcopy(b.peft_model).merge_and_unload().state_dict()
     served = engine.model.state_dict()
     assert merged.keys() == served.keys() and all(torch.equal(merged[k], served[k]) for k in merged)
+    # modules_to_save: the norms train in full and replace the engine's own (their base copies stay aside).
+    full = _trainer(model_dir, lora=LoraConfig(r=4, alpha=8, modules_to_save=["norm"]))
+    _step(full, batch)
+    adapter = AdapterWeights.from_trainable_state(full.trainable_state_dict(), lora_targets(full.hf_model))
+    assert sorted(adapter.full) == sorted([f"model.layers.{i}.{n}.weight" for i in (0, 1)
+                                           for n in ("input_layernorm", "post_attention_layernorm")]
+                                          + ["model.norm.weight"])
+    norms_engine = HFRolloutEngine(load_causal_lm(model_dir), tokenizer)
+    norms_engine.load_adapter(adapter, 1)
+    merged = copy.deepcopy(full.peft_model).merge_and_unload().state_dict()
+    assert all(torch.equal(v, norms_engine.model.state_dict()[k]) for k, v in merged.items())
     # Hybrid mode samples with the trainer's own (injected) model: the adapters take part in generation,
     # which samples what the merged engine samples, and not what the base model would.
     request = GenerationRequest("r", batch.input_ids[0, :3].tolist(), SamplingParams(max_new_tokens=5), n=2, seed=3)
