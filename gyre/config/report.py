@@ -87,13 +87,18 @@ def _reference(plan: RunPlan) -> str:
 
 
 def _lora_line(cfg: RLVRConfig) -> str:
-    """LoRA's shape and what it trains, counted on the model's architecture (nothing is loaded)."""
-    from gyre.models.lora import lora_size
+    """LoRA's shape and what it trains, counted on the model's architecture (no weight is loaded) once
+    model.path is a local model directory (pre-flight resolves it)."""
+    from pathlib import Path
 
     lora = cfg.policy.lora
-    size = lora_size(cfg.model.path, lora, cfg.model.trust_remote_code)
     saved = f" + {lora.modules_to_save} in full" if lora.modules_to_save else ""
-    return (f"  LoRA                 r={lora.r}, alpha={lora.alpha:g} (scale {lora.scale:g}) on {size.layers} "
-            f"{lora.target_modules} layers{saved}: {size.trainable:,} of {size.total:,} parameters train "
-            f"({100 * size.trainable / size.total:.2f}%); optimizer state, checkpoints and weight syncs hold "
-            f"the adapters alone; final model {lora.save}")
+    counted = f"{lora.target_modules} layers{saved}"
+    if (Path(cfg.model.path) / "config.json").is_file():
+        from gyre.models.lora import lora_size
+
+        size = lora_size(cfg.model.path, lora, cfg.model.trust_remote_code)
+        counted = (f"{size.layers} {counted}: {size.trainable:,} of {size.total:,} parameters train "
+                   f"({100 * size.trainable / size.total:.2f}%)")
+    return (f"  LoRA                 r={lora.r}, alpha={lora.alpha:g} (scale {lora.scale:g}) on {counted}; "
+            f"optimizer state, checkpoints and weight syncs hold the adapters alone; final model {lora.save}")
