@@ -300,6 +300,7 @@ def export_lora(checkpoint: str | Path, model_path: str | Path, out: str | Path,
     CPU in this process, no Ray. ``out`` must be new or empty unless ``overwrite`` (files of the same
     names are then replaced, nothing else is removed). Raises ``ValueError`` with what to change.
     """
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     from gyre.models.loading import load_causal_lm
@@ -317,7 +318,11 @@ def export_lora(checkpoint: str | Path, model_path: str | Path, out: str | Path,
     model = load_causal_lm(model_path, "float32", trust_remote_code, "cpu")
     wrapped = apply_lora(model, cfg)
     trainable = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
-    dcp.load({"model": trainable}, checkpoint_id=str(policy))  # in place: the tensors are the parameters
+    # In place (the tensors are the parameters), in this process alone when no process group runs.
+    single = not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process": it is
+        dcp.load({"model": trainable}, storage_reader=dcp.FileSystemReader(str(policy)), no_dist=single)
     tokenizer = tokenizer_path or model_path
     if not merge:
         save_adapter(wrapped, trainable, target, tokenizer)

@@ -142,7 +142,9 @@ def _checkpoint_worker(rank, model_dir, port, out):
     assert all(torch.equal(merged[k], v) for k, v in with_adapter.state_dict().items())
     assert (out / "adapter" / "tokenizer_config.json").read_bytes() == (Path(model_dir) / "tokenizer_config.json") \
         .read_bytes()
-    # `gyre export` of the checkpoint (saved one step before): merged in bfloat16, or the adapter.
+    # `gyre export` of the checkpoint (saved one step before), as the command runs it: no process group.
+    # Merged in bfloat16, or the adapter.
+    torch.distributed.destroy_process_group()
     export_lora(out / "ckpt", model_dir, out / "export", dtype="bfloat16")
     exported = AutoModelForCausalLM.from_pretrained(out / "export")
     assert exported.dtype == torch.bfloat16 and not torch.equal(exported.state_dict()["model.layers.0.self_attn.q_proj"
