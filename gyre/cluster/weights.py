@@ -36,15 +36,20 @@ class WeightBundle:
     metas: list[TensorMeta]
     buckets: list[np.ndarray]
     checksums: list[int]
+    lora: dict | None = None
+    """None: the tensors are the model's weights. Otherwise a LoRA policy's adapters (``gyre.models.lora``):
+    targeted layer -> ``LoraTarget``, with the factors as ``<layer>.lora_A`` / ``<layer>.lora_B`` and any
+    other tensor a parameter trained in full that replaces the engine's own."""
 
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buckets)
 
 
-def pack_weights(state: Mapping[str, torch.Tensor], version: int,
-                 bucket_bytes: int = _DEFAULT_BUCKET_BYTES) -> WeightBundle:
-    """Flatten ``state`` (name -> tensor, any device/dtype) into byte buckets of about ``bucket_bytes``."""
+def pack_weights(state: Mapping[str, torch.Tensor], version: int, bucket_bytes: int = _DEFAULT_BUCKET_BYTES,
+                 lora: dict | None = None) -> WeightBundle:
+    """Flatten ``state`` (name -> tensor, any device/dtype) into byte buckets of about ``bucket_bytes``;
+    ``lora`` says the tensors are adapters (``WeightBundle.lora``)."""
     metas: list[TensorMeta] = []
     groups: list[list[tuple[str, torch.Tensor]]] = [[]]
     size = 0
@@ -68,7 +73,7 @@ def pack_weights(state: Mapping[str, torch.Tensor], version: int,
             buf[offset:offset + n] = t.view(-1).view(torch.uint8).numpy()
             offset += n
         buckets.append(buf)
-    return WeightBundle(version, metas, buckets, [zlib.adler32(b) for b in buckets])
+    return WeightBundle(version, metas, buckets, [zlib.adler32(b) for b in buckets], lora)
 
 
 def unpack_weights(bundle: WeightBundle, verify: bool = True) -> dict[str, torch.Tensor]:

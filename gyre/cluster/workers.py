@@ -161,6 +161,10 @@ class PolicyWorker(TrainerRank, EngineHost):
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.backend.compute_logprobs(shard, temperature)
 
+    def compute_ref_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
+        """LoRA: the KL reference's log-probs, under the base model (the adapters switched off)."""
+        return self.backend.compute_logprobs(shard, temperature, adapter=False)
+
     # ---- hybrid rollout: sampling with the training weights themselves --------------------------
     def _engine(self):
         from gyre.engines.hf_rollout import HFRolloutEngine
@@ -193,9 +197,19 @@ class PolicyWorker(TrainerRank, EngineHost):
 
     def export_weights(self, version: int, dtype: str) -> list | None:
         """Rank 0 returns [ObjectRef of a WeightBundle] with floating tensors in the rollout ``dtype``
-        (half the bytes for a bf16 engine); other ranks take part (FSDP2 gathers) and return None."""
+        (half the bytes for a bf16 engine); other ranks take part (FSDP2 gathers) and return None. With
+        LoRA the bundle holds the adapters alone, in float32 (they are small; the engines merge them)."""
         import ray
 
+        if self.backend.peft_model is not None:
+            from gyre.models.lora import AdapterWeights, lora_targets
+
+            trainable = self.backend.trainable_state_dict()
+            if trainable is None:
+                return None
+            targets = lora_targets(self.backend.hf_model)
+            adapter = AdapterWeights.from_trainable_state(trainable, targets)
+            return [ray.put(pack_weights(adapter.tensors(), version, lora=targets))]
         state = self.backend.full_state_dict()
         if state is None:
             return None
@@ -203,14 +217,28 @@ class PolicyWorker(TrainerRank, EngineHost):
         state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         return [ray.put(pack_weights(state, version))]
 
-    def save_hf(self, directory: str, tokenizer_path: str, dtype: str) -> None:
-        """Write the current weights in ``dtype`` as a Hugging Face model directory, with the tokenizer
-        files of ``tokenizer_path`` copied unchanged (rank 0 writes)."""
+    def save_hf(self, directory: str | None, tokenizer_path: str, dtype: str,
+                adapter_directory: str | None = None) -> None:
+        """Write the current weights in ``dtype`` as a Hugging Face model directory (with LoRA: the base
+        with the adapters merged), with the tokenizer files of ``tokenizer_path`` copied unchanged; with
+        LoRA and ``adapter_directory``, the adapter in peft's format there too. Rank 0 writes."""
         from gyre.models.saving import save_hf_model
 
-        state = self.backend.full_state_dict()
-        if state is not None:
-            save_hf_model(self.backend.hf_model, state, directory, dtype, tokenizer_path)
+        b = self.backend
+        if directory is not None:
+            state = b.full_state_dict()
+            if state is not None and b.peft_model is not None:
+                from gyre.models.lora import lora_targets, merged_state_dict
+
+                state = merged_state_dict(state, lora_targets(b.hf_model))
+            if state is not None:
+                save_hf_model(b.hf_model, state, directory, dtype, tokenizer_path)
+        if adapter_directory is not None and b.peft_model is not None:
+            from gyre.models.lora import save_adapter
+
+            trainable = b.trainable_state_dict()
+            if trainable is not None:
+                save_adapter(b.peft_model, trainable, adapter_directory, tokenizer_path)
 
 
 class CriticWorker(TrainerRank):
@@ -250,7 +278,12 @@ class RolloutWorker(EngineHost):
         bundle: WeightBundle = ray.get(bundle_refs[0])
         if bundle.version != version:
             raise ValueError(f"weight bundle holds version {bundle.version}, expected {version}")
-        self.engine.load_weights(unpack_weights(bundle), bundle.version)
+        if bundle.lora is not None:  # a LoRA policy's adapters: merged into this engine's base weights
+            from gyre.models.lora import AdapterWeights
+
+            self.engine.load_adapter(AdapterWeights.from_tensors(unpack_weights(bundle), bundle.lora), bundle.version)
+        else:
+            self.engine.load_weights(unpack_weights(bundle), bundle.version)
         return self.engine.weight_version
 
     def weight_version(self) -> int:

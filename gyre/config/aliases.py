@@ -139,6 +139,15 @@ BY_NAME: dict[str, Alias] = {
     "max_norm": Alias("policy.grad_clip", "OpenRLHF"),
     "vllm_num_engines": Alias("rollout.devices", "OpenRLHF", "one engine per device"),
     "async_train": Alias("rollout.async_ratio", "OpenRLHF", "a ratio > 0 overlaps rollout with training"),
+    # LoRA (TRL's ModelConfig / peft, verl's actor_rollout_ref.model, OpenRLHF's flags)
+    "use_peft": Alias("policy.lora", "TRL", "policy.lora={} turns LoRA on"),
+    "lora_r": Alias("policy.lora.r", "TRL"),
+    "lora_rank": Alias("policy.lora.r", "verl, OpenRLHF", "a rank > 0 is policy.lora={r: rank}"),
+    "lora_alpha": Alias("policy.lora.alpha", "TRL, verl, OpenRLHF, peft"),
+    "lora_dropout": Alias("policy.lora.dropout", "TRL, OpenRLHF, peft"),
+    "lora_target_modules": Alias("policy.lora.target_modules", "TRL"),
+    "lora_modules_to_save": Alias("policy.lora.modules_to_save", "TRL"),
+    "use_rslora": Alias("policy.lora.rslora", "TRL, peft"),
     # ROLL (the reference design)
     "num_return_sequences_in_group": Alias(_SAMPLES, "ROLL"),
     "async_generation_ratio": Alias("rollout.async_ratio", "ROLL"),

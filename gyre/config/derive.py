@@ -45,6 +45,9 @@ class RunPlan:
     total_optimizer_steps: int
     recompute_old_logprobs: bool
     use_reference: bool
+    reference_on_policy: bool
+    """LoRA: the reference log-probs come from the policy ranks with the adapters switched off (the base
+    model), so there is no reference role."""
     use_critic: bool
     """algorithm.estimator gae: a critic role (value model) trains beside the policy."""
     reward_workers: int
@@ -96,15 +99,15 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     notes: list[str] = []
     a = cfg.algorithm
     use_reference = a.uses_reference
+    reference_on_policy = use_reference and cfg.policy.lora is not None
     if use_reference:
-        notes.append(f"KL to the reference (kl_loss_coef={a.kl_loss_coef}, kl_reward_coef={a.kl_reward_coef}): a "
-                     f"reference role is created on devices {list(cfg.reference.devices)}")
+        notes.append(_reference_note(cfg))
     use_critic = a.uses_critic
     hybrid = _check_hybrid(cfg, notes)
     _check_rollout_schedule(cfg, hybrid, notes)
     _check_attention(cfg, device_kind)
     roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
-    if use_reference:
+    if use_reference and not reference_on_policy:
         roles["reference"] = cfg.reference.devices
     if use_critic:
         roles["critic"] = cfg.critic.devices
@@ -155,13 +158,23 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         rows_multiple=rollout_batch // mini * math.lcm(dp, len(cfg.critic.devices) if use_critic else 1),
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
         total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
-        use_reference=use_reference, use_critic=use_critic,
+        use_reference=use_reference, reference_on_policy=reference_on_policy, use_critic=use_critic,
         reward_workers=sum(d.workers for d in cfg.reward.domains.values() if d.model_role is None)
         if cfg.env is None else math.ceil(cfg.env.workers * cfg.env.worker_cpus),
         critic_dp_size=len(cfg.critic.devices) if use_critic else 0,
         loss_agg_norm=agg_norm, overlong_cache_tokens=cache, threads_per_worker=cfg.cluster.threads_per_slot,
         sft_steps=sft_steps,
         notes=notes)
+
+
+def _reference_note(cfg: RLVRConfig) -> str:
+    a = cfg.algorithm
+    kl = f"KL to the reference (kl_loss_coef={a.kl_loss_coef}, kl_reward_coef={a.kl_reward_coef})"
+    if cfg.policy.lora is None:
+        return f"{kl}: a reference role is created on devices {list(cfg.reference.devices)}"
+    unused = " (the reference section has no effect)" if cfg.reference.model_fields_set else ""
+    return (f"{kl}: with policy.lora the reference is the policy's base model, its adapters switched off, scored "
+            f"by the policy ranks: no reference role, no second copy of the model{unused}")
 
 
 def _reward_model_roles(cfg: RLVRConfig, device_kind: str, notes: list[str]) -> dict[str, tuple[int, ...]]:

@@ -123,20 +123,21 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel], source:
 
 
 def _suggest(root: type[BaseModel], loc: tuple[str, ...], value: Any = None) -> str:
-    """A "did you mean" hint: gyre's key for another framework's name (``aliases``), else a close
-    spelling here, else the same key in a nested section."""
+    """A "did you mean" hint: gyre's key for another framework's name (``aliases``), else the same key
+    in a nested section (exact, so it beats a spelling neighbour: policy.lr is policy.optimizer.lr, not
+    policy.lora), else a close spelling here."""
     foreign = _foreign_hint(root, _shown(".".join(loc)), value)
     if foreign:
         return foreign
     parent, key = loc[:-1], loc[-1]
-    valid = _valid_keys(root, parent)
-    guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6) or [k for k in valid if k.startswith(key)][:1]
-    if guess:
-        return f"; did you mean {_shown('.'.join(parent + (guess[0],)))!r}?"
     model = _model_at(root, parent)
     nested = [p for p in _all_paths(model) if p[-1] == key] if model else []
     if nested:
         return f"; did you mean {_shown('.'.join(parent + nested[0]))!r}?"
+    valid = _valid_keys(root, parent)
+    guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6) or [k for k in valid if k.startswith(key)][:1]
+    if guess:
+        return f"; did you mean {_shown('.'.join(parent + (guess[0],)))!r}?"
     return ""
 
 

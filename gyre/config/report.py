@@ -53,9 +53,11 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         f"  total                {cfg.run.steps} RL steps, {plan.total_optimizer_steps} optimizer steps"
         + (f", after {plan.sft_steps} SFT warm-up steps" if plan.sft_steps else ""),
         f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
-        f"  reference model      {'yes' if plan.use_reference else 'no (no KL term)'}",
+        f"  reference model      {_reference(plan)}",
         f"  critic               {f'{plan.critic_dp_size} rank(s)' if plan.use_critic else 'no'}",
     ]
+    if cfg.policy.lora is not None:
+        lines.append(_lora_line(cfg))
     a = cfg.algorithm
     lines.append(f"  advantages           {a.estimator}, rewards normalised by mean {a.norm_mean} / std {a.norm_std}"
                  + (", whitened" if a.whiten_advantages else ""))
@@ -76,3 +78,27 @@ def _model_line(cfg: RLVRConfig) -> str:
     source = f"{cached[0]} at commit {cached[1][:12]} (Hugging Face cache: {m.path})" if cached else m.path
     attention = f", attention {m.attn_implementation}" if m.attn_implementation else ""
     return f"  model                {source}; computes in {m.dtype}{attention}, final model saved in {m.save_dtype}"
+
+
+def _reference(plan: RunPlan) -> str:
+    if not plan.use_reference:
+        return "no (no KL term)"
+    return "the base model: LoRA adapters off, on the policy ranks" if plan.reference_on_policy else "yes"
+
+
+def _lora_line(cfg: RLVRConfig) -> str:
+    """LoRA's shape and what it trains, counted on the model's architecture (no weight is loaded) once
+    model.path is a local model directory (pre-flight resolves it)."""
+    from pathlib import Path
+
+    lora = cfg.policy.lora
+    saved = f" + {lora.modules_to_save} in full" if lora.modules_to_save else ""
+    counted = f"{lora.target_modules} layers{saved}"
+    if (Path(cfg.model.path) / "config.json").is_file():
+        from gyre.models.lora import lora_size
+
+        size = lora_size(cfg.model.path, lora, cfg.model.trust_remote_code)
+        counted = (f"{size.layers} {counted}: {size.trainable:,} of {size.total:,} parameters train "
+                   f"({100 * size.trainable / size.total:.2f}%)")
+    return (f"  LoRA                 r={lora.r}, alpha={lora.alpha:g} (scale {lora.scale:g}) on {counted}; "
+            f"optimizer state, checkpoints and weight syncs hold the adapters alone; final model {lora.save}")

@@ -210,6 +210,39 @@ class SchedulerConfig(StrictModel):
     """For linear and cosine decay: the final learning rate as a fraction of the peak."""
 
 
+class LoraConfig(StrictModel):
+    """LoRA (peft) on the policy: the base weights stay frozen and only low-rank adapters train, so the
+    optimizer state, the checkpoints and every weight sync hold the adapter alone. The rollout engines
+    merge each published adapter into their copy of the base weights; the KL reference is the policy's
+    own base model with the adapter switched off (no reference role, no second copy of the model)."""
+
+    r: PositiveInt = 16
+    """Rank of every adapter: a targeted weight W [out, in] becomes W + scale * B @ A with B [out, r], A [r, in]."""
+    alpha: PositiveFloat = 32.0
+    """The scale's numerator: scale = alpha / r (alpha / sqrt(r) with rslora); peft's lora_alpha."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input in training forward passes. Log-prob passes run without it, so a
+    non-zero value makes the first optimizer step's ratio differ from 1; 0 (the default) keeps them equal."""
+    target_modules: str | list[str] = "all-linear"
+    """Which layers get an adapter: all-linear (every linear layer of the attention and MLP blocks, not the
+    output head), or a list of module names or name suffixes such as [q_proj, v_proj] (peft's
+    target_modules). Only linear layers can be targeted: the engines merge adapters into linear weights."""
+    modules_to_save: list[str] = []
+    """Modules trained in full beside the adapters, e.g. [norm] (peft's modules_to_save: a name or suffix).
+    Their whole weights travel with every weight sync. Not the embeddings of a model that ties them to
+    the output head."""
+    rslora: bool = False
+    """Rank-stabilised LoRA: scale = alpha / sqrt(r)."""
+    save: Literal["both", "merged", "adapter"] = "both"
+    """What the run writes at its end: merged (base + adapter, in model.save_dtype) in final_model/, which
+    AutoModelForCausalLM loads; adapter (peft format, PeftModel.from_pretrained) in final_adapter/; or both."""
+
+    @property
+    def scale(self) -> float:
+        """The factor of B @ A in every targeted weight."""
+        return self.alpha / (self.r ** 0.5 if self.rslora else self.r)
+
+
 class PolicyConfig(StrictModel):
     devices: DeviceList = (0,)
     strategy: Literal["ddp", "fsdp2"] = "ddp"
@@ -224,6 +257,8 @@ class PolicyConfig(StrictModel):
     """Passes over each rollout batch."""
     offload: Literal["auto", "always", "never"] = "auto"
     """Offload idle state of roles that share a device: auto offloads on GPU, never on CPU."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight (``{}`` turns it on with its defaults; see LoraConfig)."""
 
 
 NormScope = Literal["none", "group", "batch", "running"]

@@ -67,6 +67,11 @@ class RolloutEngine(Protocol):
         while no request is decoding (idle or suspended)."""
         ...
 
+    def load_adapter(self, adapter, version: WeightVersion) -> None:
+        """A LoRA policy's weight sync (``gyre.models.lora.AdapterWeights``): merge the adapters into the
+        base weights the engine loaded and set the version; only while no request is decoding."""
+        ...
+
     def offload(self) -> None:
         """Free device memory (weights to host, caches dropped) while another role uses the device."""
         ...

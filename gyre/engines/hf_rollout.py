@@ -20,6 +20,7 @@ from gyre.engines import memory
 from gyre.engines.kv_batch import KVBatch
 from gyre.engines.sampling import StopChecker, position_noise, sample_tokens
 from gyre.models.loading import eos_token_ids
+from gyre.models.lora import AdapterMerger, AdapterWeights
 from gyre.types import GenerationRequest, GenerationResult, SamplingParams, WeightVersion
 
 # Compact the decoding batch once at least this fraction of its rows has finished.
@@ -64,6 +65,8 @@ class HFRolloutEngine:
         """Rows admitted and not decoding: new ones, and those a ``suspend`` took out of the batch."""
         self._batch: KVBatch | None = None
         self._suspended = False
+        self._merger: AdapterMerger | None = None
+        """LoRA runs: the base weights the adapters are merged into (made at the first adapter)."""
 
     @property
     def weight_version(self) -> WeightVersion:
@@ -71,8 +74,7 @@ class HFRolloutEngine:
 
     # ---- weights and memory -------------------------------------------------------------
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: WeightVersion) -> None:
-        if self._batch is not None:
-            raise RuntimeError(f"the engine is decoding {len(self._batch)} rows: suspend it before loading weights")
+        self._check_idle()
         params = self.model.state_dict(keep_vars=True)  # persistent tensors only, sharing storage with the model
         missing = [name for name in params if name not in weights and not _is_tied_alias(name, weights)]
         if missing:
@@ -83,6 +85,19 @@ class HFRolloutEngine:
                 if target is not None:
                     target.copy_(tensor.to(dtype=target.dtype, device=target.device))
         self._version = int(version)
+
+    def load_adapter(self, adapter: AdapterWeights, version: WeightVersion) -> None:
+        """A LoRA policy's weight sync: every targeted weight becomes base + scale * B @ A, merged from the
+        base weights this engine loaded (kept in host memory), and parameters trained in full are replaced."""
+        self._check_idle()
+        if self._merger is None:
+            self._merger = AdapterMerger()
+        self._merger.merge(self.model, adapter)
+        self._version = int(version)
+
+    def _check_idle(self) -> None:
+        if self._batch is not None:
+            raise RuntimeError(f"the engine is decoding {len(self._batch)} rows: suspend it before loading weights")
 
     def set_version(self, version: WeightVersion) -> None:
         """The model's weights were changed in place (a hybrid trainer stepped them): move the stamp only."""

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from gyre.config.schema import OptimizerConfig, SchedulerConfig
+from gyre.config.schema import LoraConfig, OptimizerConfig, SchedulerConfig
 from gyre.engines import memory
 from gyre.engines.forward import batch_logprobs, batch_values, micro_batches
 from gyre.models.loading import load_causal_lm, load_value_model
@@ -36,6 +36,10 @@ class TrainerSpec:
     """lm: the policy (a causal LM); value: a critic (the backbone with a scalar value head)."""
     attn_implementation: str | None = None
     """transformers' attention kernel (model.attn_implementation); None: transformers' choice."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters only (policy.lora; ``gyre.models.lora``); None trains every weight."""
+    seed: int = 0
+    """The run's seed: the LoRA adapters' initial values (the same on every rank)."""
 
 
 def lr_lambda(spec: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
@@ -61,6 +65,8 @@ class TrainerBackend:
         self.spec = spec
         self.device = device
         self.model: torch.nn.Module | None = None
+        self.peft_model = None
+        """With LoRA: peft's wrapper around ``hf_model`` (its ``disable_adapter()`` gives the base model)."""
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.optimizer_steps = 0
@@ -79,6 +85,11 @@ class TrainerBackend:
                      self.spec.attn_implementation)
         if self.spec.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if self.spec.lora is not None:
+            from gyre.models.lora import apply_lora
+
+            # In place: ``model`` keeps its class and names, its targeted layers gain adapters, the rest freezes.
+            self.peft_model = apply_lora(model, self.spec.lora, self.spec.gradient_checkpointing, self.spec.seed)
         model.train()
         self.hf_model = model
         self.model = self._wrap(model)
@@ -87,7 +98,9 @@ class TrainerBackend:
                             grad_clip: float | None) -> None:
         """A fresh AdamW and LR schedule (e.g. RL after an SFT warm-up starts its own)."""
         fused = self.device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
+        # Frozen parameters (everything but the adapters, with LoRA) get no optimizer state.
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                            weight_decay=opt.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(schedule, total_steps))
         self.grad_clip = grad_clip
@@ -111,12 +124,16 @@ class TrainerBackend:
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
 
     # ---- forward passes -----------------------------------------------------------------
-    def compute_logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
-        """Log-probs of ``batch`` under the current weights, [B, L] on CPU."""
+    def compute_logprobs(self, batch: TrainBatch, temperature: float, adapter: bool = True) -> torch.Tensor:
+        """Log-probs of ``batch`` under the current weights, [B, L] on CPU. ``adapter=False`` (LoRA only):
+        under the base model, the adapters switched off: the KL reference without a second copy."""
+        if not adapter and self.peft_model is None:
+            raise RuntimeError("base-model log-probs need LoRA (policy.lora): without it the reference is a role")
         self.model.eval()
         try:
-            return batch_logprobs(self.model, batch, self.device, temperature, self.spec.micro_batch_size,
-                                  self._autocast_dtype)
+            with self.peft_model.disable_adapter() if not adapter else contextlib.nullcontext():
+                return batch_logprobs(self.model, batch, self.device, temperature, self.spec.micro_batch_size,
+                                      self._autocast_dtype)
         finally:
             self.model.train()
 
@@ -186,13 +203,40 @@ class TrainerBackend:
             return None
         return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
 
-    def save(self, directory: str) -> None:
-        """Model + optimizer (DCP, sharded per rank) and this rank's LR schedule. Collective."""
-        import torch.distributed.checkpoint as dcp
+    def trainable_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The trainable parameters alone (with LoRA: the adapters and modules_to_save), unsharded on CPU,
+        on rank 0 (None elsewhere). Every rank must call it: under FSDP2 it gathers these and nothing else
+        (DCP's state-dict helpers would also gather a frozen output head tied to the embeddings)."""
+        state = {}
+        for name, p in self.hf_model.named_parameters():  # the same order on every rank
+            if p.requires_grad:
+                t = p.detach()
+                state[name] = (t.full_tensor() if hasattr(t, "full_tensor") else t).cpu()
+        return state if dist.get_rank() == 0 else None
+
+    def _trainable_names(self) -> set[str]:
+        return {name for name, p in self.hf_model.named_parameters() if p.requires_grad}
+
+    def _checkpoint_state(self) -> dict:
+        """What a checkpoint holds: model and optimizer state (DCP). With LoRA the model part is the
+        trainable parameters only: the frozen base is the model directory the run started from."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+        if self.peft_model is not None:
+            names = self._trainable_names()
+            model_sd = {k: v for k, v in model_sd.items() if k in names}
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, directory: str) -> None:
+        """Model + optimizer (DCP, sharded per rank) and this rank's LR schedule. Collective."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._checkpoint_state(), checkpoint_id=directory)
+        if self.peft_model is not None and dist.get_rank() == 0:
+            from gyre.models.lora import write_marker
+
+            write_marker(directory, self.spec.lora)
         if self.optimizer_steps == 0:
             self._fresh_optimizer_state()
         extra = {"scheduler": self.scheduler.state_dict(), "optimizer_steps": self.optimizer_steps,
@@ -203,12 +247,13 @@ class TrainerBackend:
 
     def load(self, directory: str) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state = self._checkpoint_state()
         dcp.load(state, checkpoint_id=directory)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # strict=False with LoRA: the frozen base weights are not in an adapter-only checkpoint.
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(strict=self.peft_model is None))
         extra = torch.load(f"{directory}/trainer_rank{dist.get_rank()}.pt", weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.optimizer_steps = extra["optimizer_steps"]

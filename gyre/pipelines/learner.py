@@ -40,7 +40,10 @@ class Learner:
         if self.plan.recompute_old_logprobs:
             self.timeshare.activate("policy")
             batch.old_logprobs = self._forward(self.policy, "compute_logprobs", batch, self.temperature)
-        if self.reference is not None:
+        if self.plan.reference_on_policy:  # LoRA: the base model is the policy's, adapters switched off
+            self.timeshare.activate("policy")
+            batch.ref_logprobs = self._forward(self.policy, "compute_ref_logprobs", batch, self.temperature)
+        elif self.reference is not None:
             self.timeshare.activate("reference")
             batch.ref_logprobs = self._forward(self.reference, "compute_logprobs", batch, self.temperature)
         if self.critic is not None:
@@ -123,11 +126,24 @@ class Learner:
             self.critic.call("save_checkpoint", str(directory / "critic"))
 
     def restore(self, directory: Path) -> None:
+        self._check_lora_checkpoint(directory / "policy")
         self.policy.call("load_checkpoint", str(directory / "policy"))
         if self.critic is not None:
             self.critic.call("load_checkpoint", str(directory / "critic"))
 
-    def save_model(self, directory: Path, tokenizer_path: str, dtype: str) -> None:
-        """The policy as a Hugging Face model directory in ``dtype``, with the tokenizer files of
-        ``tokenizer_path`` copied unchanged."""
-        self.policy.call("save_hf", str(directory), tokenizer_path, dtype)
+    def save_model(self, directory: Path | None, tokenizer_path: str, dtype: str,
+                   adapter_directory: Path | None = None) -> None:
+        """The policy as a Hugging Face model directory in ``dtype`` (LoRA: merged), with the tokenizer
+        files of ``tokenizer_path`` copied unchanged; with LoRA, the adapter (peft's format) in
+        ``adapter_directory`` too. None writes nothing there."""
+        self.policy.call("save_hf", None if directory is None else str(directory), tokenizer_path, dtype,
+                         None if adapter_directory is None else str(adapter_directory))
+
+    def _check_lora_checkpoint(self, directory: Path) -> None:
+        """A LoRA checkpoint holds adapters only, a full one every weight: each needs the run it came from."""
+        from gyre.models.lora import resume_problem
+        from gyre.pipelines.checkpoint import ResumeError
+
+        problem = resume_problem(directory, self.cfg.policy.lora)
+        if problem:
+            raise ResumeError(f"cannot resume from {directory.parent}: {problem}")

@@ -91,12 +91,32 @@ def check_models(cfg: RLVRConfig) -> None:
             check_model_dir(domain.reward_model.path, key=f"reward.domains.{name}.reward_model.path")
 
 
+def check_lora(cfg: RLVRConfig) -> None:
+    """policy.lora: peft is there, and its modules exist in this model and can be adapted."""
+    if cfg.policy.lora is None:
+        return
+    from gyre.config.load import ConfigError
+
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise ConfigError("policy.lora needs the peft package, which is not installed here: pip install peft "
+                          "(or remove policy.lora to train every weight)") from None
+    from gyre.models.lora import LoraTargetError, lora_size
+
+    try:
+        lora_size(cfg.model.path, cfg.policy.lora, cfg.model.trust_remote_code)
+    except LoraTargetError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
     """Validate the config and inputs without Ray. With an ``address`` the devices are counted only
     after joining, so the plan checks everything but whether the named devices exist."""
     from gyre.cluster.runtime import check_reachable
 
     check_models(cfg)
+    check_lora(cfg)
     for domain in cfg.reward.domains.values():
         check_functions(domain)
     if address:

@@ -226,10 +226,18 @@ class RLVRPipeline:
         return state.step
 
     def save_final_model(self) -> Path:
+        """final_model/ (LoRA: merged) and, with LoRA, final_adapter/ as policy.lora.save asks; returns the
+        model directory, or the adapter's when only that is written."""
         out = Path(self.cfg.run.output_dir) / "final_model"
         m = self.cfg.model  # resolved: save_dtype is concrete ("auto" became the input's dtype)
-        self.learner.save_model(out, m.tokenizer_path or m.path, m.save_dtype)
-        return out
+        lora = self.cfg.policy.lora
+        if lora is None:
+            self.learner.save_model(out, m.tokenizer_path or m.path, m.save_dtype)
+            return out
+        adapter = out.with_name("final_adapter")
+        merged, kept = (out if lora.save != "adapter" else None), (adapter if lora.save != "merged" else None)
+        self.learner.save_model(merged, m.tokenizer_path or m.path, m.save_dtype, kept)
+        return merged or adapter
 
 
 def episode_runners(cfg: RLVRConfig, data, envs: EnvPool | None):

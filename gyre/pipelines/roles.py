@@ -85,7 +85,8 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     off = plan.offload
     spec = TrainerSpec(model_path=m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                        gradient_checkpointing=m.gradient_checkpointing, strategy=cfg.policy.strategy,
-                       micro_batch_size=cfg.policy.micro_batch_size, attn_implementation=m.attn_implementation)
+                       micro_batch_size=cfg.policy.micro_batch_size, attn_implementation=m.attn_implementation,
+                       lora=cfg.policy.lora, seed=cfg.run.seed)
     hybrid = HybridRollout(tok_path, m.trust_remote_code, cfg.rollout.max_batch_size) if plan.hybrid_rollout else None
     policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
         (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed, hybrid), {}))
@@ -98,7 +99,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
              cfg.rollout.max_batch_size, off, m.attn_implementation), {}))
         made.append(rollout)
     reference = None
-    if plan.use_reference:
+    if "reference" in plan.roles:  # LoRA scores the reference on the policy ranks (adapters off)
         reference = RoleGroup.create("reference", ReferenceWorker, placement, lambda r: (
             (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size,
              off, m.attn_implementation), {}))
