@@ -97,7 +97,7 @@ def write_hf_directory(source: ModelSource, directory: Path, dtype: str) -> None
 
     if source.kind == "checkpoint":
         model = _skeleton(source.base_model, source.trust_remote_code)
-        state = _share_tied(model, read_policy_weights(source.path / "policy"))
+        state = read_policy_weights(source.path / "policy")
     else:
         model = load_causal_lm(source.path, "float32", source.trust_remote_code)
         state = model.state_dict()
@@ -145,17 +145,6 @@ def _skeleton(base: Path, trust_remote_code: bool):
     if (base / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(base))
     return model
-
-
-def _share_tied(model, state: dict) -> dict:
-    """Names of one tied parameter (input and output embeddings) on one tensor, as in a loaded model, so that
-    ``save_pretrained`` writes it once."""
-    first: dict[int, str] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        owner = first.setdefault(id(param), name)
-        if owner != name and owner in state:
-            state[name] = state[owner]
-    return state
 
 
 @contextmanager

@@ -1,14 +1,12 @@
 """gyre export: a run's checkpoints as Hugging Face directories (consolidated, in the dtype asked for)."""
 
 import json
-import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from gyre.pipelines.export import ExportError, ExportSpec, export_model, loadable_model, read_policy_weights
+from gyre.pipelines.export import ExportError, ExportSpec, export_model, loadable_model
 from gyre.pipelines.model_source import resolve_source
 
 
@@ -17,8 +15,9 @@ def weights(directory):
 
 
 def test_the_last_checkpoint_exports_to_the_runs_final_model(trained_run, tiny_model_dir, tmp_path):
-    """The run saved step 2 both as a checkpoint and as its final model: the export equals the final model,
-    with the run's model's config and its tokenizer files unchanged."""
+    """The run saved step 2 both as a checkpoint (sharded by its two FSDP2 ranks) and as its final model: the
+    export equals the final model, with the run's model's config and its tokenizer files unchanged."""
+    assert len(list((trained_run / "checkpoints" / "step_000002" / "policy").glob("*.distcp"))) == 2
     out = export_model(resolve_source(str(trained_run), step=2), ExportSpec(tmp_path / "step2"), echo=lambda s: None)
     exported, final = weights(out), weights(trained_run / "final_model")
     assert exported.keys() == final.keys()
@@ -66,40 +65,3 @@ def test_a_checkpoint_becomes_a_temporary_model_for_eval(trained_run):
     with loadable_model(source) as directory:
         assert directory.parent == trained_run and (directory / "config.json").is_file()
     assert not directory.exists()
-
-
-def _fsdp_worker(rank, model_dir, port, directory):
-    """Two FSDP2 ranks save a trained checkpoint (each its shard); rank 0 records the full weights."""
-    import torch.distributed as dist
-
-    from gyre.config.schema import OptimizerConfig, SchedulerConfig
-    from gyre.engines.trainer import TrainerBackend, TrainerSpec
-
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    backend = TrainerBackend(TrainerSpec(str(model_dir), strategy="fsdp2"), torch.device("cpu"))
-    backend.setup()
-    backend.configure_optimizer(OptimizerConfig(lr=0.1), SchedulerConfig(), 1, None)
-    with torch.no_grad():  # move every weight off the initial model, differently per tensor
-        for i, p in enumerate(backend.model.parameters()):
-            p.add_(0.01 * (i + 1))
-    backend.save(directory)
-    full = backend.full_state_dict()
-    if rank == 0:
-        torch.save(full, f"{directory}/full.pt")
-    dist.destroy_process_group()
-    os._exit(0)  # see tests/engines/test_trainer.py: FSDP2 over gloo may abort at interpreter exit
-
-
-def test_sharded_fsdp2_checkpoints_are_consolidated(tiny_model_dir, tmp_path):
-    from tests.engines.test_trainer import _free_port
-
-    directory = tmp_path / "policy"
-    mp.spawn(_fsdp_worker, args=(tiny_model_dir, _free_port(), str(directory)), nprocs=2, join=True)
-    assert len(list(directory.glob("*.distcp"))) == 2  # one shard file per rank
-    full = torch.load(directory / "full.pt")
-    read = read_policy_weights(directory)
-    assert read.keys() == full.keys()
-    for name, tensor in full.items():
-        assert torch.equal(read[name], tensor), name
