@@ -1,4 +1,5 @@
-"""Command line: ``gyre train | check | init-model | init-data | quickstart | ablate``."""
+"""Command line: ``gyre train | check | sft | eval | generate | export | init-model | init-data | quickstart |
+ablate | sandbox-serve``. Each command parses its flags here and calls one function of ``gyre.pipelines``."""
 
 from __future__ import annotations
 
@@ -42,9 +43,75 @@ def run_mode(args: argparse.Namespace) -> str:
     return {None: "fresh", True: "resume", "auto": "auto"}[args.resume]
 
 
+def version() -> str:
+    """The installed package's version (its metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("gyre")
+    except PackageNotFoundError:
+        from gyre import __version__
+
+        return __version__
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL",
+                   help="a Hugging Face model directory, a Hub id in the local cache, a run's output directory (its "
+                        "final model, else its latest checkpoint) or a checkpoint (RUN/checkpoints/step_N)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint N of the run MODEL names")
+    p.add_argument("--revision", default=None, help="the cached revision of a Hub id (default main)")
+
+
+def _add_prompt_args(p: argparse.ArgumentParser, data_help: str) -> None:
+    """What eval and generate share: a run config's sections, overrides, the prompts and sampling."""
+    _add_model_args(p)
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides of the config, e.g. data.prompt_key=question")
+    p.add_argument("--config", default=None, help="a gyre train config whose model/data/reward/validation/rollout "
+                                                  "sections apply (default: the run's own config, for a run)")
+    p.add_argument("--data", action="append", default=None, metavar="SOURCE", help=data_help + " (repeat for several)")
+    p.add_argument("--n", type=int, default=None, help="samples per prompt")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seeds the sampling streams (run.seed)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--overwrite", action="store_true", help="replace output files that exist")
+
+
+def _add_commands(sub) -> None:
+    """sft, eval, generate and export."""
+    p = sub.add_parser("sft", help="supervised fine-tuning (chat or prompt/response data) on the policy trainer")
+    _add_config_args(p)
+    p.add_argument("--overwrite", action="store_true",
+                   help="move a run already in run.output_dir aside to <dir>.old-<time> (nothing is deleted)")
+
+    p = sub.add_parser("eval", help="accuracy, pass@k and mean@k of a model or checkpoint on held-out prompts")
+    _add_prompt_args(p, "held-out prompt files, directories or globs (data.val_files)")
+    p.add_argument("--k", default=None, help="the k of pass@k, e.g. 1,4,8 (default 1, 2, 4, ... and n)")
+    p.add_argument("--max-prompts", type=int, default=None, help="the first N prompts only (data.max_val_prompts)")
+
+    p = sub.add_parser("generate", help="batch inference: responses to a prompt file, written as JSONL")
+    _add_prompt_args(p, "prompt files, directories or globs (read like data.train_files, no answer needed)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded at once (default 64)")
+    p.add_argument("--keep", default=None,
+                   help="columns copied to each line, e.g. id,source (default: id-like columns; all: every column)")
+
+    p = sub.add_parser("export", help="a checkpoint (or any model) as a Hugging Face model directory")
+    _add_model_args(p)
+    p.add_argument("--out", required=True, help="the directory to write")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="auto: the dtype the (run's) model is stored in")
+    p.add_argument("--overwrite", action="store_true", help="replace a model directory already at --out")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre", description="RL post-training of LLMs on Ray")
+    parser.add_argument("--version", action="version", version=f"gyre {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = sub.choices  # each command's own parser (parse_args reads intermixed ones with it)
 
     p = sub.add_parser("train", help="run training from a config")
     _add_config_args(p)
@@ -52,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="print the resolved config and placement plan; start nothing")
     _add_config_args(p)
+
+    _add_commands(sub)
 
     p = sub.add_parser("init-model", help="create a small HF model + tokenizer from a preset")
     p.add_argument("--preset", default="tiny", help="tiny | small | base")
@@ -91,9 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERMIXED = ("sft", "eval", "generate")
+"""Commands whose key=value overrides may come after their flags (``gyre eval M --data f a.b=1``)."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    if argv and argv[0] in INTERMIXED:
+        command = parser.commands[argv[0]]
+        return command.parse_intermixed_args(argv[1:], argparse.Namespace(command=argv[0]))
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     from gyre.cluster.faults import RunFailed
     from gyre.cluster.reward_pool import RewardWorkerError
     from gyre.cluster.runtime import ClusterError
@@ -102,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     from gyre.envs.protocol import EnvError
     from gyre.models.loading import ModelPathError
     from gyre.pipelines.checkpoint import ResumeError
+    from gyre.pipelines.evaluate import OutputExistsError
+    from gyre.pipelines.export import ExportError
     from gyre.pipelines.interrupt import RunInterrupted, stop_on_signals
     from gyre.pipelines.reward_checks import RewardFailureError
     from gyre.pipelines.rundir import RunDirError
@@ -110,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Bad input is reported in one paragraph; anything else is a bug and keeps its traceback.
     user_errors = (ConfigError, DataError, ModelPathError, RewardSpecError, ResumeError, RunDirError, ClusterError,
-                   RewardFailureError, SandboxUnavailable, EnvError)
+                   RewardFailureError, SandboxUnavailable, EnvError, ExportError, OutputExistsError)
     if args.command in ("init-model", "init-data"):
         user_errors += (ValueError,)
     try:
@@ -123,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         print(interrupted_message(exc, args.command, argv), file=sys.stderr)
         return exc.exit_code
     except (RunFailed, RewardWorkerError) as exc:
-        print(f"gyre: error: {exc} {where_to_resume(getattr(exc, 'output_dir', None), argv)}", file=sys.stderr)
+        hint = sft_restart(argv) if args.command == "sft" else where_to_resume(getattr(exc, "output_dir", None), argv)
+        print(f"gyre: error: {exc} {hint}", file=sys.stderr)
         return 1
 
 
@@ -140,6 +224,8 @@ def interrupted_message(exc, command: str, argv: list[str]) -> str:
     if exc.output_dir is None:
         return f"{head} before a run started; nothing was written. Run the same command to start again."
     head += "; actors stopped and Ray shut down."
+    if command == "sft":
+        return f"{head} {sft_restart(argv)}"
     latest = CheckpointManager(exc.output_dir).latest()
     if latest is None:
         return (f"{head} No checkpoint was saved yet in {exc.output_dir}; start again with: "
@@ -159,6 +245,12 @@ def where_to_resume(output_dir, argv: list[str]) -> str:
     if latest is None:
         return f"Fix the cause, then continue with: {resume_command(argv, auto=True)}"
     return f"Last checkpoint: {latest}. Fix the cause, then continue with: {resume_command(argv)}"
+
+
+def sft_restart(argv: list[str]) -> str:
+    """SFT runs keep no checkpoints: the command that starts one again (setting the stopped one aside)."""
+    kept = [arg for arg in argv if arg != "--overwrite"]
+    return f"SFT runs keep no checkpoints; start again with: {shlex.join(['gyre', *kept, '--overwrite'])}"
 
 
 def resume_command(argv: list[str], auto: bool = False) -> str:
@@ -191,6 +283,10 @@ def _dispatch(args) -> int:
         return _ablate(args)
     if args.command == "sandbox-serve":
         return _sandbox_serve(args)
+    if args.command in ("eval", "generate", "export"):
+        return {"eval": _eval, "generate": _generate, "export": _export}[args.command](args)
+    if args.command == "sft":
+        return _sft(args)
     cfg = load_config(args.config, args.overrides)
     from gyre.pipelines import launch
 
@@ -199,6 +295,79 @@ def _dispatch(args) -> int:
         return 0
     summary = launch.train(cfg, args.address, mode=run_mode(args))
     _print_summary(summary)
+    return 0
+
+
+def _source(args):
+    from gyre.pipelines.model_source import resolve_source
+
+    return resolve_source(args.model, args.step, args.revision)
+
+
+def _sampling_flags(args, n_key: str | None) -> dict:
+    """The flags eval and generate share, as config keys."""
+    flags = {"rollout.sampling.max_new_tokens": args.max_new_tokens, "run.seed": args.seed}
+    if n_key:
+        flags[n_key] = args.n
+    return flags
+
+
+def _eval(args) -> int:
+    from gyre.config.load import ConfigError
+    from gyre.pipelines.command_config import command_config
+    from gyre.pipelines.evaluate import EvalOptions, default_out, evaluate_model
+
+    source = _source(args)
+    flags = {**_sampling_flags(args, "validation.samples_per_prompt"), "data.val_files": args.data,
+             "validation.temperature": args.temperature, "data.max_val_prompts": args.max_prompts}
+    cfg = command_config(source, args.config, args.overrides, flags, needs="data.val_files")
+    try:
+        ks = tuple(int(k) for k in args.k.split(",") if k.strip()) if args.k else None
+    except ValueError:
+        raise ConfigError(f"--k {args.k}: give whole numbers separated by commas, e.g. 1,4,8") from None
+    report = evaluate_model(cfg, source, EvalOptions(Path(args.out or default_out(source)), ks, args.overwrite))
+    print(report.format())
+    print("generations: {}  metrics: {}".format(*report.files))
+    return 0
+
+
+def _generate(args) -> int:
+    from gyre.pipelines.command_config import command_config
+    from gyre.pipelines.generate import GenerateOptions, generate_responses
+
+    if args.out is None:
+        from gyre.config.load import ConfigError
+
+        raise ConfigError("gyre generate needs --out FILE.jsonl (where the responses go)")
+    source = _source(args)
+    flags = {**_sampling_flags(args, None), "data.train_files": args.data,
+             "rollout.sampling.temperature": args.temperature, "rollout.sampling.top_p": args.top_p,
+             "rollout.sampling.top_k": args.top_k, "rollout.max_batch_size": args.max_batch_size}
+    cfg = command_config(source, args.config, args.overrides, flags, needs="data.train_files")
+    keep = tuple(k.strip() for k in args.keep.split(",") if k.strip()) if args.keep else None
+    generate_responses(cfg, source, GenerateOptions(Path(args.out), args.n or 1, keep, args.overwrite))
+    return 0
+
+
+def _export(args) -> int:
+    from gyre.pipelines.export import ExportSpec, export_model
+
+    spec = ExportSpec(Path(args.out), None if args.dtype == "auto" else args.dtype, args.overwrite)
+    export_model(_source(args), spec)
+    return 0
+
+
+def _sft(args) -> int:
+    from gyre.config.load import load_config
+    from gyre.config.sft_schema import SFTJobConfig
+    from gyre.pipelines.sft_run import train_sft
+
+    cfg = load_config(args.config, args.overrides, schema=SFTJobConfig)
+    summary = train_sft(cfg, args.address, mode="overwrite" if args.overwrite else "fresh")
+    if summary.first_loss is not None:
+        print(f"SFT loss {summary.first_loss:.4f} -> {summary.last_loss:.4f} over {summary.steps} steps on "
+              f"{summary.examples} examples ({summary.seconds / 60:.1f} min)")
+    print(f"final model (Hugging Face format): {summary.final_model}")
     return 0
 
 

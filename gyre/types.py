@@ -124,6 +124,11 @@ class RewardResult:
     info: dict = dataclasses.field(default_factory=dict)
     """Reward-specific details, plain JSON-able values (e.g. a code sandbox's run times per test)."""
 
+    @property
+    def passed(self) -> bool:
+        """Counted as correct by accuracy metrics: ``correct`` when the reward tells, else a positive score."""
+        return self.correct if self.correct is not None else self.score > 0
+
     @classmethod
     def failed(cls, status: RewardStatus, error: str) -> RewardResult:
         return cls(score=0.0, correct=False, status=status, error=error[:500])
@@ -320,6 +325,9 @@ class TrainBatch:
     """[B, L] float32, the critic's regression targets (GAE returns)."""
     scores: torch.Tensor | None = None
     """[B] float32, each sample's (shaped) outcome reward; TOPR splits positive from non-positive by it."""
+    position_ids: torch.Tensor | None = None
+    """[B, L] int64, packed rows (several SFT examples per row): each example's positions from 0, so that
+    attention stays within it; None: positions 0..L-1."""
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

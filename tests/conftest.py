@@ -34,3 +34,27 @@ def ray_local():
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def trained_run(ray_local, tiny_model_dir, arithmetic_data, tmp_path_factory):
+    """A finished 2-step GRPO run (two FSDP2 ranks, so its checkpoints are sharded; a rollout engine beside
+    them; a function reward) that validated greedily before and after each step and checkpointed after
+    each: what eval, export and generate read."""
+    from pathlib import Path
+
+    from gyre.config import load_config
+    from gyre.pipelines import launch
+
+    out = tmp_path_factory.mktemp("runs") / "grpo"
+    reward = Path(__file__).parent / "pipelines" / "reward_fns.py"
+    cfg = load_config(None, [
+        f"run.output_dir={out}", "run.steps=2", "run.max_restarts=0", f"model.path={tiny_model_dir}",
+        f"data.train_files=[{arithmetic_data['train']}]", f"data.val_files=[{arithmetic_data['val']}]",
+        "data.max_val_prompts=6", "policy.devices=[0,1]", "policy.strategy=fsdp2", "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=2", "rollout.sampling.max_new_tokens=3", "policy.micro_batch_size=2",
+        "policy.optimizer.lr=0.01", "validation.every=1", "checkpoint.every=1", "checkpoint.keep_last=3",
+        "reward.type=function", f"reward.function={reward}:digit_fraction", "logging.progress=false",
+        "logging.tensorboard=false", "logging.plot=false"])
+    launch.train(cfg, echo=lambda s: None)
+    return out

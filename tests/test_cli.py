@@ -84,3 +84,58 @@ def test_check_builds_the_environment_of_an_agentic_run(tiny_model_dir, capsys, 
     assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
                  f"env.id={hostile}:ExitingReset", "cluster.cpu_slots=2"]) == 2
     assert "its process died during reset() (exit code 4)" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import pytest
+
+    from gyre.cli import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"gyre {version()}"
+    assert version().count(".") >= 2
+
+
+def test_eval_generate_and_export_of_a_run(trained_run, tmp_path, capsys):
+    """Flags and overrides in any order; a table, a JSONL file and a model directory."""
+    assert main(["eval", str(trained_run), "--step", "1", "--out", str(tmp_path / "e"), "--n", "2",
+                 "validation.temperature=1.0", "--k", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint step 1: 6 prompts x 2 samples (temperature 1)" in out and "pass@2" in out
+    assert len((tmp_path / "e" / "generations.jsonl").read_text().splitlines()) == 12
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+1=", "id": 3}\n')
+    assert main(["generate", str(trained_run), "--data", str(prompts), "--out", str(tmp_path / "g.jsonl"),
+                 "--max-new-tokens", "2"]) == 0
+    assert json.loads((tmp_path / "g.jsonl").read_text())["id"] == 3
+    assert main(["export", str(trained_run / "checkpoints"), "--out", str(tmp_path / "m"), "--dtype", "bfloat16"]) == 0
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_command_errors_are_one_clear_line(trained_run, tiny_model_dir, tmp_path, capsys):
+    def error(*argv):
+        assert main(list(argv)) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gyre: error: ") and err.count("\n") == 1, err
+        return err
+
+    assert "no complete checkpoint of step 7; complete checkpoints: steps 1, 2" in error(
+        "export", str(trained_run), "--step", "7", "--out", str(tmp_path / "x"))
+    assert "does not exist" in error("eval", str(tmp_path / "no-run"), "--data", "x.jsonl")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "config.json").write_text("{}")
+    assert "add --overwrite" in error("export", str(trained_run), "--out", str(tmp_path / "taken"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"question": "1+1="}\n')
+    assert "no column 'prompt' (data.prompt_key)" in error("generate", str(tiny_model_dir), "--data", str(prompts),
+                                                           "--out", str(tmp_path / "g.jsonl"))
+    assert "gyre generate needs --out" in error("generate", str(tiny_model_dir), "--data", str(prompts))
+    assert "no prompts to read" in error("eval", str(tiny_model_dir))
+    assert "--k x: give whole numbers" in error("eval", str(trained_run), "--k", "x")
+    bad, config = tmp_path / "sft.jsonl", tmp_path / "sft.yaml"
+    bad.write_text('{"prompt": "1+1="}\n')
+    config.write_text(f"model: {{path: {tiny_model_dir}}}\n")
+    assert "sft.jsonl:1: no column 'response' (sft.response_key)" in error(
+        "sft", str(config), f"sft.train_files=[{bad}]", f"run.output_dir={tmp_path / 's'}")
+    assert not (tmp_path / "s").exists()  # nothing written before the data is known good

@@ -5,7 +5,7 @@ Modules: ``advantages`` (estimators and reward normalisation; the ``ESTIMATORS``
 (multi-turn credit: step returns, ReBN, GiGPO, IPA chunk returns), ``policy_loss``
 (PPO and its variants; the ``POLICY_LOSSES`` table and ``PolicyLossSpec``), ``tables`` (the ``Registry``
 behind both), ``aggregation`` (loss modes with global denominators), ``kl``, ``masks``, ``mismatch``
-(train-inference correction), ``value`` (critic loss) and ``stats``.
+(train-inference correction), ``value`` (critic loss), ``stats`` and ``pass_at_k`` (evaluation over k samples).
 """
 
 from gyre.algos.advantages import (
@@ -31,6 +31,7 @@ from gyre.algos.aggregation import LossDenominator, aggregate_loss, denominator_
 from gyre.algos.kl import AdaptiveKLController, kl_estimate, kl_penalized_rewards
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
 from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
+from gyre.algos.pass_at_k import mean_at_k, mean_pass_at_k, pass_at_k
 from gyre.algos.policy_loss import (
     POLICY_LOSSES,
     PolicyLossInputs,
@@ -56,7 +57,8 @@ __all__ = [
     "chunk_returns", "cispo_loss", "decoupled_ppo_loss", "denominator_for", "difficulty_mask", "discounted_returns",
     "explained_variance", "gae_advantages", "gigpo_advantages", "gigpo_step_advantages", "group_normalized_advantages",
     "grouped_normalize", "importance_weights", "kimi15_loss",
-    "kl_estimate", "kl_penalized_rewards", "masked_mean", "masked_sum", "masked_whiten", "mismatch_filter",
+    "kl_estimate", "kl_penalized_rewards", "masked_mean", "mean_at_k", "mean_pass_at_k", "pass_at_k",
+    "masked_sum", "masked_whiten", "mismatch_filter",
     "mismatch_metrics", "normalize_rewards", "outcome_token_rewards", "overlong_mask", "ppo_clip_loss",
     "rebn_advantages", "reinforce_pp_baseline_advantages", "rloo_advantages", "soft_overlong_penalty", "tis_loss",
     "topr_loss", "turn_returns", "vanilla_pg_loss", "value_loss",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gyre.config.derive import RunPlan
+from gyre.config.derive import RunPlan, SFTPlan
 
 
 @dataclass
 class Placement:
-    plan: RunPlan
+    plan: RunPlan | SFTPlan
+    """Any plan with ``roles`` (device lists), ``device_kind`` and ``roles_on_device``."""
     group: object
     """The ray.util.placement_group.PlacementGroup."""
     bundle_of: dict[int, int]
@@ -37,7 +38,7 @@ class Placement:
         return options
 
 
-def create_placement(plan: RunPlan, timeout_s: float = 120.0) -> Placement:
+def create_placement(plan: RunPlan | SFTPlan, timeout_s: float = 120.0) -> Placement:
     import ray
     from ray.util.placement_group import placement_group
 

@@ -374,9 +374,47 @@ def _check_sft(cfg: RLVRConfig, dp: int) -> int:
     sft = cfg.sft_warmup
     if sft is None:
         return 0
-    if sft.batch_size % dp:
-        raise ConfigError(f"sft_warmup.batch_size={sft.batch_size} must be divisible by the {dp} policy devices")
+    _check_sft_batch(sft, dp, "sft_warmup")
     return sft.steps
+
+
+def _check_sft_batch(sft, dp: int, section: str) -> None:
+    # Packed rows are padded to a multiple of the ranks; one example per row is not, so it must divide.
+    if not sft.packing and sft.batch_size % dp:
+        raise ConfigError(f"{section}.batch_size={sft.batch_size} must be divisible by the {dp} policy devices (or "
+                          f"set {section}.packing=true)")
+
+
+@dataclass(frozen=True)
+class SFTPlan:
+    """What a standalone SFT run (``gyre sft``) builds: the policy trainer ranks, one per device."""
+
+    device_kind: DeviceKind
+    num_devices: int | None
+    roles: dict[str, tuple[int, ...]]
+    """{"policy": its devices}: the only role."""
+    dp_size: int
+    threads_per_worker: int
+    steps: int
+
+    def roles_on_device(self, device: int) -> int:
+        return 1
+
+    def describe(self) -> str:
+        kind = "GPU" if self.device_kind == "cuda" else "CPU slot"
+        return (f"placement: policy on {kind}s {list(self.roles['policy'])} ({self.dp_size} data-parallel "
+                f"rank{'s' * (self.dp_size > 1)}); {self.steps} optimizer steps")
+
+
+def make_sft_plan(cfg, device_kind: DeviceKind, num_devices: int | None) -> SFTPlan:
+    """The plan of ``cfg`` (a ``gyre.config.sft_schema.SFTJobConfig``); ConfigError naming the key to change."""
+    devices = cfg.policy.devices
+    if num_devices is not None:
+        _check_devices_exist({"policy": devices}, device_kind, num_devices)
+    _check_attention(cfg, device_kind)
+    _check_sft_batch(cfg.sft, len(devices), "sft")
+    return SFTPlan(device_kind, num_devices, {"policy": devices}, len(devices), cfg.cluster.threads_per_slot,
+                   cfg.sft.steps)
 
 
 def _divisors(total: int, multiple_of: int) -> list[int]:

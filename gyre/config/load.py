@@ -19,23 +19,25 @@ class ConfigError(ValueError):
     """A configuration problem the user must fix; the message names the key and the remedy."""
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RLVRConfig:
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+                schema: type[BaseModel] = RLVRConfig):
     """Read ``path`` (YAML; None starts empty), apply ``overrides`` ("a.b=value", values parsed as YAML)
-    and validate."""
-    raw: dict[str, Any] = _read_yaml(Path(path)) if path is not None else {}
+    and validate against ``schema`` (a run config; ``gyre.config.sft_schema.SFTJobConfig`` for ``gyre sft``)."""
+    raw: dict[str, Any] = read_yaml(Path(path)) if path is not None else {}
     for item in overrides:
         apply_override(raw, item)
-    return validate_config(raw, source=str(path) if path else "config")
+    return validate_config(raw, source=str(path) if path else "config", schema=schema)
 
 
-def validate_config(raw: dict[str, Any], source: str = "config") -> RLVRConfig:
+def validate_config(raw: dict[str, Any], source: str = "config", schema: type[BaseModel] = RLVRConfig):
     try:
-        return RLVRConfig.model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, RLVRConfig, source)) from None
+        raise ConfigError(format_validation_error(exc, schema, source)) from None
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A config file's sections as plain data; a ConfigError naming the line when it is not YAML."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     raw = path.read_bytes()
@@ -80,13 +82,19 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     except yaml.YAMLError as exc:
         raise ConfigError(f"cannot parse the value of override {item!r} as YAML ({_yaml_problem(exc)}); quote "
                           "strings that hold YAML syntax, e.g. key='a: b'") from None
+    set_key(raw, parts, value, f"override {item!r}")
+
+
+def set_key(raw: dict[str, Any], path: str | list[str], value: Any, what: str = "") -> None:
+    """``raw[a][b] = value`` for the dotted ``path`` "a.b" (or its parts), making sections on the way."""
+    parts = path.split(".") if isinstance(path, str) else path
     node = raw
     for part in parts[:-1]:
         child = node.get(part)
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+            raise ConfigError(f"{what or '.'.join(parts)}: {part!r} is a value, not a section")
         node = child
     node[parts[-1]] = value
 

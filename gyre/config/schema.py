@@ -9,7 +9,7 @@ coefficient asks for one, and anything the loader derives from these fields is c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -459,19 +459,41 @@ class LoggingConfig(StrictModel):
 
 
 class SFTConfig(StrictModel):
-    """Supervised warm-up before RL (or a standalone SFT run)."""
+    """Supervised fine-tuning: the warm-up before RL (``sft_warmup``) or a standalone run (``gyre sft``).
+
+    A row is a (prompt, response) pair, trained on the response and an EOS token, or a conversation (a
+    chat in ``messages_key`` and no response column), trained on every assistant message as the
+    tokenizer's chat template writes it (its end-of-turn marker included) and on nothing else."""
 
     train_files: list[DataSource]
-    """Rows with `prompt` (text or chat) or `messages`, and the target `response`; files, directories,
-    globs or {dataset: ...} entries, as for data.train_files."""
+    """Files, directories, globs or {dataset: ...} entries, as for data.train_files."""
+    prompt_key: str = "prompt"
+    """The column holding a pair's prompt: a text, or a chat (a list of {"role", "content"})."""
+    response_key: str = "response"
+    """The column holding a pair's target response. A row without it is a conversation."""
+    messages_key: str = "messages"
+    """The column holding a conversation: a chat whose assistant messages are the targets (TRL's
+    conversational format); a pair row may hold its chat prompt here instead of in prompt_key."""
+    system_prompt: str | None = None
+    """A system message put before every chat that has none (gyre sft; an sft_warmup uses data.system_prompt)."""
+    chat_template_kwargs: dict[str, Any] = {}
+    """Extra arguments of apply_chat_template (gyre sft; an sft_warmup uses data.chat_template_kwargs)."""
     steps: PositiveInt = 100
     batch_size: PositiveInt = 32
-    """Samples per optimizer step across all ranks."""
+    """Examples per optimizer step across all ranks."""
     micro_batch_size: PositiveInt = 32
+    """Rows per forward/backward on one rank (with packing, packed rows of several examples)."""
+    packing: bool = False
+    """Pack each step's examples into rows of up to max_tokens tokens (first-fit, longest first), each
+    example with its own positions from 0 and attending only to itself (transformers' packed-sequence
+    masks: the loss equals the unpacked one), instead of padding every example to the longest."""
     optimizer: OptimizerConfig = OptimizerConfig(lr=1e-3)
     scheduler: SchedulerConfig = SchedulerConfig()
     grad_clip: PositiveFloat | None = 1.0
     max_tokens: PositiveInt = 1024
+    """The longest example (prompt + response, or the whole conversation), in tokens; the packed row length."""
+    overlong: Literal["error", "drop"] = "error"
+    """Examples over max_tokens: error stops at load time naming the first; drop leaves them out (counted)."""
 
 
 class RLVRConfig(StrictModel):
@@ -502,4 +524,12 @@ class RLVRConfig(StrictModel):
         if (self.data is None) == (self.env is None):
             raise ValueError("a run learns from prompts (data: {train_files: [...]}) or from an environment "
                              "(env: {id: ...}): give exactly one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_template(self) -> RLVRConfig:
+        sft = self.sft_warmup
+        if sft is not None and (sft.system_prompt is not None or sft.chat_template_kwargs):
+            raise ValueError("sft_warmup renders its prompts like the RL prompts: set data.system_prompt and "
+                             "data.chat_template_kwargs instead of sft_warmup.system_prompt / chat_template_kwargs")
         return self

@@ -47,7 +47,8 @@ class ColumnMap:
     error messages ("data"); None for a format with fixed names."""
 
     prompt_key: str = "prompt"
-    answer_key: str = "ground_truth"
+    answer_key: str | None = "ground_truth"
+    """None: rows have no answer (prompts to generate from); ``answer`` gives ""."""
     tag_key: str | None = "tag"
     prompt_template: str | None = None
     answer_pattern: str | None = None
@@ -95,6 +96,8 @@ class ColumnMap:
     # ---- answer and tag ---------------------------------------------------------------------------
     def answer(self, row: RawRow) -> str:
         """The ground truth: the answer column as text, then the configured extraction."""
+        if self.answer_key is None:
+            return ""
         value = lookup(row.data, self.answer_key)
         if value is _MISSING or value is None:
             raise self._missing(row, self.answer_key, "answer_key", "the answers")

@@ -2,7 +2,7 @@
 
 Rows come from ``gyre.data.sources`` (files, directories, globs, datasets) and are read through a
 ``ColumnMap`` (``gyre.data.columns``): the prompt (a text or a chat), the answer (``ground_truth`` for
-RL rows, ``response`` for SFT rows), an optional tag, and every other column, kept for the reward
+RL rows; SFT rows are read by ``gyre.data.sft``), an optional tag, and every other column, kept for the reward
 function. A malformed row is an error that names its file and line, raised while loading, before any
 training starts. Prompts longer than the limit are dropped, cut from the left, or an error
 (``data.overlong_prompts``), and counted.
@@ -19,14 +19,11 @@ from gyre.data.columns import Chat, ColumnMap
 from gyre.data.sources import DataError, RawRow, read_rows, read_sources
 from gyre.types import PromptRecord
 
-__all__ = ["DataError", "RawRow", "read_rows", "PromptRenderer", "OverlongCount", "load_prompts", "SFTExample",
-           "load_sft_examples", "SFT_COLUMNS"]
+__all__ = ["DataError", "RawRow", "read_rows", "PromptRenderer", "OverlongCount", "load_prompts"]
 
 OverlongPolicy = Literal["error", "drop", "truncate_left"]
 RL_COLUMNS = ColumnMap()
 """RL rows with gyre's own column names: ``prompt`` (or ``messages``), ``ground_truth``, ``tag``."""
-SFT_COLUMNS = ColumnMap(answer_key="response", tag_key=None, section=None)
-"""SFT rows: ``prompt`` (or ``messages``) and the target ``response``."""
 
 
 class PromptRenderer:
@@ -35,7 +32,8 @@ class PromptRenderer:
     system prompt and the template's extra arguments."""
 
     def __init__(self, tokenizer, chat_template: str = "auto", system_prompt: str | None = None,
-                 template_kwargs: dict | None = None):
+                 template_kwargs: dict | None = None, section: str = "data"):
+        """``section``: the config section of these settings, for messages ("sft" for gyre sft)."""
         self.tokenizer = tokenizer
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if chat_template == "always" and not has_template:
@@ -45,8 +43,8 @@ class PromptRenderer:
         self.template_kwargs = dict(template_kwargs or {})
         for key, value in (("system_prompt", system_prompt), ("chat_template_kwargs", self.template_kwargs)):
             if value and not self.use_template:
-                raise DataError(f"data.{key} needs a chat template, and this tokenizer has none (or data.chat_template "
-                                "is 'never'): remove it, or put the instruction in data.prompt_template")
+                raise DataError(f"{section}.{key} needs a chat template, and this tokenizer has none (or "
+                                "data.chat_template is 'never'): remove it, or put the instruction in the prompt text")
 
     def render(self, prompt: str | Chat, where: str = "") -> str:
         if isinstance(prompt, str) and not self.use_template:
@@ -55,10 +53,16 @@ class PromptRenderer:
             raise DataError(f"{where}: chat prompts need a tokenizer chat template; this one has none (or "
                             "data.chat_template is 'never'): give the prompt as text instead")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if self.system_prompt and messages[0]["role"] != "system":
+        return self.render_chat(messages, add_generation_prompt=True)
+
+    def render_chat(self, messages: Chat, add_generation_prompt: bool) -> str:
+        """A chat through the template, the system prompt first when the chat has none; with
+        ``add_generation_prompt`` the text ends where the assistant's next message would begin."""
+        messages = list(messages)
+        if self.system_prompt and (not messages or messages[0]["role"] != "system"):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  **self.template_kwargs)
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt, **self.template_kwargs)
 
     def encode(self, text: str) -> list[int]:
         # A chat template already writes any BOS token into the text.
@@ -124,25 +128,3 @@ def load_prompts(sources: Iterable[DataSource], renderer: PromptRenderer, max_pr
 
 def _names(sources: list[DataSource]) -> str:
     return ", ".join(s if isinstance(s, str) else s.dataset for s in sources)
-
-
-@dataclass
-class SFTExample:
-    uid: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-
-
-def load_sft_examples(sources: Iterable[DataSource], renderer: PromptRenderer, eos_id: int, max_tokens: int,
-                      columns: ColumnMap = SFT_COLUMNS) -> list[SFTExample]:
-    """(prompt, response) pairs; the response is followed by EOS so the model learns to stop."""
-    examples = []
-    for row in read_sources(sources):
-        prompt_ids = renderer.encode(renderer.render(columns.prompt(row), row.where))
-        response = columns.answer(row)
-        response_ids = list(renderer.tokenizer(response, add_special_tokens=False)["input_ids"]) + [eos_id]
-        if len(prompt_ids) + len(response_ids) > max_tokens:
-            raise DataError(f"{row.where}: prompt + response is {len(prompt_ids) + len(response_ids)} tokens, "
-                            f"over sft_warmup.max_tokens={max_tokens}")
-        examples.append(SFTExample(row.where, prompt_ids, response_ids))
-    return examples

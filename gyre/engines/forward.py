@@ -27,7 +27,9 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, device: torch.d
     with ctx:
         # Rows are right-padded, so under causal attention no real token can see a pad: the padding mask
         # changes nothing for real tokens, and leaving it out keeps attention on the fused causal path.
-        logits = model(input_ids=ids, use_cache=False).logits
+        # Packed rows: positions restart at each example, and transformers then keeps attention within it.
+        packed = {} if batch.position_ids is None else {"position_ids": batch.position_ids.to(device)}
+        logits = model(input_ids=ids, use_cache=False, **packed).logits
     logits = logits[:, :-1]
     lp = torch.zeros(ids.shape, dtype=torch.float32, device=device)
     lp[:, 1:] = token_logprobs(logits, ids[:, 1:], temperature)

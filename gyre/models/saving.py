@@ -80,7 +80,7 @@ def save_hf_model(model, state: dict, directory: str | Path, dtype: str, tokeniz
     import torch
 
     target = getattr(torch, dtype)
-    state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+    state = share_tied_weights(model, {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()})
     model.save_pretrained(directory, state_dict=state)
     # save_pretrained records the dtype of the model's own parameters (the float32 masters): rewrite it.
     recorded = model.config.dtype
@@ -90,3 +90,15 @@ def save_hf_model(model, state: dict, directory: str | Path, dtype: str, tokeniz
     finally:
         model.config.dtype = recorded
     copy_tokenizer_files(tokenizer_source, directory)
+
+
+def share_tied_weights(model, state: dict) -> dict:
+    """``state`` with every name of a tied parameter (input and output embeddings) on one tensor, as in a
+    loaded model, so that ``save_pretrained`` writes it once. A gathered (FSDP2) or checkpointed state
+    holds a separate copy under each name."""
+    first: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owner = first.setdefault(id(param), name)
+        if owner != name and owner in state and name in state:
+            state[name] = state[owner]
+    return state

@@ -159,13 +159,17 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
 
 
 def _sft_warmup(cfg: RLVRConfig, plan: RunPlan, roles, data, logger) -> None:
-    from gyre.pipelines.sft import run_sft
+    from gyre.data.sft import SFTColumns, load_sft_examples
+    from gyre.pipelines.sft import SFTTrainer, run_sft
     from gyre.tracking.progress import Progress
 
-    progress = Progress(cfg.sft_warmup.steps, enabled=cfg.logging.progress, description="SFT warm-up")
+    sft = cfg.sft_warmup
+    examples, _ = load_sft_examples(sft.train_files, data.renderer, int(data.tokenizer.eos_token_id), sft.max_tokens,
+                                    SFTColumns.from_config(sft, "sft_warmup"), sft.overlong)
+    trainer = SFTTrainer(roles.policy, plan.dp_size, lambda: roles.timeshare.activate("policy"))
+    progress = Progress(sft.steps, enabled=cfg.logging.progress, description="SFT warm-up")
     try:
-        run_sft(cfg.sft_warmup, plan, roles, data.renderer, data.pad_id, int(data.tokenizer.eos_token_id),
-                cfg.run.seed, logger, progress)
+        run_sft(sft, examples, trainer, data.pad_id, cfg.run.seed, logger, progress)
     finally:
         progress.close()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gyre.config.data_schema import DataSource
 from gyre.config.derive import RunPlan, detect_local_devices, make_plan
-from gyre.config.schema import RLVRConfig
+from gyre.config.schema import ModelConfig, RLVRConfig
 from gyre.models.hub import resolve_model_path
 from gyre.models.loading import check_model_dir
 from gyre.models.saving import stored_dtype
@@ -21,21 +21,9 @@ def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
     """A copy with every path absolute (actors may run in another directory or on another node), every
     model path a local directory (Hub ids: their snapshot in the local HF cache) and model.save_dtype
     concrete."""
-
-    def absolute(path: str) -> str:
-        return str(Path(path).expanduser().resolve())
-
     cfg = cfg.model_copy(deep=True)
     resolve_models(cfg)
-
-    def source(entry: DataSource) -> DataSource:
-        """Files, directories and globs made absolute; a dataset's path too when it is a local one."""
-        if isinstance(entry, str):
-            return absolute(entry)
-        if Path(entry.dataset).expanduser().exists():
-            return entry.model_copy(update={"dataset": absolute(entry.dataset)})
-        return entry  # a Hub id
-
+    source = absolute_source
     if cfg.data is not None:
         cfg.data.train_files = [source(f) for f in cfg.data.train_files]
         cfg.data.val_files = [source(f) for f in cfg.data.val_files]
@@ -53,25 +41,44 @@ def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
     return cfg
 
 
+def absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def absolute_source(entry: DataSource) -> DataSource:
+    """Files, directories and globs made absolute; a dataset's path too when it is a local one."""
+    if isinstance(entry, str):
+        return absolute(entry)
+    if Path(entry.dataset).expanduser().exists():
+        return entry.model_copy(update={"dataset": absolute(entry.dataset)})
+    return entry  # a Hub id
+
+
 def resolve_models(cfg: RLVRConfig) -> None:
     """Turn every model path of ``cfg`` (in place) into a local directory, once, here on the driver: the
     actors load what the driver found, whichever node they run on. model.revision also selects the
     snapshot of tokenizer_path and critic.model_path when they name the same Hub id."""
     m = cfg.model
-
-    def resolve(path: str, key: str) -> str:
-        return resolve_model_path(path, m.revision if path == m.path else None, key)
-
-    if m.tokenizer_path:
-        m.tokenizer_path = resolve(m.tokenizer_path, "model.tokenizer_path")
     if cfg.critic.model_path and cfg.algorithm.uses_critic:
-        cfg.critic.model_path = resolve(cfg.critic.model_path, "critic.model_path")
+        revision = m.revision if cfg.critic.model_path == m.path else None
+        cfg.critic.model_path = resolve_model_path(cfg.critic.model_path, revision, "critic.model_path")
     for name, domain in cfg.reward.domains.items():  # the models of model roles (an endpoint judge has none)
         scorer = domain.scoring_model
         if domain.model_role == "judge":
             scorer.model_path = resolve_model_path(scorer.model_path, None, f"reward.domains.{name}.judge.model_path")
         elif domain.model_role == "reward_model":
             scorer.path = resolve_model_path(scorer.path, None, f"reward.domains.{name}.reward_model.path")
+    resolve_policy_model(m)
+
+
+def resolve_policy_model(m: ModelConfig) -> None:
+    """``m.path`` and ``m.tokenizer_path`` (in place) as local directories, ``m.save_dtype`` concrete."""
+
+    def resolve(path: str, key: str) -> str:
+        return resolve_model_path(path, m.revision if path == m.path else None, key)
+
+    if m.tokenizer_path:
+        m.tokenizer_path = resolve(m.tokenizer_path, "model.tokenizer_path")
     m.path = resolve(m.path, "model.path")
     if m.save_dtype == "auto":
         m.save_dtype = stored_dtype(m.path) or "float32"
@@ -79,9 +86,7 @@ def resolve_models(cfg: RLVRConfig) -> None:
 
 def check_models(cfg: RLVRConfig) -> None:
     """Every model directory the run loads: config.json, weight headers, tokenizer files."""
-    check_model_dir(cfg.model.path, tokenizer=not cfg.model.tokenizer_path)
-    if cfg.model.tokenizer_path:
-        check_model_dir(cfg.model.tokenizer_path, key="model.tokenizer_path", weights=False)
+    check_policy_model(cfg.model)
     if cfg.critic.model_path and cfg.algorithm.uses_critic:
         check_model_dir(cfg.critic.model_path, key="critic.model_path", tokenizer=False)
     for name, domain in cfg.reward.domains.items():
@@ -110,6 +115,13 @@ def check_lora(cfg: RLVRConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def check_policy_model(m: ModelConfig) -> None:
+    """The policy's model directory (and its tokenizer's, when that is another one)."""
+    check_model_dir(m.path, tokenizer=not m.tokenizer_path)
+    if m.tokenizer_path:
+        check_model_dir(m.tokenizer_path, key="model.tokenizer_path", weights=False)
+
+
 def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
     """Validate the config and inputs without Ray. With an ``address`` the devices are counted only
     after joining, so the plan checks everything but whether the named devices exist."""
@@ -129,21 +141,27 @@ def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
 def load_data(cfg: RLVRConfig):
     """Every prompt row, tokenised, routed to its reward domain and validated (each domain checks its
     ground truths: math answers, code tests, constraint lists...)."""
-    from gyre.data.prompts import DataError
     from gyre.pipelines.rlvr_data import EnvRunData, RunData
-    from gyre.rewards.registry import bad_ground_truths
 
     if cfg.env is not None:
         check_env(cfg)
         return EnvRunData.load(cfg)
     data = RunData.load(cfg)
+    check_ground_truths(cfg, data.train + data.val_prompts)
+    return data
+
+
+def check_ground_truths(cfg: RLVRConfig, records) -> None:
+    """Each reward domain checks the ground truths of its prompts (math answers, code tests, constraint
+    lists...); a DataError names the first unusable ones."""
+    from gyre.data.prompts import DataError
+    from gyre.rewards.registry import bad_ground_truths
+
     for name, domain in cfg.reward.domains.items():
-        records = [r for r in data.train + data.val_prompts if r.domain == name]
-        bad = bad_ground_truths(domain, records)
+        bad = bad_ground_truths(domain, [r for r in records if r.domain == name])
         if bad:
             raise DataError(f"{len(bad)} ground truths of reward domain {name!r} ({domain.type}) cannot be used, "
                             "e.g. " + "; ".join(f"{r.uid}: {r.ground_truth[:80]!r} ({why})" for r, why in bad[:3]))
-    return data
 
 
 def check_code_sandboxes(cfg: RLVRConfig, records, echo) -> None:

@@ -53,7 +53,7 @@ class RLVRPipeline:
         self.logger, self.checkpoints = logger, checkpoints
         s = cfg.rollout.sampling
         self.sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop))
-        self.rewards = RewardPool(reward_scorers(cfg, roles))
+        self.rewards = RewardPool(reward_scorers(cfg, roles.reward))
         envs = EnvPool(roles.envs, cfg.env.slots_per_worker, max(cfg.env.reset_timeout_s, cfg.env.step_timeout_s)) \
             if cfg.env is not None else None
         self.rollout = RolloutMachine(roles.rollout, self.rewards, schedule_spec(cfg, self.sampling),
@@ -174,9 +174,8 @@ class RLVRPipeline:
         self.rollout.publish(version, self.learner.export(version))
 
     def validate(self) -> dict:
-        v = self.cfg.validation
-        params = SamplingParams(v.temperature, 1.0, 0, self.sampling.max_new_tokens, self.sampling.stop)
-        groups = self.rollout.evaluate(self.data.val_prompts, params, v.samples_per_prompt)
+        groups = self.rollout.evaluate(self.data.val_prompts, validation_params(self.cfg),
+                                       self.cfg.validation.samples_per_prompt)
         failed = {"val/groups_failed": len(self.data.val_prompts) - len(groups)} if self.cfg.env is not None else {}
         trajectories = [t for g in groups for t in g.trajectories]
         if not trajectories:  # every validation environment failed too often (counted): nothing to score
@@ -240,6 +239,13 @@ class RLVRPipeline:
         return merged or adapter
 
 
+def validation_params(cfg: RLVRConfig) -> SamplingParams:
+    """How held-out prompts are sampled (validation, ``gyre eval``): validation.temperature, no truncation,
+    the rollout's length limit and stop strings."""
+    s, v = cfg.rollout.sampling, cfg.validation
+    return SamplingParams(v.temperature, 1.0, 0, s.max_new_tokens, tuple(s.stop))
+
+
 def episode_runners(cfg: RLVRConfig, data, envs: EnvPool | None):
     """Multi-turn runs: what makes each scheduler's episode runner (train and validation share the slots)."""
     if cfg.env is None:
@@ -287,7 +293,7 @@ def domain_metrics(samples: list[Trajectory], reward) -> dict:
 def sample_metrics(samples: list[Trajectory]) -> dict:
     """Reward, accuracy and length statistics of scored trajectories."""
     rewards = torch.tensor([s.reward.score for s in samples], dtype=torch.float64)
-    correct = [s.reward.correct if s.reward.correct is not None else s.reward.score > 0 for s in samples]
+    correct = [s.reward.passed for s in samples]
     lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float64)
     truncated = sum(1 for s in samples if s.finish_reason == "length")
     return {

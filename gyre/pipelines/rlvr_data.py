@@ -33,16 +33,14 @@ class RunData:
     def load(cls, cfg: RLVRConfig) -> RunData:
         d = cfg.data
         tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
-        renderer = PromptRenderer(tokenizer, d.chat_template, d.system_prompt, d.chat_template_kwargs)
+        renderer = data_renderer(cfg, tokenizer)
         columns = ColumnMap.from_config(d)
         train, overlong = load_prompts(d.train_files, renderer, d.max_prompt_tokens, columns, d.overlong_prompts)
+        route_domains(train, cfg.reward)
         val: list[PromptRecord] = []
         if d.val_files:
-            val, more = load_prompts(d.val_files, renderer, d.max_prompt_tokens, columns, d.overlong_prompts)
+            val, more = held_out_prompts(cfg, renderer)
             overlong += more
-            val = val[:d.max_val_prompts] if d.max_val_prompts else val
-        for records in (train, val):
-            route_domains(records, cfg.reward)
         shares = {name: d.ratio for name, d in cfg.reward.domains.items() if d.ratio is not None}
         if shares:
             sampler = DomainSampler(train, shares, cfg.run.seed, cfg.data.shuffle)
@@ -57,6 +55,23 @@ class RunData:
     def prompt_index(self):
         """uid -> record of every training prompt (a checkpoint names the prompts it had drawn by uid)."""
         return {p.uid: p for p in self.train}
+
+
+def data_renderer(cfg: RLVRConfig, tokenizer) -> PromptRenderer:
+    """How the data section's prompts become the model's text (chat template, system prompt)."""
+    d = cfg.data
+    return PromptRenderer(tokenizer, d.chat_template, d.system_prompt, d.chat_template_kwargs)
+
+
+def held_out_prompts(cfg: RLVRConfig, renderer: PromptRenderer) -> tuple[list[PromptRecord], OverlongCount]:
+    """The prompts of data.val_files (the first data.max_val_prompts), routed to their reward domains; and
+    the over-long ones dropped or cut."""
+    d = cfg.data
+    val, overlong = load_prompts(d.val_files, renderer, d.max_prompt_tokens, ColumnMap.from_config(d),
+                                 d.overlong_prompts)
+    val = val[:d.max_val_prompts] if d.max_val_prompts else val
+    route_domains(val, cfg.reward)
+    return val, overlong
 
 
 class EnvSeeds:

@@ -19,7 +19,7 @@ from gyre.cluster.workers import (
     RolloutWorker,
 )
 from gyre.config.derive import RunPlan
-from gyre.config.schema import RLVRConfig
+from gyre.config.schema import ModelConfig, RLVRConfig
 from gyre.engines.trainer import TrainerSpec
 from gyre.rewards.registry import function_spec
 
@@ -83,10 +83,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     threads = plan.threads_per_worker
     # With offload, only the policy starts on its devices; colocated roles load when first activated.
     off = plan.offload
-    spec = TrainerSpec(model_path=m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
-                       gradient_checkpointing=m.gradient_checkpointing, strategy=cfg.policy.strategy,
-                       micro_batch_size=cfg.policy.micro_batch_size, attn_implementation=m.attn_implementation,
-                       lora=cfg.policy.lora, seed=cfg.run.seed)
+    spec = policy_trainer_spec(m, cfg.policy.strategy, cfg.policy.micro_batch_size, cfg.policy.lora, cfg.run.seed)
     hybrid = HybridRollout(tok_path, m.trust_remote_code, cfg.rollout.max_batch_size) if plan.hybrid_rollout else None
     policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
         (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed, hybrid), {}))
@@ -95,8 +92,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
         rollout = policy
     else:
         rollout = RoleGroup.create("rollout", RolloutWorker, placement, lambda r: (
-            (r, m.path, tok_path, m.dtype, m.trust_remote_code, plan.device_kind, threads,
-             cfg.rollout.max_batch_size, off, m.attn_implementation), {}))
+            rollout_worker_args(cfg, r, m.path, plan.device_kind, threads, off), {}))
         made.append(rollout)
     reference = None
     if "reference" in plan.roles:  # LoRA scores the reference on the policy ranks (adapters off)
@@ -110,9 +106,8 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     for group in made:
         group.watchdog = watchdog
     for trainer in (policy, critic):
-        if trainer is not None:  # each trainer role is a process group of its own
-            addr, port = trainer.gather([trainer.actors[0].rendezvous.remote()], "rendezvous")[0]
-            trainer.call("setup", addr, port)
+        if trainer is not None:
+            connect_trainer(trainer)
     groups = {"policy": policy} if hybrid else {"policy": policy, "rollout": rollout}
     if reference is not None:
         groups["reference"] = reference
@@ -122,6 +117,37 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     resident = {"policy", "critic"} & set(groups) if off else set(groups)
     return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement, watchdog,
                  envs)
+
+
+def policy_trainer_spec(m: ModelConfig, strategy: str, micro_batch_size: int, lora=None, seed: int = 0) -> TrainerSpec:
+    """The trainer of the policy (RL, or a standalone SFT run) on ``m``, with LoRA adapters when ``lora`` is
+    a ``policy.lora`` section (``seed`` initialises them alike on every rank)."""
+    return TrainerSpec(model_path=m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
+                       gradient_checkpointing=m.gradient_checkpointing, strategy=strategy,
+                       micro_batch_size=micro_batch_size, attn_implementation=m.attn_implementation,
+                       lora=lora, seed=seed)
+
+
+def rollout_worker_args(cfg: RLVRConfig, rank: int, model_path: str, device_kind: str, threads: int,
+                        offloaded: bool) -> tuple:
+    """A ``RolloutWorker``'s constructor arguments: the model at ``model_path`` with the run's tokenizer,
+    dtype and engine settings."""
+    m = cfg.model
+    return (rank, model_path, m.tokenizer_path or model_path, m.dtype, m.trust_remote_code, device_kind, threads,
+            cfg.rollout.max_batch_size, offloaded, m.attn_implementation)
+
+
+def reward_worker_args(domain) -> tuple:
+    """A ``RewardWorker``'s constructor arguments for a function-run reward domain."""
+    spec, kwargs = function_spec(domain)
+    return spec, kwargs, domain.sample_timeout_s, domain.processes
+
+
+def connect_trainer(group: RoleGroup) -> None:
+    """Join a trainer role's ranks into a process group of their own (rank 0 picks the address) and load
+    the model on each."""
+    addr, port = group.gather([group.actors[0].rendezvous.remote()], "rendezvous")[0]
+    group.call("setup", addr, port)
 
 
 def _build_envs(cfg: RLVRConfig, made: list[RoleGroup]) -> RoleGroup:
@@ -142,9 +168,8 @@ def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: l
     groups = {}
     for name, domain in cfg.reward.domains.items():
         if domain.model_role is None:
-            spec, kwargs = function_spec(domain)
             group = RoleGroup.create_unplaced(f"reward.{name}", RewardWorker, domain.workers, 1,
-                                              (spec, kwargs, domain.sample_timeout_s, domain.processes), max_restarts=3)
+                                              reward_worker_args(domain), max_restarts=3)
         else:
             kind, model = domain.model_role, domain.scoring_model
             group = RoleGroup.create(f"{kind}.{name}", ModelRewardWorker, placement, lambda r, k=kind, m=model: (
@@ -165,8 +190,9 @@ def _build_critic(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: li
     return critic
 
 
-def reward_scorers(cfg: RLVRConfig, roles: Roles) -> dict:
-    """The reward pool's view of each domain: its workers, retries and (code) adaptive timeout."""
+def reward_scorers(cfg: RLVRConfig, groups: dict[str, RoleGroup]) -> dict:
+    """The reward pool's view of each domain: its workers (``groups``, by domain), retries and (code)
+    adaptive timeout."""
     from gyre.cluster.reward_pool import DomainScorer
 
     scorers = {}
@@ -179,5 +205,5 @@ def reward_scorers(cfg: RLVRConfig, roles: Roles) -> dict:
 
             a = domain.adaptive_timeout
             adaptive = AdaptiveTimeout(a.t_min, a.t_max, a.lam)
-        scorers[name] = DomainScorer(name, roles.reward[name], domain.retries, adaptive)
+        scorers[name] = DomainScorer(name, groups[name], domain.retries, adaptive)
     return scorers

@@ -17,6 +17,18 @@ def test_there_are_shipped_configs():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_shipped_config_loads_and_plans(path):
+    import yaml
+
+    if yaml.safe_load(path.read_text()).get("pipeline") == "sft":  # a standalone SFT run (gyre sft)
+        from gyre.config.derive import make_sft_plan
+        from gyre.config.sft_schema import SFTJobConfig
+
+        cfg = load_config(path, schema=SFTJobConfig)
+        assert "placement: policy on GPUs" in make_sft_plan(cfg, "cuda", 1 + max(cfg.policy.devices)).describe()
+        from gyre.config import validate_config
+
+        assert validate_config(yaml.safe_load(resolved_yaml(cfg)), schema=SFTJobConfig) == cfg
+        return
     cfg = load_config(path)
     devices = 1 + max(max(d) for d in (cfg.policy.devices, cfg.rollout.devices, cfg.reference.devices,
                                           cfg.critic.devices))

@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gyre.data.columns import ColumnMap
-from gyre.data.prompts import DataError, OverlongCount, PromptRenderer, load_prompts, load_sft_examples
+from gyre.data.prompts import DataError, OverlongCount, PromptRenderer, load_prompts
 from gyre.models.loading import load_tokenizer
 
 # A minimal chat template that shows every message and the template's extra argument.
@@ -124,11 +124,3 @@ def test_system_prompt_and_template_kwargs(tmp_path, chat_tok, renderer):
                         ("chat_template_kwargs", {"template_kwargs": {"enable_thinking": False}})):
         with pytest.raises(DataError, match=f"data.{key} needs a chat template"):
             PromptRenderer(renderer.tokenizer, "auto", **kwargs)
-
-
-def test_sft_examples_end_with_eos(tmp_path, renderer):
-    f = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "1+2=", "response": "3"}])
-    (ex,) = load_sft_examples([f], renderer, eos_id=2, max_tokens=32)
-    assert ex.response_ids[-1] == 2 and renderer.tokenizer.decode(ex.response_ids[:-1]) == "3"
-    with pytest.raises(DataError, match="no column 'response'; this row has columns: prompt. Rows need a 'response'"):
-        load_sft_examples([write_jsonl(tmp_path / "t.jsonl", [{"prompt": "1"}])], renderer, 2, 32)

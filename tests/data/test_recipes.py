@@ -3,7 +3,6 @@ run's own data path (sources, column mapping, chat template, ground-truth checks
 a right answer 1 and a wrong one 0."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +13,7 @@ from gyre.config import load_config
 from gyre.pipelines.preflight import load_data, resolve_paths
 from gyre.rewards.base import RewardRequest, call_reward, load_function
 from gyre.rewards.registry import function_spec
+from tests.chat_models import with_chat_template
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}"
@@ -23,14 +23,7 @@ TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{
 @pytest.fixture(scope="module")
 def chat_model(tiny_model_dir, tmp_path_factory):
     """The tiny model with a chat template, as an instruct model has."""
-    from gyre.models.loading import load_tokenizer
-
-    path = tmp_path_factory.mktemp("chat") / "model"
-    shutil.copytree(tiny_model_dir, path)
-    tok = load_tokenizer(path)
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(path)
-    return path
+    return with_chat_template(tiny_model_dir, tmp_path_factory.mktemp("chat") / "model", TEMPLATE)
 
 
 def load(recipe, model, train, val, tmp_path):

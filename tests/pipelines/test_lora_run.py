@@ -17,7 +17,7 @@ from tests.pipelines.test_rlvr_integration import quick_config
 pytest.importorskip("peft")
 
 
-@pytest.mark.slow  # about 35-65 s; the adapter sync, resume and saving are also covered in tests/engines/test_lora_trainer.py
+@pytest.mark.slow  # 35-65 s; adapter sync, resume and saving are also covered by tests/engines/test_lora_trainer.py
 def test_a_lora_run_syncs_adapters_resumes_exactly_and_saves_both_forms(ray_local, tiny_model_dir, arithmetic_data,
                                                                         tmp_path):
     reward = Path(__file__).with_name("reward_fns.py")

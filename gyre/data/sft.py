@@ -1,0 +1,186 @@
+"""Supervised fine-tuning rows as token ids with a loss mask, and the trainer batches made of them.
+
+A row is a (prompt, response) pair, trained on the response and an EOS token, or a conversation (a
+chat and no response column), trained on its assistant messages only. Which tokens those are is read
+off the tokenizer's chat template by rendering prefixes of the conversation: the text up to an
+assistant message with the generation prompt, and the text up to the end of that message; the
+characters between the two are the message as the template writes it (its end-of-turn marker
+included), and the tokens that start there are trained. This works for any template, with or without
+``{% generation %}`` markers, as long as rendering a prefix gives a prefix of the whole conversation
+(a template that rewrites earlier turns, e.g. drops their reasoning, is an error naming the row).
+
+Batches are padded (one example per row) or packed: several examples per row, each with its own
+positions from 0, which makes transformers keep attention within each example (its packed-sequence
+masks for sdpa and eager; varlen kernels for flash attention), so the packed loss equals the padded one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from gyre.config.data_schema import DataSource
+from gyre.data.columns import Chat, ColumnMap
+from gyre.data.prompts import PromptRenderer
+from gyre.data.sources import DataError, RawRow, read_sources
+from gyre.types import TrainBatch
+
+
+@dataclass
+class SFTExample:
+    uid: str
+    """Where the row came from ("file:line")."""
+    input_ids: list[int]
+    loss_mask: list[int]
+    """1 on the tokens the loss trains (the response, or the assistant messages), 0 elsewhere."""
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens before the first trained one."""
+        return self.loss_mask.index(1)
+
+
+@dataclass(frozen=True)
+class SFTColumns:
+    """Which columns hold a pair's prompt and response, or a conversation (``SFTConfig``'s keys)."""
+
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    messages_key: str = "messages"
+    section: str = "sft_warmup"
+    """The config section of these keys, for messages."""
+
+    @classmethod
+    def from_config(cls, sft, section: str) -> SFTColumns:
+        return cls(sft.prompt_key, sft.response_key, sft.messages_key, section)
+
+
+def load_sft_examples(sources: Iterable[DataSource], renderer: PromptRenderer, eos_id: int, max_tokens: int,
+                      columns: SFTColumns = SFTColumns(), overlong: Literal["error", "drop"] = "error"
+                      ) -> tuple[list[SFTExample], int]:
+    """Every row as an example; returns (examples, how many were dropped as longer than ``max_tokens``)."""
+    examples, dropped = [], 0
+    for row in read_sources(sources):
+        if columns.response_key in row.data:
+            ids, mask = pair_tokens(row, renderer, eos_id, columns)
+        elif columns.messages_key in row.data:
+            chat = _chat(row, columns.messages_key, columns.section)
+            ids, mask = conversation_tokens(chat, renderer, row.where)
+        else:
+            have = ", ".join(sorted(row.data)) or "none"
+            raise DataError(f"{row.where}: no column '{columns.response_key}' ({columns.section}.response_key) and no "
+                            f"conversation in '{columns.messages_key}' ({columns.section}.messages_key); this row has "
+                            f"columns: {have}. Set the key that names the target column.")
+        if len(ids) > max_tokens:
+            if overlong == "drop":
+                dropped += 1
+                continue
+            raise DataError(f"{row.where}: the example is {len(ids)} tokens, over {columns.section}.max_tokens="
+                            f"{max_tokens}; raise it, or set {columns.section}.overlong=drop")
+        examples.append(SFTExample(row.where, ids, mask))
+    if not examples:
+        raise DataError(f"no SFT examples left: all {dropped} are longer than {columns.section}.max_tokens="
+                        f"{max_tokens}")
+    return examples, dropped
+
+
+def pair_tokens(row: RawRow, renderer: PromptRenderer, eos_id: int, columns: SFTColumns) -> tuple[list[int], list[int]]:
+    """A (prompt, response) row: the rendered prompt, then the response and EOS (trained)."""
+    key = columns.prompt_key
+    if key not in row.data and columns.messages_key in row.data:
+        key = columns.messages_key  # a chat prompt in the conversation column
+    reader = ColumnMap(prompt_key=key, answer_key=columns.response_key, tag_key=None, section=columns.section)
+    prompt_ids = renderer.encode(renderer.render(reader.prompt(row), row.where))
+    response = reader.answer(row)
+    response_ids = list(renderer.tokenizer(response, add_special_tokens=False)["input_ids"]) + [eos_id]
+    return prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids)
+
+
+def _chat(row: RawRow, key: str, section: str) -> Chat:
+    chat = ColumnMap(prompt_key=key, tag_key=None, section=section).prompt(row)
+    if isinstance(chat, str):
+        raise DataError(f"{row.where}: '{key}' holds a text; a conversation is a list of {{'role', 'content'}} "
+                        f"messages (or give the target in a response column, {section}.response_key)")
+    return chat
+
+
+def conversation_tokens(chat: Chat, renderer: PromptRenderer, where: str) -> tuple[list[int], list[int]]:
+    """The whole conversation through the chat template, trained on its assistant messages."""
+    if not renderer.use_template:
+        raise DataError(f"{where}: a conversation needs a tokenizer chat template, and this one has none; give "
+                        "(prompt, response) pairs instead, or a tokenizer with a chat template")
+    full = renderer.render_chat(chat, add_generation_prompt=False)
+    spans = []
+    for i, message in enumerate(chat):
+        if message["role"] != "assistant":
+            continue
+        if i == 0:
+            raise DataError(f"{where}: the conversation starts with an assistant message; it needs a user turn first")
+        before = renderer.render_chat(chat[:i], add_generation_prompt=True)
+        through = renderer.render_chat(chat[:i + 1], add_generation_prompt=False)
+        if not (through.startswith(before) and full.startswith(through)):
+            raise DataError(f"{where}: the chat template does not write this conversation as the sum of its turns "
+                            f"(rendering up to message {i} is not a prefix of the whole; templates that rewrite "
+                            "earlier turns do this). Split it into one row per assistant message, with the turns "
+                            "before it as a chat prompt and the message as the response.")
+        spans.append((len(before), len(through)))
+    if not spans:
+        raise DataError(f"{where}: the conversation has no assistant message to train on")
+    try:
+        encoded = renderer.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:
+        raise DataError(f"{where}: finding the assistant tokens needs a fast tokenizer (a tokenizer.json); this "
+                        "tokenizer gives no character offsets") from None
+    mask = [int(any(lo <= start < hi for lo, hi in spans)) for start, _ in encoded["offset_mapping"]]
+    return list(encoded["input_ids"]), mask
+
+
+def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Example indices per row, each row at most ``capacity`` tokens: first fit, longest first (ties in
+    index order), so the same examples always give the same rows."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        slot = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        if slot is None:
+            rows.append([])
+            room.append(capacity)
+            slot = len(rows) - 1
+        rows[slot].append(i)
+        room[slot] -= lengths[i]
+    return rows
+
+
+def sft_batch(examples: Sequence[SFTExample], pad_id: int, pack_tokens: int | None = None,
+              rows_multiple: int = 1) -> TrainBatch:
+    """Right-padded trainer rows: one example each, or (``pack_tokens``) packed into rows of at most that
+    many tokens with per-example positions; then empty rows (one pad token, nothing trained) up to a
+    multiple of ``rows_multiple`` (data-parallel ranks need equal shares)."""
+    lengths = [len(e.input_ids) for e in examples]
+    rows = pack_rows(lengths, pack_tokens) if pack_tokens else [[i] for i in range(len(examples))]
+    b = -(-len(rows) // rows_multiple) * rows_multiple
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    attention[len(rows):, 0] = 1  # empty rows: one token, so that every row has something to attend to
+    mask = torch.zeros((b, width), dtype=torch.float32)
+    positions = torch.arange(width).repeat(b, 1) if pack_tokens else None
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            n = lengths[i]
+            ids[r, at:at + n] = torch.tensor(examples[i].input_ids, dtype=torch.long)
+            mask[r, at:at + n] = torch.tensor(examples[i].loss_mask, dtype=torch.float32)
+            mask[r, at] = 0.0  # an example's first token follows nothing of its own: it cannot be trained
+            attention[r, at:at + n] = 1
+            if positions is not None:
+                positions[r, at:at + n] = torch.arange(n)
+            at += n
+        if positions is not None:  # the padding after the last example: a sequence of its own
+            positions[r, at:] = torch.arange(width - at)
+    zeros = torch.zeros((b, width), dtype=torch.float32)
+    return TrainBatch(input_ids=ids, attention_mask=attention, response_mask=mask, advantages=zeros,
+                      rollout_logprobs=zeros.clone(), position_ids=positions)

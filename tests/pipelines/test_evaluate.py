@@ -1,0 +1,102 @@
+"""gyre eval: held-out prompts sampled and scored as validation does them; accuracy, mean@n, pass@k, tags."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gyre.algos.pass_at_k import mean_pass_at_k
+from gyre.config.load import ConfigError
+from gyre.data.prompts import DataError
+from gyre.pipelines.command_config import command_config
+from gyre.pipelines.evaluate import EvalOptions, OutputExistsError, evaluate_model, group_metrics
+from gyre.pipelines.model_source import resolve_source
+from gyre.types import Group, PromptRecord, RewardResult, Segment, Trajectory
+
+REWARD = Path(__file__).with_name("reward_fns.py")
+QUIET = lambda s: None  # noqa: E731
+
+
+def group(tag, scored):
+    """A scored group: (reward, correct, response length, finish reason) per sample."""
+    prompt = PromptRecord(f"p-{tag}", "q", [5], "", tag=tag)
+    samples = [Trajectory(prompt, i, [Segment([7] * n, [0.0] * n, 0)], "", finish, RewardResult(score, correct),
+                          "scored") for i, (score, correct, n, finish) in enumerate(scored)]
+    return Group(prompt.uid, prompt, len(samples), 0, 0, samples)
+
+
+def test_metrics_by_hand():
+    a = group("x", [(1.0, True, 2, "eos"), (0.0, False, 3, "eos"), (0.0, False, 4, "length")])
+    b = group("y", [(1.0, None, 2, "eos"), (0.5, None, 2, "eos"), (0.0, None, 2, "eos")])  # correct: score > 0
+    m = group_metrics([a, b], [1, 2, 3])
+    assert m["prompts"] == 2
+    assert m["accuracy"] == pytest.approx((1 / 3 + 2 / 3) / 2)
+    assert m["mean@3"] == pytest.approx((1 / 3 + 0.5) / 2)
+    # pass@2: a has 1 correct of 3: 1 - C(2,2)/C(3,2) = 2/3; b has 2 of 3: 1
+    assert (m["pass@1"], m["pass@2"], m["pass@3"]) == (pytest.approx(0.5), pytest.approx(5 / 6), 1.0)
+    assert m["response_length_mean"] == pytest.approx(15 / 6) and m["truncated_frac"] == pytest.approx(1 / 6)
+
+
+def own_columns(tmp_path, source_file, rows=None):
+    """The arithmetic prompts under a user's own column names, with an id column."""
+    lines = Path(source_file).read_text().splitlines()[:rows]
+    out = tmp_path / "held_out.jsonl"
+    out.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["ground_truth"], "level": r["tag"],
+                                       "id": i}) + "\n" for i, r in enumerate(map(json.loads, lines))))
+    return out
+
+
+def test_a_model_on_held_out_prompts_with_its_own_columns(tiny_model_dir, arithmetic_data, tmp_path):
+    data = own_columns(tmp_path, arithmetic_data["val"], rows=6)
+    source = resolve_source(str(tiny_model_dir))
+    overrides = ["data.prompt_key=question", "data.answer_key=answer", "data.tag_key=level", "reward.type=function",
+                 f"reward.function={REWARD}:digit_fraction", "rollout.sampling.max_new_tokens=4"]
+    flags = {"data.val_files": [str(data)], "validation.samples_per_prompt": 4, "validation.temperature": 1.0}
+    cfg = command_config(source, None, overrides, flags, needs="data.val_files")
+    report = evaluate_model(cfg, source, EvalOptions(tmp_path / "eval"), echo=QUIET)
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 24 and {r["tag"] for r in rows} == {"arithmetic"}
+    assert rows[0]["prompt"] == "22+13=" and rows[0]["ground_truth"] == "35" and rows[0]["sample"] == 0
+    # Every number follows from the generations written.
+    correct = [[r["correct"] for r in rows if r["id"] == row_id] for row_id in dict.fromkeys(r["id"] for r in rows)]
+    assert [r["correct"] for r in rows] == [r["reward"] > 0 for r in rows]
+    m = report.overall
+    assert m["accuracy"] == pytest.approx(sum(r["correct"] for r in rows) / 24)
+    assert m["mean@4"] == pytest.approx(sum(r["reward"] for r in rows) / 24)
+    assert [m[f"pass@{k}"] for k in (1, 2, 4)] == pytest.approx([mean_pass_at_k(correct, k) for k in (1, 2, 4)])
+    assert 0 < m["mean@4"] < 1 and report.by_tag["arithmetic"]["prompts"] == 6
+    saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert saved["overall"] == m and saved["samples_per_prompt"] == 4 and "pass@4" in report.format()
+    with pytest.raises(OutputExistsError, match="generations.jsonl, .*metrics.json already exist"):
+        evaluate_model(cfg, source, EvalOptions(tmp_path / "eval"), echo=QUIET)
+    evaluate_model(cfg, source, EvalOptions(tmp_path / "eval", ks=(3,), overwrite=True), echo=QUIET)
+    assert "pass@3" in json.loads((tmp_path / "eval" / "metrics.json").read_text())["overall"]
+
+
+def test_a_run_is_scored_as_its_own_validation_scored_it(trained_run, tmp_path):
+    """With the run's own config (data, reward, greedy validation), eval of the final model and of checkpoint
+    1 gives the held-out numbers the run logged at steps 2 and 1."""
+    logged = {r["step"]: r for r in map(json.loads, (trained_run / "metrics.jsonl").read_text().splitlines())}
+    for step, source in ((2, resolve_source(str(trained_run))), (1, resolve_source(str(trained_run), step=1))):
+        cfg = command_config(source, None, [], {}, needs="data.val_files")
+        report = evaluate_model(cfg, source, EvalOptions(tmp_path / f"eval{step}"), echo=QUIET)
+        assert report.overall["prompts"] == 6
+        assert report.overall["accuracy"] == pytest.approx(logged[step]["val/accuracy"])
+        assert report.overall["mean@1"] == pytest.approx(logged[step]["val/reward/mean"])
+
+
+def test_what_eval_needs_is_asked_for(tiny_model_dir, arithmetic_data, tmp_path):
+    source = resolve_source(str(tiny_model_dir))
+    with pytest.raises(ConfigError, match="no prompts to read: give them with --data FILE"):
+        command_config(source, None, [], {}, needs="data.val_files")
+    data = own_columns(tmp_path, arithmetic_data["val"], rows=2)
+    cfg = command_config(source, None, ["reward.type=function", f"reward.function={REWARD}:digit_fraction"],
+                         {"data.val_files": [str(data)]}, needs="data.val_files")
+    with pytest.raises(DataError, match="no column 'prompt' \\(data.prompt_key\\); this row has columns: answer, id, "
+                                        "level, question. Set data.prompt_key"):
+        evaluate_model(cfg, source, EvalOptions(tmp_path / "e"), echo=QUIET)
+    assert not (tmp_path / "e").exists()  # nothing written before the data is known good
+    with pytest.raises(ConfigError, match="pass@k needs 1 <= k <= the samples per prompt \\(1\\)"):
+        evaluate_model(cfg, source, EvalOptions(tmp_path / "e", ks=(1, 4)), echo=QUIET)
+    with pytest.raises(ConfigError, match="unknown key 'validation.n'"):
+        command_config(source, None, ["validation.n=4"], {"data.val_files": [str(data)]}, needs="data.val_files")
