@@ -105,6 +105,8 @@ def _add_commands(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="auto: the dtype the (run's) model is stored in")
     p.add_argument("--overwrite", action="store_true", help="replace a model directory already at --out")
+    p.add_argument("--adapter", action="store_true",
+                   help="a LoRA checkpoint: write the adapter (PEFT format) instead of merging it into the base model")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,7 +354,8 @@ def _generate(args) -> int:
 def _export(args) -> int:
     from gyre.pipelines.export import ExportSpec, export_model
 
-    spec = ExportSpec(Path(args.out), None if args.dtype == "auto" else args.dtype, args.overwrite)
+    spec = ExportSpec(Path(args.out), None if args.dtype == "auto" else args.dtype, args.overwrite,
+                      merge_adapter=not args.adapter)
     export_model(_source(args), spec)
     return 0
 

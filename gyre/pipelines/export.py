@@ -10,9 +10,9 @@ The export is written beside the target and moved into place when complete, so a
 leaves no half-written model; an existing target is replaced only with ``overwrite``, and only when it
 is a model directory (never an arbitrary directory a typo pointed at).
 
-LoRA: a policy trained with an adapter checkpoints the adapter's tensors; ``read_policy_weights`` is the
-one place that reads them, and ``write_hf_directory`` the one place that would either merge them into the
-base weights or write them as a PEFT adapter directory (an ``ExportSpec`` option).
+LoRA: a policy trained with an adapter checkpoints only the adapter's tensors (``gyre.models.lora``
+marks such a checkpoint); ``write_hf_directory`` merges them into the base weights (a plain model
+directory) or writes them as a PEFT adapter directory (``ExportSpec.merge_adapter``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class ExportSpec:
     """float32, bfloat16 or float16; None keeps the dtype the model (a checkpoint: its run's model) is stored in."""
     overwrite: bool = False
     """Replace ``out`` when it already holds a model directory."""
+    merge_adapter: bool = True
+    """A LoRA checkpoint: merge the adapter into the base model's weights; else write the adapter alone."""
 
 
 def export_model(source: ModelSource, spec: ExportSpec, echo: Callable[[str], None] = print) -> Path:
@@ -52,7 +54,7 @@ def export_model(source: ModelSource, spec: ExportSpec, echo: Callable[[str], No
     staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
     staging.mkdir(parents=True)
     try:
-        write_hf_directory(source, staging, dtype)
+        write_hf_directory(source, staging, dtype, spec.merge_adapter)
         _move_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -90,11 +92,17 @@ def _move_into_place(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_hf_directory(source: ModelSource, directory: Path, dtype: str) -> None:
-    """The weights of ``source`` in ``dtype``, its config and its tokenizer files, into ``directory``."""
+def write_hf_directory(source: ModelSource, directory: Path, dtype: str, merge_adapter: bool = True) -> None:
+    """The weights of ``source`` in ``dtype``, its config and its tokenizer files, into ``directory`` (a LoRA
+    checkpoint: merged into its base model, or as the adapter alone)."""
     from gyre.models.loading import load_causal_lm
+    from gyre.models.lora import export_lora, read_marker
     from gyre.models.saving import save_hf_model
 
+    if source.kind == "checkpoint" and read_marker(source.path / "policy") is not None:
+        export_lora(source.path, source.base_model, directory, merge=merge_adapter, dtype=dtype,
+                    tokenizer_path=source.tokenizer_dir, trust_remote_code=source.trust_remote_code, overwrite=True)
+        return
     if source.kind == "checkpoint":
         model = _skeleton(source.base_model, source.trust_remote_code)
         state = read_policy_weights(source.path / "policy")

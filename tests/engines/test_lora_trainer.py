@@ -154,6 +154,16 @@ def _checkpoint_worker(rank, model_dir, port, out):
     assert (out / "export-adapter" / "adapter_config.json").is_file()
     with pytest.raises(ValueError, match="exists and is not empty"):
         export_lora(out / "ckpt", model_dir, out / "export")
+    # The same through `gyre export`'s own path: a LoRA checkpoint is merged, or written as the adapter.
+    from gyre.pipelines.export import ExportSpec, export_model
+    from gyre.pipelines.model_source import ModelSource
+
+    source = ModelSource("checkpoint", out / "ckpt", "ckpt", run_config={"model": {"path": str(model_dir)}})
+    export_model(source, ExportSpec(out / "cli", "bfloat16"), echo=lambda s: None)
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(out / "cli").state_dict()["model.norm.weight"],
+                       exported.state_dict()["model.norm.weight"])
+    export_model(source, ExportSpec(out / "cli-adapter", merge_adapter=False), echo=lambda s: None)
+    assert (out / "cli-adapter" / "adapter_config.json").is_file()
 
 
 def test_lora_checkpoints_hold_adapters_resume_exactly_and_save_both_forms(tiny_model_dir, tmp_path):
