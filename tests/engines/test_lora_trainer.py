@@ -158,7 +158,9 @@ def _checkpoint_worker(rank, model_dir, port, out):
     from gyre.pipelines.export import ExportSpec, export_model
     from gyre.pipelines.model_source import ModelSource
 
-    source = ModelSource("checkpoint", out / "ckpt", "ckpt", run_config={"model": {"path": str(model_dir)}})
+    (out / "step").mkdir()  # a run's checkpoint step holds the trainer's save as policy/
+    (out / "step" / "policy").symlink_to(out / "ckpt")
+    source = ModelSource("checkpoint", out / "step", "step", run_config={"model": {"path": str(model_dir)}})
     export_model(source, ExportSpec(out / "cli", "bfloat16"), echo=lambda s: None)
     assert torch.equal(AutoModelForCausalLM.from_pretrained(out / "cli").state_dict()["model.norm.weight"],
                        exported.state_dict()["model.norm.weight"])
@@ -202,6 +204,7 @@ def _fsdp2_worker(rank, model_dir, port):
     os._exit(0)  # FSDP2 over gloo may abort at interpreter exit (see tests/engines/test_trainer.py)
 
 
+@pytest.mark.slow  # ~20 s; LoRA's adapter-only training and exact resume run by default (the tests above)
 def test_lora_with_fsdp2_gives_the_ddp_gradient(tiny_model_dir):
     """Two gloo ranks: FSDP2 shards base weights and adapters alike, and the adapters (initialised from the
     run's seed on every rank: FSDP2 broadcasts nothing) get DDP's gradients, which are DP=1's."""

@@ -64,6 +64,8 @@ def drill(straight, tmp_path, tiny_model_dir, arithmetic_data, faults, seed, con
     assert not problems, problems[:10]
 
 
+@pytest.mark.slow  # 50-90 s; in the default suite lockstep is covered by the sans-IO property tests
+# (tests/rollout/test_lockstep.py), driver resume by the SIGTERM test, engine replacement by the driver tests
 def test_faults_at_random_moments_leave_an_async_lockstep_run_unchanged(tmp_path, tiny_model_dir, arithmetic_data):
     """Rollout a step ahead of the policy (lockstep, alpha 1): a stopped rollout engine (replaced in place)
     and a SIGKILLed driver (resumed with the groups generated ahead from its checkpoint) leave the metric
