@@ -58,6 +58,7 @@ def test_a_lora_run_syncs_adapters_resumes_exactly_and_saves_both_forms(ray_loca
     assert compare_runs(out, again) == []
 
 
+@pytest.mark.slow  # ~14 s; hybrid sampling through the adapters is also tested in tests/engines/test_lora_trainer.py
 def test_hybrid_lora_ranks_sample_with_their_adapters(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     """rollout.mode hybrid: the policy rank samples with its own model, adapters included; the weight
     sync is a version stamp. policy.lora.save=adapter writes the adapter alone."""
