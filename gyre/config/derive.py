@@ -390,12 +390,17 @@ class SFTPlan:
     """What a standalone SFT run (``gyre sft``) builds: the policy trainer ranks, one per device."""
 
     device_kind: DeviceKind
+    """cpu or cuda."""
     num_devices: int | None
+    """Devices that exist (None: not known until gyre joins the cluster)."""
     roles: dict[str, tuple[int, ...]]
     """{"policy": its devices}: the only role."""
     dp_size: int
+    """Data-parallel trainer ranks."""
     threads_per_worker: int
+    """Torch threads of each rank (CPU)."""
     steps: int
+    """Optimizer steps of the run."""
 
     def roles_on_device(self, device: int) -> int:
         return 1

@@ -16,6 +16,7 @@ from gyre.config.schema import ClusterConfig, ModelConfig, SFTConfig, WatchdogCo
 
 class SFTRunSection(StrictModel):
     name: str = "gyre-sft"
+    """The run's name (logs, TensorBoard)."""
     output_dir: Path = Path("runs/gyre-sft")
     """Receives metrics.jsonl, tensorboard/ and final_model/ (a directory that holds a run is refused
     unless --overwrite moves that run aside)."""
@@ -27,22 +28,34 @@ class SFTPolicySection(StrictModel):
     """Where the trainer ranks run: one data-parallel rank per device."""
 
     devices: DeviceList = (0,)
+    """Devices of the trainer ranks (GPU indices, or CPU slots)."""
     strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """ddp: a whole model per rank; fsdp2: parameters, gradients and optimizer state sharded over the ranks."""
 
 
 class SFTLoggingSection(StrictModel):
     tensorboard: bool = True
+    """Write TensorBoard event files under run.output_dir/tensorboard."""
     progress: bool = True
+    """Print a progress line per step."""
 
 
 class SFTJobConfig(StrictModel):
     """A standalone SFT run: the policy trainer on chat or (prompt, response) data, then its final model."""
 
     pipeline: Literal["sft"] = "sft"
+    """Which pipeline this config is for (always sft)."""
     run: SFTRunSection = SFTRunSection()
+    """Name, output directory and seed."""
     cluster: ClusterConfig = ClusterConfig()
+    """The Ray cluster (as for gyre train)."""
     watchdog: WatchdogConfig = WatchdogConfig()
+    """Deadlines on calls to the trainer ranks (as for gyre train)."""
     model: ModelConfig
+    """The model to fine-tune (as for gyre train)."""
     policy: SFTPolicySection = SFTPolicySection()
+    """Where the trainer ranks run."""
     sft: SFTConfig
+    """The data, steps and batch sizes (the section an RL run's sft_warmup takes)."""
     logging: SFTLoggingSection = SFTLoggingSection()
+    """TensorBoard and progress output."""

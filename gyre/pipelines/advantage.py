@@ -96,7 +96,7 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
         rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
     resp = batch.response_mask
     if state.estimator.turns is not None:
-        adv, returns = _turn_advantages(batch, groups, rows, rewards, a, state), None
+        adv, returns = _turn_advantages(batch, groups, layout, rows, rewards, a, state), None
     else:
         adv, returns = _token_advantages(batch, rows.expand(rewards), a, state, metrics)
     if returns is not None:  # the critic's regression targets
@@ -131,8 +131,8 @@ def _token_advantages(batch: TrainBatch, rewards: torch.Tensor, a: AlgorithmConf
     return state.estimator.advantages(token_rewards, batch.values, batch.response_mask, a.gamma, a.lam)
 
 
-def _turn_advantages(batch: TrainBatch, groups: list[Group], rows: RowMap, rewards: torch.Tensor,
-                     a: AlgorithmConfig, state: AlgorithmState) -> torch.Tensor:
+def _turn_advantages(batch: TrainBatch, groups: list[Group], layout: GroupLayout, rows: RowMap,
+                     rewards: torch.Tensor, a: AlgorithmConfig, state: AlgorithmState) -> torch.Tensor:
     """One advantage per model turn (``TurnRecord`` rewards and states, [E] response-level ``rewards``),
     spread over the turn's tokens in the rows that train it."""
     every = [t for g in groups for t in g.trajectories]
@@ -144,7 +144,7 @@ def _turn_advantages(batch: TrainBatch, groups: list[Group], rows: RowMap, rewar
                          f"{single[0].sample_index}, a single response); learn from an environment, or choose a "
                          f"trajectory-level estimator ({', '.join(whole)})")
     turn_rewards, mask, states = TurnLayout.of(groups).padded()
-    inputs = TurnBatch(turn_rewards, mask, rewards, GroupLayout.of(groups).group_index(), states)
+    inputs = TurnBatch(turn_rewards, mask, rewards, layout.group_index(), states)
     per_turn = state.estimator.turns(inputs, a.turn_spec)
     return rows.broadcast(per_turn.to(torch.float32), batch.response_mask.shape[1])
 
