@@ -85,7 +85,8 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     off = plan.offload
     spec = TrainerSpec(model_path=m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                        gradient_checkpointing=m.gradient_checkpointing, strategy=cfg.policy.strategy,
-                       micro_batch_size=cfg.policy.micro_batch_size, attn_implementation=m.attn_implementation)
+                       micro_batch_size=cfg.policy.micro_batch_size, attn_implementation=m.attn_implementation,
+                       levers=cfg.policy.levers)
     hybrid = HybridRollout(tok_path, m.trust_remote_code, cfg.rollout.max_batch_size) if plan.hybrid_rollout else None
     policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
         (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed, hybrid), {}))
@@ -101,7 +102,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     if plan.use_reference:
         reference = RoleGroup.create("reference", ReferenceWorker, placement, lambda r: (
             (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size,
-             off, m.attn_implementation), {}))
+             off, m.attn_implementation, cfg.reference.levers), {}))
         made.append(reference)
     critic = _build_critic(cfg, plan, placement, made) if plan.use_critic else None
     reward = _build_rewards(cfg, plan, placement, made) if cfg.env is None else {}
@@ -157,7 +158,8 @@ def _build_critic(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: li
     m, c = cfg.model, cfg.critic
     spec = TrainerSpec(model_path=c.model_path or m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                        gradient_checkpointing=m.gradient_checkpointing, strategy=c.strategy,
-                       micro_batch_size=c.micro_batch_size, head="value", attn_implementation=m.attn_implementation)
+                       micro_batch_size=c.micro_batch_size, head="value", attn_implementation=m.attn_implementation,
+                       levers=c.levers)
     critic = RoleGroup.create("critic", CriticWorker, placement, lambda r: (
         (r, plan.critic_dp_size, spec, plan.device_kind, plan.threads_per_worker, cfg.run.seed + 7919), {}))
     made.append(critic)
