@@ -47,9 +47,12 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, fwd: ForwardCon
     layout = RowLayout.of(batch.attention_mask, fwd.levers.pack)
     inputs = layout.model_inputs(batch.input_ids.to(fwd.device), attn_implementation_of(model))
     targets = _next(inputs["input_ids"])
+    # Entropies only where the next token is a response token: a full-vocabulary softmax over the prompt
+    # would cost another [tokens, V] floats.
+    where = _next(layout.to_model(batch.response_mask.to(fwd.device))).bool() if entropy else None
     chunk = fwd.levers.logprob_chunk_tokens
     if chunk:
-        head = ChunkedLogprobHead(output_layer(model), targets, temperature, chunk, entropy)
+        head = ChunkedLogprobHead(output_layer(model), targets, temperature, chunk, where)
         with fwd.autocast(), swapped_output_layer(model, head):
             stats = model(**inputs, use_cache=False).logits
         next_lp, next_ent = stats[..., 0], stats[..., 1] if entropy else None
@@ -61,16 +64,11 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, fwd: ForwardCon
         next_lp = token_logprobs(logits, targets, temperature)
         next_ent = None
         if entropy:
-            # Only where the next token is a response token: a full-vocabulary softmax over the prompt
-            # would cost another [B, L, V] floats.
-            where = _next(layout.to_model(batch.response_mask.to(fwd.device))).bool()
             picked = logits[where] if entropy_grad else logits.detach()[where]
             next_ent = torch.zeros(targets.shape, dtype=torch.float32, device=fwd.device)
             next_ent[where] = entropy_from_logits(picked[None], temperature)[0]
     lp = layout.next_token_to_rows(next_lp)
-    if next_ent is None:
-        return lp, None
-    return lp, layout.next_token_to_rows(next_ent) * batch.response_mask.to(fwd.device)
+    return lp, layout.next_token_to_rows(next_ent) if next_ent is not None else None
 
 
 def sequence_values(model: torch.nn.Module, batch: TrainBatch, fwd: ForwardContext) -> torch.Tensor:

@@ -24,18 +24,20 @@ class ChunkedLogprobHead(torch.nn.Module):
     """Stands in for a causal LM's output layer (nn.Linear) during one forward pass."""
 
     def __init__(self, layer: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk_tokens: int,
-                 entropy: bool):
+                 entropy_at: torch.Tensor | None):
+        """Per position: the log-prob of ``targets`` and, where ``entropy_at`` is True, the entropy."""
         super().__init__()
         # Not a registered submodule: the swapped-out layer stays where its owner (and FSDP2) keeps it.
         object.__setattr__(self, "layer", layer)
-        self.targets, self.temperature, self.chunk_tokens, self.entropy = targets, temperature, chunk_tokens, entropy
+        self.targets, self.temperature, self.chunk_tokens = targets, temperature, chunk_tokens
+        self.entropy_at = entropy_at
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[:-1] != self.targets.shape:
             raise RuntimeError(f"the output layer got hidden states {tuple(hidden.shape)} for targets "
                                f"{tuple(self.targets.shape)}: this model does not project every position")
         return chunked_next_token_stats(hidden, self.layer.weight, self.layer.bias, self.targets,
-                                        self.temperature, self.chunk_tokens, self.entropy)
+                                        self.temperature, self.chunk_tokens, self.entropy_at)
 
 
 class _Echo(torch.nn.Module):

@@ -54,7 +54,9 @@ class RowLayout:
 
     def position_ids(self, device: torch.device) -> torch.Tensor:
         """[1, N]: 0, 1, ... restarting on every row."""
-        return torch.cat([torch.arange(int(n), device=device) for n in self.lengths])[None]
+        lengths = self.lengths.to(device)
+        starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+        return (torch.arange(len(starts), device=device) - starts)[None]
 
     def model_inputs(self, input_ids: torch.Tensor, attn_implementation: str | None) -> dict:
         """Keyword arguments of the model's forward for this micro-batch (``input_ids`` [B, L] on the device)."""

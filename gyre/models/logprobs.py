@@ -39,7 +39,7 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
 def chunked_next_token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                              targets: torch.Tensor, temperature: float, chunk_tokens: int,
-                             entropy: bool = False) -> torch.Tensor:
+                             entropy_at: torch.Tensor | None = None) -> torch.Tensor:
     """log p(targets) (and the entropy) at every position, projecting ``hidden`` to the vocabulary
     ``chunk_tokens`` positions at a time, so only [chunk_tokens, V] logits exist at once.
 
@@ -51,27 +51,31 @@ def chunked_next_token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: t
         weight, bias: the output layer's [V, H] weight and optional [V] bias.
         targets: [...] the token whose log-prob is wanted at each position.
         temperature: log-probs of softmax(logits / temperature), as ``token_logprobs``.
-        entropy: also return the entropy of that distribution at every position.
+        entropy_at: [...] bool, where the entropy of that distribution is wanted too (0 elsewhere);
+            None: no entropies.
     Returns:
-        [..., 2] float32 (log-prob, entropy) if ``entropy`` else [..., 1].
+        [..., 2] float32 (log-prob, entropy) with ``entropy_at``, else [..., 1].
     """
     shape = targets.shape
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    flat_e = entropy_at.reshape(-1) if entropy_at is not None else None
     outs = []
     for start in range(0, flat_t.shape[0], chunk_tokens):
-        piece = (flat_h[start:start + chunk_tokens], weight, bias, flat_t[start:start + chunk_tokens])
+        part = slice(start, start + chunk_tokens)
+        piece = (flat_h[part], weight, bias, flat_t[part], flat_e[part] if flat_e is not None else None)
         if torch.is_grad_enabled():
-            outs.append(checkpoint(_chunk_stats, *piece, temperature, entropy, use_reentrant=False,
-                                   preserve_rng_state=False))
+            outs.append(checkpoint(_chunk_stats, *piece, temperature, use_reentrant=False, preserve_rng_state=False))
         else:
-            outs.append(_chunk_stats(*piece, temperature, entropy))
+            outs.append(_chunk_stats(*piece, temperature))
     return torch.cat(outs).reshape(*shape, -1)
 
 
 def _chunk_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                 temperature: float, entropy: bool) -> torch.Tensor:
+                 entropy_at: torch.Tensor | None, temperature: float) -> torch.Tensor:
     logits = torch.nn.functional.linear(hidden, weight, bias)
     lp = token_logprobs(logits[None], targets[None], temperature)[0]
-    if not entropy:
+    if entropy_at is None:
         return lp[:, None]
-    return torch.stack([lp, entropy_from_logits(logits[None], temperature)[0]], dim=-1)
+    ent = torch.zeros_like(lp)
+    ent[entropy_at] = entropy_from_logits(logits[entropy_at][None], temperature)[0]
+    return torch.stack([lp, ent], dim=-1)

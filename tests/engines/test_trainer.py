@@ -103,7 +103,8 @@ def single_rank(tiny_model_dir, tmp_path_factory):
     return _grads(1, "ddp", tiny_model_dir, tmp_path_factory.mktemp("single"))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+# DDP with the levers also runs end to end in test_hybrid_rollout_samples_with_the_training_weights.
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2"])
 def test_memory_levers_keep_the_gradient_on_two_ranks(tiny_model_dir, tmp_path, single_rank, strategy):
     """Packed token-budget micro-batches, chunked log-probs and activation checkpointing through DDP and
     FSDP2. The ranks' shards (12 + 5 and 10 + 5 tokens) make 2 and 1 micro-batches of <= 15 tokens: FSDP2
