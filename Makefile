@@ -43,6 +43,7 @@ bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/code_sandbox.py
 	$(BIN)/python bench/rollout_schedules.py
 	$(BIN)/python bench/agentic_async.py
+	$(BIN)/python bench/memory_levers.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

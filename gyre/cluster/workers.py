@@ -15,6 +15,7 @@ import torch
 from gyre.algos import LossDenominator
 from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
+from gyre.engines.microbatch import MemoryLevers
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.rewards.base import RewardRequest
 from gyre.rewards.runner import RewardRunner, ScoreReply
@@ -301,12 +302,12 @@ class ReferenceWorker:
 
     def __init__(self, rank: int, model_path: str, dtype: str, trust_remote_code: bool, device_kind: str,
                  threads: int, micro_batch_size: int, start_offloaded: bool = False,
-                 attn_implementation: str | None = None):
+                 attn_implementation: str | None = None, levers: MemoryLevers | None = None):
         from gyre.engines.forward import ReferenceModel
 
         _set_threads(threads)
         self.model = ReferenceModel(model_path, dtype, _device(device_kind), trust_remote_code, micro_batch_size,
-                                    start_offloaded, attn_implementation)
+                                    start_offloaded, attn_implementation, levers)
 
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.model.compute_logprobs(shard, temperature)

@@ -48,8 +48,7 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         f"  data parallel        {plan.dp_size} rank(s), {cfg.policy.strategy}",
         f"  mini-batch           {plan.mini_batch_size} samples -> {plan.optimizer_steps_per_step} optimizer "
         f"step(s) per RL step ({cfg.policy.epochs} epoch(s))",
-        f"  per rank             {plan.samples_per_rank} samples in {plan.micro_batches_per_rank} micro-batch(es) "
-        f"of <= {cfg.policy.micro_batch_size}",
+        _per_rank_line(cfg, plan),
         f"  total                {cfg.run.steps} RL steps, {plan.total_optimizer_steps} optimizer steps"
         + (f", after {plan.sft_steps} SFT warm-up steps" if plan.sft_steps else ""),
         f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
@@ -66,6 +65,7 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
     if plan.overlong_cache_tokens:
         lines.append(f"  overlong penalty     L_max {cfg.rollout.sampling.max_new_tokens}, L_cache "
                      f"{plan.overlong_cache_tokens} tokens")
+    lines += _memory_lines(cfg, plan)
     lines += preset_report(a)
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
@@ -102,3 +102,22 @@ def _lora_line(cfg: RLVRConfig) -> str:
                    f"({100 * size.trainable / size.total:.2f}%)")
     return (f"  LoRA                 r={lora.r}, alpha={lora.alpha:g} (scale {lora.scale:g}) on {counted}; "
             f"optimizer state, checkpoints and weight syncs hold the adapters alone; final model {lora.save}")
+
+
+def _per_rank_line(cfg: RLVRConfig, plan: RunPlan) -> str:
+    head = f"  per rank             {plan.samples_per_rank} samples in "
+    if cfg.policy.micro_batch_tokens:
+        return head + f"micro-batches of <= {cfg.policy.micro_batch_tokens} tokens (as many as the lengths need)"
+    return head + f"{plan.micro_batches_per_rank} micro-batch(es) of <= {cfg.policy.micro_batch_size}"
+
+
+def _memory_lines(cfg: RLVRConfig, plan: RunPlan) -> list[str]:
+    """The memory levers of each model role that runs, and gradient checkpointing."""
+    checkpointing = f"; gradient checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}"
+    roles = [("policy", cfg.policy, True, checkpointing)]
+    if plan.use_reference:
+        roles.append(("reference", cfg.reference, True, ""))
+    if plan.use_critic:
+        roles.append(("critic", cfg.critic, False, checkpointing))
+    return [f"  {f'memory ({name})':<20} {section.levers.describe(section.micro_batch_size, logprobs)}{extra}"
+            for name, section, logprobs, extra in roles]

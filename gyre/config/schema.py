@@ -29,6 +29,7 @@ from gyre.config.data_schema import DataConfig, DataSource
 from gyre.config.env_schema import EnvConfig
 from gyre.config.presets import algorithm_problems, expand_preset
 from gyre.config.reward_schema import RewardConfig
+from gyre.engines.microbatch import MemoryLevers, RemovePadding
 
 
 class RunConfig(StrictModel):
@@ -243,7 +244,38 @@ class LoraConfig(StrictModel):
         return self.alpha / (self.r ** 0.5 if self.rslora else self.r)
 
 
-class PolicyConfig(StrictModel):
+class ForwardLevers(StrictModel):
+    """How a model role cuts its work into forward passes, and the memory levers of those passes. Each
+    lever computes the same log-probs, losses and gradients as the plain path (micro-batches are scaled
+    by the optimizer step's global denominators, never by their own size)."""
+
+    micro_batch_size: PositiveInt = 8
+    """Samples per forward (and backward) pass on one rank when micro_batch_tokens is unset; gradients
+    accumulate over micro-batches."""
+    micro_batch_tokens: PositiveInt | None = None
+    """Cut micro-batches by this token budget instead of micro_batch_size rows (verl's
+    ppo_max_token_len_per_gpu): rows are added while the micro-batch stays within it, padding counted
+    (rows x the longest row) unless remove_padding is pack (the sum of the rows); a longer row goes alone.
+    None: by row count."""
+    remove_padding: RemovePadding = "none"
+    """none: micro-batches of consecutive rows, right-padded to the longest. sort: rows ordered longest
+    first before cutting, so each micro-batch holds rows of similar length and little padding. pack: rows
+    ordered so too, and each micro-batch's rows concatenated into one sequence with no padding at all
+    (position ids restart per row; attention stays within a row through a block-diagonal mask under eager
+    and sdpa, flash-attention's variable-length path under flash_attention_2/3)."""
+    logprob_chunk_tokens: PositiveInt | None = None
+    """Compute log-probs (and entropies) from the final hidden states this many tokens at a time, so the
+    full [tokens, vocabulary] float32 logits never exist at once; in training each chunk's logits are
+    recomputed in the backward pass. Needs a model that returns its output layer's logits unchanged
+    (checked at load). E.g. 1024; None: all logits at once. Policy and reference only."""
+
+    @property
+    def levers(self) -> MemoryLevers:
+        """The levers as the engines take them."""
+        return MemoryLevers(self.micro_batch_tokens, self.remove_padding, self.logprob_chunk_tokens)
+
+
+class PolicyConfig(ForwardLevers):
     devices: DeviceList = (0,)
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -251,8 +283,6 @@ class PolicyConfig(StrictModel):
     grad_clip: PositiveFloat | None = 1.0
     mini_batch_size: PositiveInt | None = None
     """Samples per optimizer step, across all data-parallel ranks; None is the whole rollout batch."""
-    micro_batch_size: PositiveInt = 8
-    """Samples per forward/backward on one rank; gradients accumulate over micro-batches."""
     epochs: PositiveInt = 1
     """Passes over each rollout batch."""
     offload: Literal["auto", "always", "never"] = "auto"
@@ -420,7 +450,7 @@ class AlgorithmConfig(PolicyLossKnobs):
                 or self.difficulty_mask is not None)
 
 
-class CriticConfig(StrictModel):
+class CriticConfig(ForwardLevers):
     """The value model of PPO (algorithm.estimator gae): a value head on a copy of the backbone."""
 
     model_path: str | None = None
@@ -431,12 +461,19 @@ class CriticConfig(StrictModel):
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     grad_clip: PositiveFloat | None = 1.0
-    micro_batch_size: PositiveInt = 8
+
+    @model_validator(mode="after")
+    def _no_vocabulary(self) -> CriticConfig:
+        if self.logprob_chunk_tokens is not None:
+            raise ValueError("critic.logprob_chunk_tokens: the critic outputs one value per token, not a "
+                             "distribution over the vocabulary, so there are no log-probs to chunk; remove it")
+        return self
 
 
-class ReferenceConfig(StrictModel):
+class ReferenceConfig(ForwardLevers):
     devices: DeviceList = (0,)
     micro_batch_size: PositiveInt = 16
+    """Samples per forward pass on one worker when micro_batch_tokens is unset."""
 
 
 class ValidationConfig(StrictModel):

@@ -1,6 +1,7 @@
 """Step losses that combine the pure algorithm functions for the trainer backend.
 
-Each loss runs the forward pass it needs (``compute``), is called once per micro-batch, and returns
+Each loss runs the forward pass it needs (``compute``, on the trainer's ``ForwardContext``: device,
+autocast dtype, memory levers), is called once per micro-batch, and returns
 that micro-batch's share of the optimizer-step loss, scaled by the global denominator; it adds
 token-weighted metrics on the way. ``__call__`` takes the forward's outputs, so tests can drive the
 maths with hand-made log-probs.
@@ -24,7 +25,7 @@ from gyre.algos.policy_loss import (
 )
 from gyre.algos.stats import masked_sum
 from gyre.algos.value import value_loss
-from gyre.engines.forward import sequence_logprobs, sequence_values
+from gyre.engines.forward import ForwardContext, sequence_logprobs, sequence_values
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
@@ -43,8 +44,8 @@ class PolicyLoss:
     def __post_init__(self) -> None:
         self.variant = POLICY_LOSSES.get(self.spec.policy_loss)
 
-    def compute(self, model, micro: TrainBatch, device, autocast_dtype, metrics: MetricSums) -> torch.Tensor:
-        lp, ent = sequence_logprobs(model, micro, device, self.spec.temperature, autocast_dtype, entropy=True,
+    def compute(self, model, micro: TrainBatch, fwd: ForwardContext, metrics: MetricSums) -> torch.Tensor:
+        lp, ent = sequence_logprobs(model, micro, fwd, self.spec.temperature, entropy=True,
                                     entropy_grad=self.spec.entropy_coef > 0)
         return self(micro, lp, ent, metrics)
 
@@ -117,8 +118,8 @@ class ValueLoss:
     clip: float | None = None
     loss_agg: AggMode = "token-mean"
 
-    def compute(self, model, micro: TrainBatch, device, autocast_dtype, metrics: MetricSums) -> torch.Tensor:
-        return self(micro, sequence_values(model, micro, device, autocast_dtype), metrics)
+    def compute(self, model, micro: TrainBatch, fwd: ForwardContext, metrics: MetricSums) -> torch.Tensor:
+        return self(micro, sequence_values(model, micro, fwd), metrics)
 
     def __call__(self, batch: TrainBatch, values: torch.Tensor, metrics: MetricSums) -> torch.Tensor:
         dev = values.device
@@ -140,8 +141,8 @@ class SFTLoss:
     denom: LossDenominator
     temperature: float = 1.0
 
-    def compute(self, model, micro: TrainBatch, device, autocast_dtype, metrics: MetricSums) -> torch.Tensor:
-        lp, _ = sequence_logprobs(model, micro, device, self.temperature, autocast_dtype)
+    def compute(self, model, micro: TrainBatch, fwd: ForwardContext, metrics: MetricSums) -> torch.Tensor:
+        lp, _ = sequence_logprobs(model, micro, fwd, self.temperature)
         return self(micro, lp, None, metrics)
 
     def __call__(self, batch: TrainBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None,

@@ -35,3 +35,12 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer | None, device: torch
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step":
                 state[key] = value.to(device, non_blocking=True)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass (model.gradient_checkpointing).
+
+    transformers 5 renamed gradient checkpointing to activation checkpointing (the old name warns and
+    goes in v6); both use non-reentrant torch checkpointing by default."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()

@@ -18,7 +18,9 @@ import torch.distributed as dist
 
 from gyre.config.schema import LoraConfig, OptimizerConfig, SchedulerConfig
 from gyre.engines import memory
-from gyre.engines.forward import batch_logprobs, batch_values, micro_batches
+from gyre.engines.forward import ForwardContext, batch_logprobs, batch_values, micro_batches
+from gyre.engines.logit_head import check_chunkable
+from gyre.engines.microbatch import MemoryLevers, plan_micro_batches, split_to_count
 from gyre.models.loading import load_causal_lm, load_value_model
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
@@ -40,6 +42,8 @@ class TrainerSpec:
     """Train LoRA adapters only (policy.lora; ``gyre.models.lora``); None trains every weight."""
     seed: int = 0
     """The run's seed: the LoRA adapters' initial values (the same on every rank)."""
+    levers: MemoryLevers = MemoryLevers()
+    """Micro-batches by token budget, padding removal or packing, chunked log-probs (the role's config)."""
 
 
 def lr_lambda(spec: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
@@ -73,6 +77,7 @@ class TrainerBackend:
         self.last_lr = 0.0
         self.grad_clip: float | None = None
         self._autocast_dtype = None if spec.dtype == "float32" or device.type != "cuda" else getattr(torch, spec.dtype)
+        self.fwd = ForwardContext(device, self._autocast_dtype, spec.levers)
 
     # ---- construction -------------------------------------------------------------------
     def setup(self) -> None:
@@ -84,7 +89,7 @@ class TrainerBackend:
         model = load(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on,
                      self.spec.attn_implementation)
         if self.spec.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            memory.enable_activation_checkpointing(model)
         if self.spec.lora is not None:
             from gyre.models.lora import apply_lora
 
@@ -93,6 +98,8 @@ class TrainerBackend:
         model.train()
         self.hf_model = model
         self.model = self._wrap(model)
+        if self.spec.head == "lm" and self.spec.levers.logprob_chunk_tokens:
+            check_chunkable(self.model, self.device, "policy.logprob_chunk_tokens")
 
     def configure_optimizer(self, opt: OptimizerConfig, schedule: SchedulerConfig, total_steps: int,
                             grad_clip: float | None) -> None:
@@ -132,8 +139,7 @@ class TrainerBackend:
         self.model.eval()
         try:
             with self.peft_model.disable_adapter() if not adapter else contextlib.nullcontext():
-                return batch_logprobs(self.model, batch, self.device, temperature, self.spec.micro_batch_size,
-                                      self._autocast_dtype)
+                return batch_logprobs(self.model, batch, self.fwd, temperature, self._plan(batch))
         finally:
             self.model.train()
 
@@ -141,7 +147,7 @@ class TrainerBackend:
         """Critic values of ``batch`` under the current weights, [B, L] on CPU."""
         self.model.eval()
         try:
-            return batch_values(self.model, batch, self.device, self.spec.micro_batch_size, self._autocast_dtype)
+            return batch_values(self.model, batch, self.fwd, self._plan(batch))
         finally:
             self.model.train()
 
@@ -149,7 +155,7 @@ class TrainerBackend:
     def optimizer_step(self, micro_batches: list[TrainBatch], loss_fn: Callable, metrics: MetricSums) -> float:
         """Accumulate gradients of ``loss_fn`` over ``micro_batches``, then clip and step once.
 
-        ``loss_fn.compute(model, micro, device, autocast_dtype, metrics) -> loss`` runs the forward pass
+        ``loss_fn.compute(model, micro, fwd, metrics) -> loss`` runs the forward pass
         the loss needs (log-probs, values) and returns this micro-batch's share of the step loss, already
         scaled by the global denominator. Returns the pre-clip gradient norm.
         """
@@ -158,7 +164,7 @@ class TrainerBackend:
         for i, micro in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             with self._no_sync(not last):
-                loss = loss_fn.compute(self.model, micro, self.device, self._autocast_dtype, metrics)
+                loss = loss_fn.compute(self.model, micro, self.fwd, metrics)
                 loss.backward()
         grad_norm = self._clip_grad()
         self.last_lr = self.lr  # the rate this step uses; the scheduler moves on below
@@ -188,7 +194,20 @@ class TrainerBackend:
         return float(self.scheduler.get_last_lr()[0])
 
     def split_micro(self, batch: TrainBatch, size: int | None = None) -> list[TrainBatch]:
-        return list(micro_batches(batch, size or self.spec.micro_batch_size))
+        """``batch`` cut into micro-batches of at most ``size`` rows (default: the spec's), or by the
+        levers' token budget when it is set."""
+        return micro_batches(batch, self._plan(batch, size))
+
+    def _plan(self, batch: TrainBatch, size: int | None = None) -> list[torch.Tensor]:
+        groups = plan_micro_batches(batch.attention_mask.sum(dim=1), size or self.spec.micro_batch_size,
+                                    self.spec.levers)
+        if self.spec.strategy == "fsdp2" and dist.get_world_size() > 1:
+            # FSDP2 gathers each layer's shards in every forward pass: all ranks must run as many passes,
+            # whatever their token counts. (DDP only synchronises once per optimizer step.)
+            count = torch.tensor([len(groups)], device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            groups = split_to_count(groups, int(count))
+        return groups
 
     # ---- weights, checkpoints, memory -----------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:

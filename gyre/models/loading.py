@@ -81,7 +81,8 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: 
 def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device: str = "cpu",
                      attn_implementation: str | None = None):
     """A critic: the backbone of the causal LM at ``path`` with a fresh scalar head on every position
-    (a token-classification model with one label), in eval mode."""
+    (a token-classification model with one label, without the dropout transformers puts before that
+    head by default: a value estimate must not be noisy in training), in eval mode."""
     import torch
     from transformers import AutoModelForTokenClassification
 
@@ -93,6 +94,9 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
     except ValueError as exc:
         raise ValueError(f"cannot build a critic (value head) from {path}: {exc}; this architecture has no "
                          "token-classification class in transformers") from None
+    for module in model.modules():  # as TRL's disable_dropout_in_model
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     return model.to(device).eval()
 
 

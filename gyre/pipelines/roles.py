@@ -20,6 +20,7 @@ from gyre.cluster.workers import (
 )
 from gyre.config.derive import RunPlan
 from gyre.config.schema import ModelConfig, RLVRConfig
+from gyre.engines.microbatch import MemoryLevers
 from gyre.engines.trainer import TrainerSpec
 from gyre.rewards.registry import function_spec
 
@@ -83,7 +84,8 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     threads = plan.threads_per_worker
     # With offload, only the policy starts on its devices; colocated roles load when first activated.
     off = plan.offload
-    spec = policy_trainer_spec(m, cfg.policy.strategy, cfg.policy.micro_batch_size, cfg.policy.lora, cfg.run.seed)
+    spec = policy_trainer_spec(m, cfg.policy.strategy, cfg.policy.micro_batch_size, cfg.policy.lora, cfg.run.seed,
+                               cfg.policy.levers)
     hybrid = HybridRollout(tok_path, m.trust_remote_code, cfg.rollout.max_batch_size) if plan.hybrid_rollout else None
     policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
         (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed, hybrid), {}))
@@ -98,7 +100,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     if "reference" in plan.roles:  # LoRA scores the reference on the policy ranks (adapters off)
         reference = RoleGroup.create("reference", ReferenceWorker, placement, lambda r: (
             (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size,
-             off, m.attn_implementation), {}))
+             off, m.attn_implementation, cfg.reference.levers), {}))
         made.append(reference)
     critic = _build_critic(cfg, plan, placement, made) if plan.use_critic else None
     reward = _build_rewards(cfg, plan, placement, made) if cfg.env is None else {}
@@ -119,13 +121,14 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
                  envs)
 
 
-def policy_trainer_spec(m: ModelConfig, strategy: str, micro_batch_size: int, lora=None, seed: int = 0) -> TrainerSpec:
+def policy_trainer_spec(m: ModelConfig, strategy: str, micro_batch_size: int, lora=None, seed: int = 0,
+                        levers: MemoryLevers | None = None) -> TrainerSpec:
     """The trainer of the policy (RL, or a standalone SFT run) on ``m``, with LoRA adapters when ``lora`` is
-    a ``policy.lora`` section (``seed`` initialises them alike on every rank)."""
+    a ``policy.lora`` section (``seed`` initialises them alike on every rank) and the memory ``levers``."""
     return TrainerSpec(model_path=m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                        gradient_checkpointing=m.gradient_checkpointing, strategy=strategy,
                        micro_batch_size=micro_batch_size, attn_implementation=m.attn_implementation,
-                       lora=lora, seed=seed)
+                       lora=lora, seed=seed, levers=levers or MemoryLevers())
 
 
 def rollout_worker_args(cfg: RLVRConfig, rank: int, model_path: str, device_kind: str, threads: int,
@@ -183,7 +186,8 @@ def _build_critic(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: li
     m, c = cfg.model, cfg.critic
     spec = TrainerSpec(model_path=c.model_path or m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                        gradient_checkpointing=m.gradient_checkpointing, strategy=c.strategy,
-                       micro_batch_size=c.micro_batch_size, head="value", attn_implementation=m.attn_implementation)
+                       micro_batch_size=c.micro_batch_size, head="value", attn_implementation=m.attn_implementation,
+                       levers=c.levers)
     critic = RoleGroup.create("critic", CriticWorker, placement, lambda r: (
         (r, plan.critic_dp_size, spec, plan.device_kind, plan.threads_per_worker, cfg.run.seed + 7919), {}))
     made.append(critic)

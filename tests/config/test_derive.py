@@ -154,3 +154,28 @@ def test_flash_attention_needs_cuda():
         plan_for("model.attn_implementation=flash_attention_2")
     assert plan_for("model.attn_implementation=flash_attention_2", kind="cuda").dp_size == 1
     assert plan_for("model.attn_implementation=eager").dp_size == 1
+
+
+def test_check_reports_the_memory_levers_of_each_role():
+    from gyre.config.report import format_plan
+
+    cfg = load_config(None, BASE + [
+        "policy.micro_batch_tokens=4096", "policy.remove_padding=pack", "policy.logprob_chunk_tokens=512",
+        "model.gradient_checkpointing=true", "algorithm.kl_loss_coef=0.01", "reference.remove_padding=sort"])
+    report = format_plan(cfg, make_plan(cfg, "cpu", 4))
+    assert ("per rank             64 samples in micro-batches of <= 4096 tokens (as many as the lengths need)"
+            in report)
+    assert ("memory (policy)      micro-batches <= 4096 tokens, rows packed without padding, log-probs in chunks "
+            "of 512 tokens; gradient checkpointing on") in report
+    assert ("memory (reference)   micro-batches <= 16 rows, rows sorted by length (little padding), log-probs "
+            "from the full logits") in report
+    assert "memory (critic)" not in report
+
+
+def test_memory_lever_values_are_checked():
+    with pytest.raises(ConfigError, match="remove_padding"):
+        load_config(None, BASE + ["policy.remove_padding=unpad"])
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):
+        load_config(None, BASE + ["policy.micro_batch_tokens=0"])
+    with pytest.raises(ConfigError, match="critic.logprob_chunk_tokens: the critic outputs one value per token"):
+        load_config(None, BASE + ["critic.logprob_chunk_tokens=512"])

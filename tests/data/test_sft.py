@@ -116,10 +116,14 @@ def test_padded_batches_are_the_warm_ups_collated_pairs():
     assert len(sft_batch(examples, 0, rows_multiple=2)) == 4  # an empty row for a second rank
 
 
-def test_packed_rows_restart_positions_and_give_the_padded_loss_and_gradient(tiny_model_dir):
-    """Several examples per row attend only within themselves: loss and gradient equal one example per row."""
+@pytest.mark.parametrize("levers", [{}, {"remove_padding": "pack", "logprob_chunk_tokens": 4}])
+def test_packed_rows_restart_positions_and_give_the_padded_loss_and_gradient(tiny_model_dir, levers):
+    """Several examples per row attend only within themselves: loss and gradient equal one example per row
+    (also under the trainer's memory levers, which leave rows of packed examples as they are)."""
     from gyre.algos import LossDenominator
+    from gyre.engines.forward import ForwardContext
     from gyre.engines.losses import SFTLoss
+    from gyre.engines.microbatch import MemoryLevers
     from gyre.models.loading import load_causal_lm
     from gyre.tracking.sums import MetricSums
 
@@ -130,10 +134,11 @@ def test_packed_rows_restart_positions_and_give_the_padded_loss_and_gradient(tin
     assert packed.position_ids[2].tolist()[:3] == [0, 1, 0]  # the padding after an example starts afresh
     assert packed.response_mask.sum() == padded.response_mask.sum() == 11
     model = load_causal_lm(tiny_model_dir)
+    fwd = ForwardContext(torch.device("cpu"), levers=MemoryLevers(**levers))
     results = []
     for batch in (packed, padded):
         model.zero_grad()
-        loss = SFTLoss(LossDenominator(tokens=11.0)).compute(model, batch, torch.device("cpu"), None, MetricSums())
+        loss = SFTLoss(LossDenominator(tokens=11.0)).compute(model, batch, fwd, MetricSums())
         loss.backward()
         results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (loss_packed, grads_packed), (loss_padded, grads_padded) = results

@@ -45,7 +45,7 @@ def _weights_worker(rank, model_dir, port):
     import copy
 
     from gyre.cluster.weights import pack_weights, unpack_weights
-    from gyre.engines.forward import batch_logprobs
+    from gyre.engines.forward import ForwardContext, batch_logprobs
     from gyre.engines.hf_rollout import HFRolloutEngine
     from gyre.models.loading import load_causal_lm, load_tokenizer
     from gyre.models.lora import AdapterWeights, lora_targets
@@ -67,7 +67,7 @@ def _weights_worker(rank, model_dir, port):
     # The reference: the base model's log-probs exactly, while the policy's have moved.
     base = load_causal_lm(model_dir)
     reference = b.compute_logprobs(batch, 1.0, adapter=False)
-    assert torch.equal(reference, batch_logprobs(base, batch, cpu, 1.0, 2))
+    assert torch.equal(reference, batch_logprobs(base, batch, ForwardContext(cpu), 1.0, [torch.arange(len(batch))]))
     assert not torch.allclose(b.compute_logprobs(batch, 1.0), reference)
     # The weight sync: adapters only, merged by the engine into its base = peft's merge_and_unload, bit for bit.
     targets = lora_targets(b.hf_model)

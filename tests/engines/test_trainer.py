@@ -12,6 +12,7 @@ from gyre.algos.aggregation import denominator_for
 from gyre.config.schema import OptimizerConfig, SchedulerConfig
 from gyre.data.batching import collate, split_for_ranks
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec
+from gyre.engines.microbatch import MemoryLevers, plan_micro_batches
 from gyre.engines.trainer import TrainerBackend, TrainerSpec, lr_lambda
 from gyre.tracking.sums import MetricSums
 
@@ -30,7 +31,7 @@ def _batch():
                    rollout_logprobs=[[-1.0] * len(r) for r in responses])
 
 
-def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu", agg="token-mean"):
+def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu", agg="token-mean", memory=None):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -39,7 +40,8 @@ def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu",
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", rank=rank, world_size=world)
     device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
-    backend = TrainerBackend(TrainerSpec(str(model_dir), strategy=strategy, micro_batch_size=1), device)
+    spec = TrainerSpec(str(model_dir), strategy=strategy, micro_batch_size=1, **(memory or {}))
+    backend = TrainerBackend(spec, device)
     backend.setup()
     backend.configure_optimizer(OptimizerConfig(lr=1e-9), SchedulerConfig(), 1, grad_clip=None)
     batch = _batch()
@@ -60,10 +62,11 @@ def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu",
     os._exit(0)
 
 
-def _grads(world, strategy, model_dir, tmp_path, device_kind="cpu", agg="token-mean"):
-    out = tmp_path / f"{strategy}{world}{device_kind}{agg}.pt"
-    mp.spawn(_grad_worker, args=(world, strategy, model_dir, _free_port(), str(out), device_kind, agg), nprocs=world,
-             join=True)
+def _grads(world, strategy, model_dir, tmp_path, device_kind="cpu", agg="token-mean", memory=None):
+    """``memory``: TrainerSpec fields of the memory levers (levers, gradient_checkpointing)."""
+    out = tmp_path / f"{strategy}{world}{device_kind}{agg}{bool(memory)}.pt"
+    mp.spawn(_grad_worker, args=(world, strategy, model_dir, _free_port(), str(out), device_kind, agg, memory),
+             nprocs=world, join=True)
     return torch.load(out)
 
 
@@ -92,6 +95,29 @@ def test_sequence_level_aggregation_is_split_invariant_too(tiny_model_dir, tmp_p
     double = _grads(2, "ddp", tiny_model_dir, tmp_path, agg=agg)
     for name, g in single["grads"].items():
         assert torch.allclose(g, double["grads"][name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.fixture(scope="module")
+def single_rank(tiny_model_dir, tmp_path_factory):
+    """The plain single-rank gradient of ``_batch``."""
+    return _grads(1, "ddp", tiny_model_dir, tmp_path_factory.mktemp("single"))
+
+
+# DDP with the levers also runs end to end in test_hybrid_rollout_samples_with_the_training_weights.
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2"])
+def test_memory_levers_keep_the_gradient_on_two_ranks(tiny_model_dir, tmp_path, single_rank, strategy):
+    """Packed token-budget micro-batches, chunked log-probs and activation checkpointing through DDP and
+    FSDP2. The ranks' shards (12 + 5 and 10 + 5 tokens) make 2 and 1 micro-batches of <= 15 tokens: FSDP2
+    ranks must still run as many forward passes, so the second rank splits its one."""
+    levers = MemoryLevers(micro_batch_tokens=15, remove_padding="pack", logprob_chunk_tokens=5)
+    shards = split_for_ranks(_batch(), 2)[0]
+    assert [len(plan_micro_batches(s.attention_mask.sum(dim=1), 1, levers)) for s in shards] == [2, 1]
+    single = single_rank
+    double = _grads(2, strategy, tiny_model_dir, tmp_path,
+                    memory={"levers": levers, "gradient_checkpointing": True})
+    for name, g in single["grads"].items():
+        assert torch.allclose(g, double["grads"][name], atol=1e-5, rtol=1e-4), name
+    assert double["norm"] == pytest.approx(single["norm"], rel=1e-4)
 
 
 def _ckpt_worker(rank, model_dir, port, directory):

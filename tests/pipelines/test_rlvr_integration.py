@@ -32,6 +32,7 @@ def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_p
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({**r, "weight": 1.0}) + "\n" for r in source))
     cfg = quick_config(tmp_path, tiny_model_dir, {"train": tmp_path / "train.jsonl", "val": tmp_path / "val.jsonl"},
                        "algorithm.kl_loss_coef=0.01", "reference.devices=[1]", "policy.offload=always",
+                       "reference.remove_padding=sort", "reference.logprob_chunk_tokens=16",
                        "reward.type=function", f"reward.function={reward}:weighted_digit_fraction",
                        "data.max_prompt_tokens=5", "data.overlong_prompts=truncate_left")
     lines = []
@@ -72,8 +73,11 @@ def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_p
 
 def test_hybrid_rollout_samples_with_the_training_weights(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     reward = Path(__file__).with_name("reward_fns.py")
+    # With the memory levers on: packed token-budget micro-batches and chunked log-probs must still give
+    # the sampler's log-probs, and the sampler must get its output layer back after each forward pass.
     cfg = quick_config(tmp_path, tiny_model_dir, arithmetic_data, "rollout.mode=hybrid", "validation.every=0",
-                       "reward.type=function", f"reward.function={reward}:digit_fraction")
+                       "reward.type=function", f"reward.function={reward}:digit_fraction",
+                       "policy.micro_batch_tokens=48", "policy.remove_padding=pack", "policy.logprob_chunk_tokens=8")
     launch.train(cfg, echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["sample_weight_version"] for r in records] == [0, 1, 2]
@@ -116,7 +120,7 @@ def test_ppo_with_a_critic_role_warms_up_checkpoints_and_resumes(ray_local, tiny
     reward = Path(__file__).with_name("reward_fns.py")
     args = ["algorithm.preset=ppo", "algorithm.critic_warmup=1", "critic.devices=[0,1]", "critic.micro_batch_size=4",
             "critic.optimizer.lr=0.001", "validation.every=0", "checkpoint.every=1", "reward.type=function",
-            f"reward.function={reward}:digit_fraction"]
+            f"reward.function={reward}:digit_fraction", "critic.remove_padding=pack", "critic.micro_batch_tokens=64"]
     launch.train(quick_config(tmp_path, tiny_model_dir, arithmetic_data, *args), echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]

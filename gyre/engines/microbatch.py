@@ -1,0 +1,99 @@
+"""Which rows of a batch go into one forward pass: by row count or by a token budget.
+
+Rows are right-padded, so a micro-batch of padded rows costs (rows x its longest row) tokens, and a
+packed one costs the sum of its rows' lengths. Ordering rows longest-first before cutting puts rows of
+similar length together, so padded micro-batches carry little padding and packed ones fill their budget.
+Any grouping gives the same step loss and gradient: the losses scale each micro-batch by the global
+denominators of the whole optimizer step (``gyre.algos.aggregation``), never by the micro-batch's own size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+RemovePadding = Literal["none", "sort", "pack"]
+
+
+@dataclass(frozen=True)
+class MemoryLevers:
+    """How a role cuts a batch into forward passes and computes log-probs (the role's config section)."""
+
+    micro_batch_tokens: int | None = None
+    """Token budget of one forward pass (padding counted unless packed); None cuts by row count."""
+    remove_padding: RemovePadding = "none"
+    """none: consecutive rows, right-padded; sort: rows longest-first, so each micro-batch carries little
+    padding; pack: rows longest-first, each micro-batch concatenated into one sequence without padding."""
+    logprob_chunk_tokens: int | None = None
+    """Log-probs from the final hidden states this many tokens at a time; None: all logits at once."""
+
+    @property
+    def pack(self) -> bool:
+        return self.remove_padding == "pack"
+
+    def describe(self, rows: int, logprobs: bool = True) -> str:
+        """One line for ``gyre check``: what is on (``rows``: the row count used without a token budget;
+        ``logprobs``: the role computes log-probs)."""
+        cut = f"<= {self.micro_batch_tokens} tokens" if self.micro_batch_tokens else f"<= {rows} rows"
+        padding = {"none": "padded rows", "sort": "rows sorted by length (little padding)",
+                   "pack": "rows packed without padding"}[self.remove_padding]
+        text = f"micro-batches {cut}, {padding}"
+        if logprobs:
+            text += (f", log-probs in chunks of {self.logprob_chunk_tokens} tokens" if self.logprob_chunk_tokens
+                     else ", log-probs from the full logits")
+        return text
+
+
+def plan_micro_batches(lengths: torch.Tensor, rows: int, levers: MemoryLevers) -> list[torch.Tensor]:
+    """Row indices of each micro-batch, covering every row once.
+
+    Args:
+        lengths: [B] tokens of each row (its attention-mask sum).
+        rows: most rows per micro-batch when ``levers.micro_batch_tokens`` is None.
+        levers: the budget and the padding mode; a row longer than the budget goes alone.
+    """
+    n = len(lengths)
+    order = torch.arange(n) if levers.remove_padding == "none" else _longest_first(lengths)
+    if levers.micro_batch_tokens is None:
+        return [order[i:i + rows] for i in range(0, n, rows)]
+    budget, sizes = levers.micro_batch_tokens, lengths.tolist()
+    groups: list[list[int]] = []
+    total = longest = 0
+    for row in order.tolist():
+        size = sizes[row]
+        if not groups:
+            cost = size
+        elif levers.pack:
+            cost = total + size
+        else:
+            cost = (len(groups[-1]) + 1) * max(longest, size)
+        if not groups or cost > budget:
+            groups.append([row])
+            total = longest = size
+        else:
+            groups[-1].append(row)
+            total, longest = total + size, max(longest, size)
+    return [torch.tensor(g, dtype=torch.long) for g in groups]
+
+
+def split_to_count(groups: list[torch.Tensor], count: int) -> list[torch.Tensor]:
+    """``groups`` cut further until there are ``count`` of them (the largest group is halved each time).
+
+    FSDP2 ranks run one set of collectives per forward pass, so every rank must run the same number;
+    halving a group keeps both halves within the budget the group met."""
+    groups = list(groups)
+    if count > sum(len(g) for g in groups):
+        raise ValueError(f"cannot make {count} micro-batches out of {sum(len(g) for g in groups)} rows")
+    while len(groups) < count:
+        big = max(range(len(groups)), key=lambda i: len(groups[i]))
+        g = groups.pop(big)
+        half = (len(g) + 1) // 2
+        groups[big:big] = [g[:half], g[half:]]
+    return groups
+
+
+def _longest_first(lengths: torch.Tensor) -> torch.Tensor:
+    # Stable, so equal lengths keep their batch order (a deterministic plan).
+    return torch.sort(lengths, descending=True, stable=True).indices
