@@ -18,10 +18,11 @@ from gyre.cluster.reward_pool import RewardWorkerError
 from gyre.config.derive import RunPlan, make_plan
 from gyre.config.report import format_plan, resolved_yaml
 from gyre.config.schema import RLVRConfig
+from gyre.models.hub import HubResolver
 from gyre.pipelines.interrupt import RunInterrupted, interruption_in
-from gyre.pipelines.preflight import check_code_sandboxes, load_data, preflight, resolve_paths
+from gyre.pipelines.preflight import absolute, check_code_sandboxes, load_data, preflight, resolve_paths
 from gyre.pipelines.reward_checks import RewardProbe
-from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start
+from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start, read_hub_pins
 
 
 def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], None] = print) -> RunPlan:
@@ -70,9 +71,11 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
     from gyre.cluster.runtime import resolve_address, start_ray
 
     address = resolve_address(cfg, address, echo)
-    cfg = resolve_paths(cfg)
+    # How the run starts decides how Hub ids resolve: a resumed run keeps the snapshots it started from.
+    start = decide_start(Path(absolute(str(cfg.run.output_dir))), mode)
+    hub = HubResolver(read_hub_pins(start.output_dir) if start.checkpoint else None, echo)
+    cfg = resolve_paths(cfg, hub)
     plan = preflight(cfg, address)
-    start = decide_start(cfg.run.output_dir, mode)
     with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
         data = load_data(cfg)
         if cfg.data is not None:
@@ -80,7 +83,7 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
         check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
         probe.check(data.train)
     try:
-        start = begin(start, cfg.run.name, echo)
+        start = begin(start, cfg.run.name, echo, hub.resolved)
         runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, address, plan.reward_workers)
         try:
             if address:
