@@ -107,6 +107,8 @@ def _add_commands(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a model directory already at --out")
     p.add_argument("--adapter", action="store_true",
                    help="a LoRA checkpoint: write the adapter (PEFT format) instead of merging it into the base model")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let a model whose architecture is its own code (auto_map in config.json) run that code")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,11 +354,13 @@ def _generate(args) -> int:
 
 
 def _export(args) -> int:
+    from dataclasses import replace
+
     from gyre.pipelines.export import ExportSpec, export_model
 
     spec = ExportSpec(Path(args.out), None if args.dtype == "auto" else args.dtype, args.overwrite,
                       merge_adapter=not args.adapter)
-    export_model(_source(args), spec)
+    export_model(replace(_source(args), remote_code=args.trust_remote_code), spec)
     return 0
 
 

@@ -40,6 +40,11 @@ BY_PATH: dict[str, Alias] = {
     "algorithm.kl_ctrl.kl_coef": Alias("algorithm.kl_reward_coef", "verl"),
     "algorithm.kl_ctrl.target_kl": Alias("algorithm.kl_target", "verl"),
     "actor_rollout_ref.rollout.name": Alias("rollout.backend", "verl"),
+    # TRL's SFTConfig, under gyre's SFT sections (elsewhere max_steps is the RL run's length)
+    "sft.num_train_epochs": Alias("sft.epochs", "TRL"),
+    "sft.max_steps": Alias("sft.steps", "TRL"),
+    "sft_warmup.num_train_epochs": Alias("sft_warmup.epochs", "TRL"),
+    "sft_warmup.max_steps": Alias("sft_warmup.steps", "TRL"),
 }
 
 # Matched against the last part of the unknown key's path, wherever it was written.

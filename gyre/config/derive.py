@@ -6,6 +6,7 @@ without starting Ray, and a bad batch size or an impossible placement fails befo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Literal
 
 from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
-from gyre.config.schema import RLVRConfig
+from gyre.config.schema import RLVRConfig, SFTConfig
 
 DeviceKind = Literal["cpu", "cuda"]
 
@@ -59,7 +60,17 @@ class RunPlan:
     """L_cache of DAPO's soft overlong punishment (None: off)."""
     threads_per_worker: int
     sft_steps: int
+    """SFT warm-up optimizer steps: sft_warmup.steps, or with sft_warmup.epochs derived from the warm-up's
+    examples once they are loaded (``with_warmup``; 0 until then)."""
     notes: list[str] = field(default_factory=list)
+    sft_length: str = ""
+    """How the warm-up's steps were derived from sft_warmup.epochs (empty for a step count)."""
+
+    def with_warmup(self, sft: SFTConfig | None, examples: int) -> RunPlan:
+        """This plan with the SFT warm-up's steps over its ``examples`` loaded examples."""
+        if sft is None or sft.epochs is None:
+            return self
+        return dataclasses.replace(self, sft_steps=sft.total_steps(examples), sft_length=sft.describe_length(examples))
 
     @property
     def layout(self) -> str:
@@ -375,7 +386,7 @@ def _check_sft(cfg: RLVRConfig, dp: int) -> int:
     if sft is None:
         return 0
     _check_sft_batch(sft, dp, "sft_warmup")
-    return sft.steps
+    return sft.steps or 0  # epochs: known once the warm-up's examples are loaded (RunPlan.with_warmup)
 
 
 def _check_sft_batch(sft, dp: int, section: str) -> None:
@@ -400,7 +411,9 @@ class SFTPlan:
     threads_per_worker: int
     """Torch threads of each rank (CPU)."""
     steps: int
-    """Optimizer steps of the run."""
+    """Optimizer steps of the run: sft.steps, or sft.epochs passes over the examples."""
+    length: str
+    """How the steps were derived, for the plan line ("12 optimizer steps (2 epoch(s) of 48 examples...)")."""
 
     def roles_on_device(self, device: int) -> int:
         return 1
@@ -408,18 +421,19 @@ class SFTPlan:
     def describe(self) -> str:
         kind = "GPU" if self.device_kind == "cuda" else "CPU slot"
         return (f"placement: policy on {kind}s {list(self.roles['policy'])} ({self.dp_size} data-parallel "
-                f"rank{'s' * (self.dp_size > 1)}); {self.steps} optimizer steps")
+                f"rank{'s' * (self.dp_size > 1)}); {self.length}")
 
 
-def make_sft_plan(cfg, device_kind: DeviceKind, num_devices: int | None) -> SFTPlan:
-    """The plan of ``cfg`` (a ``gyre.config.sft_schema.SFTJobConfig``); ConfigError naming the key to change."""
+def make_sft_plan(cfg, device_kind: DeviceKind, num_devices: int | None, examples: int) -> SFTPlan:
+    """The plan of ``cfg`` (a ``gyre.config.sft_schema.SFTJobConfig``) over ``examples`` loaded examples;
+    ConfigError naming the key to change."""
     devices = cfg.policy.devices
     if num_devices is not None:
         _check_devices_exist({"policy": devices}, device_kind, num_devices)
     _check_attention(cfg, device_kind)
     _check_sft_batch(cfg.sft, len(devices), "sft")
     return SFTPlan(device_kind, num_devices, {"policy": devices}, len(devices), cfg.cluster.threads_per_slot,
-                   cfg.sft.steps)
+                   cfg.sft.total_steps(examples), cfg.sft.describe_length(examples))
 
 
 def _divisors(total: int, multiple_of: int) -> list[int]:

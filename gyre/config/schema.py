@@ -8,6 +8,7 @@ coefficient asks for one, and anything the loader derives from these fields is c
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -515,7 +516,11 @@ class SFTConfig(StrictModel):
     """A system message put before every chat that has none (gyre sft; an sft_warmup uses data.system_prompt)."""
     chat_template_kwargs: dict[str, Any] = {}
     """Extra arguments of apply_chat_template (gyre sft; an sft_warmup uses data.chat_template_kwargs)."""
-    steps: PositiveInt = 100
+    steps: PositiveInt | None = None
+    """Optimizer steps of the run (default 100 when epochs is not set either); give steps or epochs."""
+    epochs: PositiveFloat | None = None
+    """Passes over the examples instead of steps (TRL's num_train_epochs; 1.5 works): the run takes
+    ceil(epochs x examples / batch_size) optimizer steps, computed once the data is loaded and printed."""
     batch_size: PositiveInt = 32
     """Examples per optimizer step across all ranks."""
     micro_batch_size: PositiveInt = 32
@@ -531,6 +536,28 @@ class SFTConfig(StrictModel):
     """The longest example (prompt + response, or the whole conversation), in tokens; the packed row length."""
     overlong: Literal["error", "drop"] = "error"
     """Examples over max_tokens: error stops at load time naming the first; drop leaves them out (counted)."""
+
+    @model_validator(mode="after")
+    def _one_length(self) -> SFTConfig:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(f"steps={self.steps} and epochs={self.epochs:g} both set the length of the SFT run; "
+                             "remove one of them")
+        if self.epochs is None and self.steps is None:
+            self.steps = 100
+        return self
+
+    def total_steps(self, examples: int) -> int:
+        """The run's optimizer steps over ``examples`` examples: ``steps``, or ``epochs`` passes rounded up."""
+        if self.epochs is None:
+            return self.steps
+        return max(1, math.ceil(self.epochs * examples / self.batch_size))
+
+    def describe_length(self, examples: int) -> str:
+        """'300 optimizer steps (2 epochs of 4,800 examples, 32 per step)', or '100 optimizer steps'."""
+        steps = f"{self.total_steps(examples)} optimizer steps"
+        if self.epochs is None:
+            return steps
+        return f"{steps} ({self.epochs:g} epoch(s) of {examples:,} examples, {self.batch_size} per step)"
 
 
 class RLVRConfig(StrictModel):

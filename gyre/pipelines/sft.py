@@ -35,13 +35,15 @@ class SFTTrainer:
 
 def run_sft(sft: SFTConfig, examples: Sequence[SFTExample], trainer: SFTTrainer, pad_id: int, seed: int,
             logger, progress) -> dict:
-    """``sft.steps`` optimizer steps; logs each step under phase "sft"; returns the last metrics."""
+    """``sft.total_steps`` optimizer steps (``sft.steps``, or ``sft.epochs`` passes over ``examples``); logs
+    each step under phase "sft"; returns the last metrics."""
+    steps = sft.total_steps(len(examples))
     sampler = EpochSampler(len(examples), seed=derive_seed(seed, "sft"))
     trainer.activate()
-    trainer.policy.call("configure_optimizer", sft.optimizer, sft.scheduler, sft.steps, sft.grad_clip)
+    trainer.policy.call("configure_optimizer", sft.optimizer, sft.scheduler, steps, sft.grad_clip)
     metrics: dict = {}
     pack = sft.max_tokens if sft.packing else None
-    for step in range(1, sft.steps + 1):
+    for step in range(1, steps + 1):
         start = time.perf_counter()
         batch = sft_batch([examples[i] for i in sampler.take(sft.batch_size)], pad_id, pack, trainer.dp_size)
         tokens = float(batch.response_mask.sum())

@@ -42,17 +42,18 @@ def train_sft(cfg: SFTJobConfig, address: str | None = None, mode: RunMode = "fr
     cfg = resolve_sft_paths(cfg)
     if address:
         check_reachable(address)
-        plan = make_sft_plan(cfg, "cuda" if cfg.cluster.device == "cuda" else "cpu", None)
-    else:
-        plan = make_sft_plan(cfg, *detect_local_devices(cfg))
     examples, pad_id = load_examples(cfg, echo)
+    if address:
+        plan = make_sft_plan(cfg, "cuda" if cfg.cluster.device == "cuda" else "cpu", None, len(examples))
+    else:
+        plan = make_sft_plan(cfg, *detect_local_devices(cfg), len(examples))
     start = decide_start(cfg.run.output_dir, mode)
     try:
         begin(start, cfg.run.name, echo)
         runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, address, 0)
         try:
             if address:
-                plan = make_sft_plan(cfg, runtime.device_kind, runtime.num_devices)
+                plan = make_sft_plan(cfg, runtime.device_kind, runtime.num_devices, len(examples))
             echo(plan.describe())
             return _run(cfg, plan, examples, pad_id)
         except RoleFault as fault:  # a trainer rank died, hung or raised: no checkpoint to recover from
@@ -122,7 +123,7 @@ def _run(cfg: SFTJobConfig, plan: SFTPlan, examples: list[SFTExample], pad_id: i
     placement = create_placement(plan)
     policy = None
     logger = MetricsLogger(out, cfg.logging.tensorboard)
-    progress = Progress(cfg.sft.steps, enabled=cfg.logging.progress, description="SFT")
+    progress = Progress(plan.steps, enabled=cfg.logging.progress, description="SFT")
     try:
         spec = policy_trainer_spec(m, cfg.policy.strategy, cfg.sft.micro_batch_size)
         policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
@@ -139,5 +140,5 @@ def _run(cfg: SFTJobConfig, plan: SFTPlan, examples: list[SFTExample], pad_id: i
             policy.kill()
         remove_placement_group(placement.group)
     losses = [r["sft_loss"] for r in read_metrics(out / "metrics.jsonl") if r.get("phase") == "sft"]
-    return SFTSummary(cfg.sft.steps, len(examples), losses[0] if losses else None, losses[-1] if losses else None,
+    return SFTSummary(plan.steps, len(examples), losses[0] if losses else None, losses[-1] if losses else None,
                       final, time.perf_counter() - t0)

@@ -152,11 +152,13 @@ def test_every_alias_names_a_real_key_and_no_gyre_key():
     from gyre.config.aliases import BY_NAME, BY_PATH
     from gyre.config.load import _all_paths, _valid_keys
     from gyre.config.schema import RLVRConfig
+    from gyre.config.sft_schema import SFTJobConfig
 
     def real(key: str) -> bool:
         # The single reward domain is written reward.<key>, stored as reward.domains.default.<key>.
         parts = tuple(key.replace("reward.", "reward.domains.default.", 1).split("."))
-        return parts[-1] in _valid_keys(RLVRConfig, parts[:-1])
+        schema = SFTJobConfig if parts[0] == "sft" else RLVRConfig  # gyre sft's section
+        return parts[-1] in _valid_keys(schema, parts[:-1])
 
     targets = {a.key for a in [*BY_NAME.values(), *BY_PATH.values()]}
     assert not sorted(t for t in targets if not real(t))

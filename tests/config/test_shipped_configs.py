@@ -24,7 +24,7 @@ def test_shipped_config_loads_and_plans(path):
         from gyre.config.sft_schema import SFTJobConfig
 
         cfg = load_config(path, schema=SFTJobConfig)
-        assert "placement: policy on GPUs" in make_sft_plan(cfg, "cuda", 1 + max(cfg.policy.devices)).describe()
+        assert "placement: policy on GPUs" in make_sft_plan(cfg, "cuda", 1 + max(cfg.policy.devices), 1000).describe()
         from gyre.config import validate_config
 
         assert validate_config(yaml.safe_load(resolved_yaml(cfg)), schema=SFTJobConfig) == cfg
