@@ -142,3 +142,7 @@ def test_command_errors_are_one_clear_line(trained_run, tiny_model_dir, tmp_path
     assert "sft.jsonl:1: no column 'response' (sft.response_key)" in error(
         "sft", str(config), f"sft.train_files=[{bad}]", f"run.output_dir={tmp_path / 's'}")
     assert not (tmp_path / "s").exists()  # nothing written before the data is known good
+    bad.write_text('{"prompt": "1+1=", "good": "2", "rejected": "3"}\n')
+    assert "sft.jsonl:1: no column 'chosen' (dpo.chosen_key)" in error(
+        "dpo", str(config), f"dpo.train_files=[{bad}]", f"run.output_dir={tmp_path / 'd'}")
+    assert not (tmp_path / "d").exists()

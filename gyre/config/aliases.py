@@ -167,12 +167,50 @@ BY_NAME: dict[str, Alias] = {
 }
 
 
-def alias_for(path: str) -> tuple[str, Alias] | None:
-    """(the foreign name matched, gyre's key for it) for the unknown key at dotted ``path``: by its whole
-    path, else by its last part."""
+def _trainer_names(section: str, unit: str) -> dict[str, Alias]:
+    """TRL's TrainingArguments names in a standalone trainer run (gyre sft, gyre dpo), whose optimisation
+    keys live in ``section``; ``unit`` is what its batches count."""
+    return {
+        "per_device_train_batch_size": Alias(f"{section}.micro_batch_size", "TRL",
+                                             f"{unit} per forward/backward pass on one rank"),
+        "gradient_accumulation_steps": Alias(f"{section}.batch_size", "TRL", f"gyre sets the {unit} per optimizer "
+                                             "step across all ranks; micro-batches accumulate to it"),
+        "learning_rate": Alias(f"{section}.optimizer.lr", "TRL"),
+        "max_steps": Alias(f"{section}.steps", "TRL"),
+        "num_train_epochs": Alias(f"{section}.epochs", "TRL"),
+        "max_grad_norm": Alias(f"{section}.grad_clip", "TRL"),
+        "lr_scheduler_type": Alias(f"{section}.scheduler.type", "TRL"),
+        "max_length": Alias(f"{section}.max_tokens", "TRL"),
+        "save_steps": Alias("run.output_dir", "TRL", f"gyre {section} keeps no checkpoints: it writes final_model/"),
+    }
+
+
+_WHOLE = "gyre bounds each whole sequence (prompt + completion)"
+BY_PIPELINE: dict[str, dict[str, Alias]] = {
+    "sft": {**_trainer_names("sft", "examples"), "max_seq_length": Alias("sft.max_tokens", "TRL")},
+    "dpo": {
+        **_trainer_names("dpo", "pairs"),
+        # gyre's own key names, listed because BY_NAME points them at the RL config's keys.
+        "beta": Alias("dpo.beta", "TRL"),
+        "loss_type": Alias("dpo.loss_type", "TRL"),
+        "reference_free": Alias("dpo.loss_type", "TRL", "dpo.loss_type=simpo is the reference-free variant"),
+        "max_prompt_length": Alias("dpo.max_tokens", "TRL", _WHOLE),
+        "max_completion_length": Alias("dpo.max_tokens", "TRL", _WHOLE),
+        "truncation_mode": Alias("dpo.overlong", "TRL", "dpo.overlong=truncate keeps each sequence's start"),
+    },
+}
+"""Names whose gyre key differs in a standalone run (by its ``pipeline``), checked before ``BY_NAME``."""
+
+
+def alias_for(path: str, pipeline: str | None = None) -> tuple[str, Alias] | None:
+    """(the foreign name matched, gyre's key for it) for the unknown key at dotted ``path`` of a
+    ``pipeline`` config: by its whole path, else by its last part."""
     if path in BY_PATH:
         return path, BY_PATH[path]
     name = path.rpartition(".")[2]
+    own = BY_PIPELINE.get(pipeline or "", {})
+    if name in own:
+        return name, own[name]
     return (name, BY_NAME[name]) if name in BY_NAME else None
 
 

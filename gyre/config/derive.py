@@ -411,29 +411,58 @@ class SFTPlan:
     threads_per_worker: int
     """Torch threads of each rank (CPU)."""
     steps: int
-    """Optimizer steps of the run: sft.steps, or sft.epochs passes over the examples."""
+    """Optimizer steps of the run: sft.steps (dpo.steps), or sft.epochs passes over the examples (pairs)."""
     length: str
     """How the steps were derived, for the plan line ("12 optimizer steps (2 epoch(s) of 48 examples...)")."""
+    reference: str | None = None
+    """gyre dpo: where the reference log-probs come from (a phrase for ``describe``); None: no reference."""
 
     def roles_on_device(self, device: int) -> int:
+        # gyre dpo's reference role is gone before the policy starts: each holds a whole device in turn.
         return 1
 
     def describe(self) -> str:
         kind = "GPU" if self.device_kind == "cuda" else "CPU slot"
-        return (f"placement: policy on {kind}s {list(self.roles['policy'])} ({self.dp_size} data-parallel "
+        text = (f"placement: policy on {kind}s {list(self.roles['policy'])} ({self.dp_size} data-parallel "
                 f"rank{'s' * (self.dp_size > 1)}); {self.length}")
+        return text + (f"\nreference: {self.reference}" if self.reference else "")
 
 
 def make_sft_plan(cfg, device_kind: DeviceKind, num_devices: int | None, examples: int) -> SFTPlan:
     """The plan of ``cfg`` (a ``gyre.config.sft_schema.SFTJobConfig``) over ``examples`` loaded examples;
     ConfigError naming the key to change."""
+    _check_standalone(cfg, device_kind, num_devices)
     devices = cfg.policy.devices
-    if num_devices is not None:
-        _check_devices_exist({"policy": devices}, device_kind, num_devices)
-    _check_attention(cfg, device_kind)
     _check_sft_batch(cfg.sft, len(devices), "sft")
     return SFTPlan(device_kind, num_devices, {"policy": devices}, len(devices), cfg.cluster.threads_per_slot,
                    cfg.sft.total_steps(examples), cfg.sft.describe_length(examples))
+
+
+def make_dpo_plan(cfg, device_kind: DeviceKind, num_devices: int | None, pairs: int) -> SFTPlan:
+    """The plan of ``cfg`` (a ``gyre.config.dpo_schema.DPOJobConfig``) over ``pairs`` loaded pairs: the policy
+    ranks and, for a loss with a reference and no LoRA, a reference role on the same devices that runs
+    before them."""
+    _check_standalone(cfg, device_kind, num_devices)
+    devices, dpo = cfg.policy.devices, cfg.dpo
+    if dpo.batch_size % len(devices):
+        raise ConfigError(f"dpo.batch_size={dpo.batch_size} must be divisible by the {len(devices)} policy devices "
+                          "(each rank trains an equal share of the pairs)")
+    roles, reference = {"policy": devices}, None
+    if dpo.loss_spec().needs_reference:
+        if cfg.policy.lora is None:
+            roles["reference"] = devices
+            reference = ("a frozen copy of model.path on the same devices computes every pair's log-probs once, "
+                         "then gives its memory back before the policy starts")
+        else:
+            reference = "the policy's own base model, LoRA adapters off, once before training (no second copy)"
+    return SFTPlan(device_kind, num_devices, roles, len(devices), cfg.cluster.threads_per_slot,
+                   dpo.total_steps(pairs), dpo.describe_length(pairs, "pairs"), reference)
+
+
+def _check_standalone(cfg, device_kind: DeviceKind, num_devices: int | None) -> None:
+    if num_devices is not None:
+        _check_devices_exist({"policy": cfg.policy.devices}, device_kind, num_devices)
+    _check_attention(cfg, device_kind)
 
 
 def _divisors(total: int, multiple_of: int) -> list[int]:

@@ -206,22 +206,39 @@ class SFTConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_length(self) -> SFTConfig:
-        if self.steps is not None and self.epochs is not None:
-            raise ValueError(f"steps={self.steps} and epochs={self.epochs:g} both set the length of the SFT run; "
-                             "remove one of them")
-        if self.epochs is None and self.steps is None:
-            self.steps = 100
+        one_length(self, "SFT")
         return self
 
     def total_steps(self, examples: int) -> int:
         """The run's optimizer steps over ``examples`` examples: ``steps``, or ``epochs`` passes rounded up."""
-        if self.epochs is None:
-            return self.steps
-        return max(1, math.ceil(self.epochs * examples / self.batch_size))
+        return total_steps(self, examples)
 
-    def describe_length(self, examples: int) -> str:
+    def describe_length(self, examples: int, unit: str = "examples") -> str:
         """'300 optimizer steps (2 epochs of 4,800 examples, 32 per step)', or '100 optimizer steps'."""
-        steps = f"{self.total_steps(examples)} optimizer steps"
-        if self.epochs is None:
-            return steps
-        return f"{steps} ({self.epochs:g} epoch(s) of {examples:,} examples, {self.batch_size} per step)"
+        return describe_length(self, examples, unit)
+
+
+def one_length(section, what: str) -> None:
+    """A standalone run's section (``steps``, ``epochs``, ``batch_size``) sets its length one way: steps or
+    epochs, not both; neither is 100 steps. ``what`` names the run ("SFT") in the message."""
+    if section.steps is not None and section.epochs is not None:
+        raise ValueError(f"steps={section.steps} and epochs={section.epochs:g} both set the length of the {what} "
+                         "run; remove one of them")
+    if section.epochs is None and section.steps is None:
+        section.steps = 100
+
+
+def total_steps(section, items: int) -> int:
+    """``section.steps``, or ``section.epochs`` passes over ``items`` in batches of ``section.batch_size``,
+    rounded up."""
+    if section.epochs is None:
+        return section.steps
+    return max(1, math.ceil(section.epochs * items / section.batch_size))
+
+
+def describe_length(section, items: int, unit: str) -> str:
+    """'300 optimizer steps (2 epoch(s) of 4,800 examples, 32 per step)', or '100 optimizer steps'."""
+    steps = f"{total_steps(section, items)} optimizer steps"
+    if section.epochs is None:
+        return steps
+    return f"{steps} ({section.epochs:g} epoch(s) of {items:,} {unit}, {section.batch_size} per step)"

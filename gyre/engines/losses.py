@@ -10,6 +10,7 @@ maths with hand-made log-probs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,13 +24,17 @@ from gyre.algos.policy_loss import (
     PolicyLossSpec,
     PolicyLossVariant,
 )
+from gyre.algos.preference import PairLogps, PreferenceLossSpec, preference_loss
 from gyre.algos.stats import masked_sum
 from gyre.algos.value import value_loss
 from gyre.engines.forward import ForwardContext, sequence_logprobs, sequence_values
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
-__all__ = ["OldSource", "PolicyLoss", "PolicyLossSpec", "SFTLoss", "ValueLoss"]
+if TYPE_CHECKING:
+    from gyre.data.preference import PreferenceBatch
+
+__all__ = ["DPOLoss", "OldSource", "PolicyLoss", "PolicyLossSpec", "SFTLoss", "ValueLoss"]
 
 
 @dataclass
@@ -152,3 +157,38 @@ class SFTLoss:
         tokens = float(mask.sum())
         metrics.add("sft_loss", float(masked_sum(nll.detach(), mask)), tokens)
         return aggregate_loss(nll, mask, "token-mean", self.denom)
+
+
+@dataclass
+class DPOLoss:
+    """The mean per-pair preference loss (``gyre.algos.preference``) over every pair of the optimizer step:
+    a micro-batch of whole pairs contributes its pairs' summed loss over the step's pair count (the
+    global denominator, ``denom.sequences``), so any split into ranks and micro-batches gives the same
+    step. Metrics carry TRL's names (rewards/chosen, rewards/accuracies, ...), averaged over pairs."""
+
+    denom: LossDenominator
+    """``sequences``: the pairs of the whole optimizer step, over all ranks."""
+    spec: PreferenceLossSpec = PreferenceLossSpec()
+
+    def compute(self, model, micro: PreferenceBatch, fwd: ForwardContext, metrics: MetricSums) -> torch.Tensor:
+        lp, _ = sequence_logprobs(model, micro.rows, fwd, 1.0)
+        return self(micro, lp, metrics)
+
+    def __call__(self, batch: PreferenceBatch, logprobs: torch.Tensor, metrics: MetricSums) -> torch.Tensor:
+        """``logprobs`` [2P, L]: per-token log-probs of ``batch.rows`` (chosen rows even, rejected odd)."""
+        mask = batch.rows.response_mask.to(logprobs.device)
+        sums, lengths = (logprobs * mask).sum(dim=1), mask.sum(dim=1)
+        policy = PairLogps(sums[0::2], sums[1::2], lengths[0::2], lengths[1::2])
+        reference = None
+        if batch.ref_chosen is not None:
+            reference = PairLogps(batch.ref_chosen.to(logprobs.device), batch.ref_rejected.to(logprobs.device),
+                                  lengths[0::2], lengths[1::2])
+        out = preference_loss(policy, reference, self.spec)
+        pairs = float(len(batch))
+        for name, values in (("dpo_loss", out.losses.detach()), ("rewards/chosen", out.chosen_rewards),
+                             ("rewards/rejected", out.rejected_rewards), ("rewards/accuracies", out.accuracies),
+                             ("rewards/margins", out.margins), ("logps/chosen", policy.chosen.detach()),
+                             ("logps/rejected", policy.rejected.detach()), ("nll_loss", out.nll)):
+            if values is not None:
+                metrics.add(name, float(values.sum()), pairs)
+        return out.losses.sum() * (self.denom.dp_size / max(self.denom.sequences, 1.0))
