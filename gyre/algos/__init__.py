@@ -14,10 +14,10 @@ from gyre.algos.advantages import (
     AdvantageEstimator,
     discounted_returns,
     gae_advantages,
+    group_centred_batch_std_advantages,
     group_normalized_advantages,
     normalize_rewards,
     outcome_token_rewards,
-    reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
 from gyre.algos.agentic import (
@@ -58,11 +58,12 @@ __all__ = [
     "PreferenceLossSpec", "Registry", "RunningMoments",
     "aggregate_loss",
     "chunk_returns", "cispo_loss", "decoupled_ppo_loss", "denominator_for", "difficulty_mask", "discounted_returns",
-    "explained_variance", "gae_advantages", "gigpo_advantages", "gigpo_step_advantages", "group_normalized_advantages",
+    "explained_variance", "gae_advantages", "gigpo_advantages", "gigpo_step_advantages",
+    "group_centred_batch_std_advantages", "group_normalized_advantages",
     "grouped_normalize", "importance_weights", "kimi15_loss",
     "kl_estimate", "kl_penalized_rewards", "masked_mean", "mean_at_k", "mean_pass_at_k", "pass_at_k",
     "masked_sum", "masked_whiten", "mismatch_filter", "preference_loss",
     "mismatch_metrics", "normalize_rewards", "outcome_token_rewards", "overlong_mask", "ppo_clip_loss",
-    "rebn_advantages", "reinforce_pp_baseline_advantages", "rloo_advantages", "soft_overlong_penalty", "tis_loss",
+    "rebn_advantages", "rloo_advantages", "soft_overlong_penalty", "tis_loss",
     "topr_loss", "turn_returns", "vanilla_pg_loss", "value_loss",
 ]

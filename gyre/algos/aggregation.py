@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from gyre.algos.stats import masked_sum
+from gyre.algos.stats import masked_sum, where_valid
 
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -67,7 +67,8 @@ def aggregate_loss(token_values: torch.Tensor, mask: torch.Tensor, mode: AggMode
     """This micro-batch's share of the aggregated loss (0-dim).
 
     Args:
-        token_values: [B, T] per-token loss.
+        token_values: [B, T] per-token loss; off-mask entries may hold anything (NaN, inf): they are
+            selected away, never multiplied by 0, so they reach neither the loss nor its gradient.
         mask: [B, T] 1 for tokens that count.
         mode: one of ``AggMode`` (see the module docstring).
         denom: global counts for the optimizer step this micro-batch belongs to.
@@ -80,8 +81,8 @@ def aggregate_loss(token_values: torch.Tensor, mask: torch.Tensor, mode: AggMode
     if mode == "seq-mean-token-sum":
         return masked_sum(token_values, mask) * (scale / seqs)
     if mode == "seq-mean-token-mean":
-        mask = mask.to(token_values.dtype)
-        per_seq = (token_values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # len 0 rows give 0
+        valid = mask > 0
+        per_seq = where_valid(token_values, valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1)  # len 0 rows: 0
         return per_seq.sum() * (scale / seqs)
     if mode == "seq-mean-token-sum-norm":
         if denom.norm_length is None:

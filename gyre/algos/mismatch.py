@@ -9,6 +9,10 @@ The trainer's log-probs of the sampled tokens (``old_logprobs``, log pi_old) dif
 - geometric: masked mean of delta over the row;
 - sequence: masked sum of delta over the row.
 
+Direction: every weight, ratio and ratio bound here is pi_old / mu, the trainer over the sampler (ROLL's
+and verl's ``rollout_is`` direction). verl's k1 rejection (``rollout_rs: token_k1`` and the ``seq_*_k1``
+modes) bounds the inverse, mu / pi_old: its thresholds [lo, hi] are [1 / hi, 1 / lo] here.
+
 Source: ROLL ``train_infer_correction`` (code, no paper). Related: Yao et al. 2025 (blog, truncated
 ``pi_train / pi_infer``); IPA's chunk mismatch mask ("Let It Flow", arXiv 2512.24873) is the segment level here.
 
@@ -123,7 +127,8 @@ def mismatch_filter(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor
                     segments: torch.Tensor | None = None) -> torch.Tensor:
     """Keep-mask removing tokens whose unit (token, segment or row at ``level``) is too far off-policy.
 
-    A unit is dropped when its ratio ``exp(log-weight at level)`` is outside [ratio_low, ratio_high], or, for
+    A unit is dropped when its ratio ``exp(log-weight at level)`` = pi_old / mu (trainer over sampler, not
+    mu / pi_old) is outside [ratio_low, ratio_high], or, for
     each diff bound given, when its probability difference ``p_old - p_mu`` (per token, or the masked mean of
     the per-token differences over the segment/row) is outside [diff_low, diff_high]. A bound of None is off.
 

@@ -159,6 +159,15 @@ BY_NAME: dict[str, Alias] = {
     "lora_target_modules": Alias("policy.lora.target_modules", "TRL"),
     "lora_modules_to_save": Alias("policy.lora.modules_to_save", "TRL"),
     "use_rslora": Alias("policy.lora.rslora", "TRL, peft"),
+    # verl's rollout correction (algorithm.rollout_correction.*): the direction of each ratio matters
+    "rollout_is": Alias("algorithm.mismatch.weight", "verl", "token, segment, geometric or sequence"),
+    "rollout_is_threshold": Alias("algorithm.mismatch.upper_bound", "verl", "the same ratio, pi_old / mu"),
+    "rollout_rs": Alias("algorithm.mismatch.filter", "verl",
+                        "gyre bounds pi_old / mu; verl's *_k1 modes bound mu / pi_old"),
+    "rollout_rs_threshold": Alias("algorithm.mismatch.ratio_high", "verl",
+                                  "and ratio_low, bounds on pi_old / mu; a *_k1 threshold lo_hi bounds "
+                                  "mu / pi_old: write ratio_low=1/hi, ratio_high=1/lo"),
+    "rollout_rs_threshold_lower": Alias("algorithm.mismatch.ratio_low", "verl", "a bound on pi_old / mu"),
     # ROLL (the reference design)
     "num_return_sequences_in_group": Alias(_SAMPLES, "ROLL"),
     "async_generation_ratio": Alias("rollout.async_ratio", "ROLL"),
@@ -200,6 +209,29 @@ BY_PIPELINE: dict[str, dict[str, Alias]] = {
     },
 }
 """Names whose gyre key differs in a standalone run (by its ``pipeline``), checked before ``BY_NAME``."""
+
+
+# Values gyre renamed, by key (the section's dotted path and the key): the old value -> what to write now.
+RENAMED_VALUES: dict[str, dict[str, str]] = {
+    "algorithm.estimator": {
+        "reinforce_pp_baseline": "was renamed group_centred_batch_std (the group-centred reward over the batch "
+                                 "std of the centred rewards, per response); the paper's REINFORCE++-baseline, "
+                                 "normalised over tokens after the KL penalty, is algorithm.preset="
+                                 "reinforce_pp_baseline",
+    },
+}
+
+
+def renamed_value(section: object, path: str) -> str | None:
+    """The message for a value of ``section`` (the raw mapping at dotted ``path``) that gyre renamed, if any."""
+    if not isinstance(section, dict):
+        return None
+    for dotted, renames in RENAMED_VALUES.items():
+        where, _, key = dotted.rpartition(".")
+        value = section.get(key) if where == path else None
+        if isinstance(value, str) and value in renames:
+            return f"{dotted}={value} {renames[value]}"
+    return None
 
 
 def alias_for(path: str, pipeline: str | None = None) -> tuple[str, Alias] | None:

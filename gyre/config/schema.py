@@ -218,19 +218,29 @@ Level = Literal["none", "token", "segment", "geometric", "sequence"]
 
 class MismatchConfig(StrictModel):
     """Train-inference mismatch correction (ROLL ``train_infer_correction``): the trainer's pi_old against
-    the sampler's log-probs. Needs recomputed old log-probs (the plan turns recomputation on)."""
+    the sampler's log-probs mu. Needs recomputed old log-probs (the plan turns recomputation on).
+
+    Every ratio here is pi_old / mu, the trainer's probability over the sampler's (log-ratio
+    log pi_old - log mu), as in ROLL and verl's rollout_is. Some frameworks bound the inverse: verl's k1
+    rejection (rollout_rs token_k1, seq_sum_k1, seq_mean_k1 with a "lo_hi" threshold) keeps
+    lo <= mu / pi_old <= hi, which is ratio_low = 1 / hi, ratio_high = 1 / lo here."""
 
     weight: Level = "none"
     """Importance weight pi_old / mu multiplying each token's loss, at this granularity; none turns it off."""
     upper_bound: PositiveFloat = 1.2
-    """The weight is truncated at this value."""
+    """The weight pi_old / mu is truncated at this value (verl's rollout_is_threshold, same direction)."""
     filter: Level = "none"
-    """Drop tokens / segments / sequences whose ratio (at this granularity) leaves [ratio_low, ratio_high]."""
+    """Drop tokens / segments / sequences whose ratio pi_old / mu (at this granularity) leaves
+    [ratio_low, ratio_high] (k1 rejection: the log-ratio log pi_old - log mu outside [ln low, ln high])."""
     ratio_low: Annotated[float, Field(ge=0)] = 0.8
+    """Lower bound on pi_old / mu, trainer over sampler (not mu / pi_old: a bound ported from a framework
+    that rejects on mu / pi_old becomes 1 / its upper bound here)."""
     ratio_high: PositiveFloat = 1.2
+    """Upper bound on pi_old / mu, trainer over sampler (1 / the lower bound of an inverse-ratio threshold)."""
     diff_low: float | None = None
     """Optional bounds on p_old - p_mu as well (the diff filter)."""
     diff_high: float | None = None
+    """Upper bound on p_old - p_mu (the diff filter); None: no upper bound."""
 
     @property
     def enabled(self) -> bool:
@@ -250,11 +260,13 @@ class AlgorithmConfig(PolicyLossKnobs):
     kl_loss_estimator, entropy_coef) come from ``PolicyLossKnobs``."""
 
     preset: str | None = None
-    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr."""
+    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr
+    (``gyre.config.presets``: each sets the knobs of its paper)."""
     # ---- advantages -------------------------------------------------------------------------
     estimator: Literal[ESTIMATORS.names] = "reinforce"
     """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
-    rloo: leave-one-out baseline; reinforce_pp_baseline: group-centred over batch std; gae: PPO with a
+    rloo: leave-one-out baseline; group_centred_batch_std: group-centred over the batch std of the centred
+    rewards, per response (REINFORCE++-baseline's response-level form); gae: PPO with a
     critic (creates the critic role). These treat a multi-turn trajectory as one action (its reward is the
     episode return). Credit per model turn, for runs that learn from an environment (``gyre.algos.agentic``):
     step_returns: the discounted return of the turn rewards from each turn on (gamma per turn), no
@@ -267,7 +279,9 @@ class AlgorithmConfig(PolicyLossKnobs):
     norm_std: NormScope = "group"
     """Scope of the std rewards are divided by; none leaves the scale."""
     std_eps: PositiveFloat = 1e-6
+    """Added to every std of this section, (x - mean) / (std + std_eps): the norm scopes, whitening, turn credit."""
     std_ddof: Literal[0, 1] = 1
+    """Degrees of freedom of those stds: 1 the sample std (torch's default), 0 the population std."""
     reward_clip: PositiveFloat | None = None
     """Clamp the (normalised) rewards to +-value."""
     gamma: UnitFloat = 1.0
@@ -283,8 +297,11 @@ class AlgorithmConfig(PolicyLossKnobs):
     """gigpo: weight w_S of the step-level advantage (ROLL ``step_reward_weight``; the paper's omega). The
     step level divides by its anchor group's std (std_eps, std_ddof) unless norm_std is none."""
     whiten_advantages: bool = False
-    """Whiten advantages over every valid token of the batch."""
+    """Whiten advantages over the tokens that train, (A - mean) / (std + std_eps) with std_ddof, mean and
+    std over tokens (longer responses weigh more); with a critic-free estimator these are the returns after
+    the KL penalty, which is REINFORCE++'s normalisation. Fewer than 2 tokens: left as they are; all equal: 0."""
     advantage_clip: PositiveFloat | None = None
+    """Clamp the final advantages to +-value; None: no clamp."""
     # ---- policy loss: the keys of PolicyLossKnobs, and the aggregation constant ------------
     loss_agg_norm: PositiveInt | None = None
     """The constant of seq-mean-token-sum-norm; default rollout.sampling.max_new_tokens."""
@@ -292,9 +309,12 @@ class AlgorithmConfig(PolicyLossKnobs):
     kl_reward_coef: Annotated[float, Field(ge=0)] = 0.0
     """Per-token KL penalty subtracted from the rewards (PPO / REINFORCE++ style); > 0 creates the reference."""
     kl_reward_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    """The per-token KL estimate subtracted from the token rewards when kl_reward_coef > 0
+    (``gyre.algos.kl``; clamped by kl_clamp)."""
     kl_target: PositiveFloat | None = None
     """Adaptive KL coefficient (arXiv 1909.08593) aiming at this per-token KL; None keeps it fixed."""
     kl_horizon: PositiveInt = 10000
+    """Adaptive KL (kl_target): the horizon of the proportional controller, in samples (arXiv 1909.08593)."""
     # ---- masks and shaping ------------------------------------------------------------------
     overlong_mask: bool = False
     """Truncated responses (hit max_new_tokens) leave the loss (DAPO overlong filtering)."""
@@ -304,8 +324,11 @@ class AlgorithmConfig(PolicyLossKnobs):
     """(low, high): keep a prompt's group only if low < mean reward < high; (0, 1) drops groups with no
     reward variance (DAPO's dynamic-sampling filter)."""
     mismatch: MismatchConfig = MismatchConfig()
+    """Train-inference mismatch correction: importance weights and rejection by pi_old / mu."""
     # ---- critic (estimator gae) -------------------------------------------------------------
     value_clip: PositiveFloat | None = None
+    """Clip the new values to within +-value of the old ones in the critic's loss (PPO's value clip);
+    None: no clip."""
     critic_warmup: NonNegInt = 0
     """RL steps that train only the critic before the policy starts to move."""
     old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"

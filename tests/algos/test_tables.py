@@ -16,7 +16,7 @@ def test_unknown_names_list_the_valid_ones():
     assert str(err.value) == ("unknown policy loss 'ppo2'; valid names: ppo, vanilla, tis, topr, cispo, kimi15, "
                               "decoupled_ppo")
     with pytest.raises(ValueError, match=r"^unknown advantage estimator 'grpo'; valid names: reinforce, rloo, "
-                                         r"reinforce_pp_baseline, gae, step_returns, rebn, gigpo, chunk_returns$"):
+                                         r"group_centred_batch_std, gae, step_returns, rebn, gigpo, chunk_returns$"):
         ESTIMATORS.get("grpo")
     with pytest.raises(ValueError, match="unknown thing None; valid names: a"):
         Registry("thing", {"a": 1}).get(None)
@@ -58,7 +58,7 @@ def test_topr_row_needs_scores():
     ("gae", [[0.70711, -0.70711], [0.0, 0.0]]),        # same response-level stage as reinforce
     ("rloo", [[1.0, -1.0], [0.0, 0.0]]),               # r_i - mean of the others
     # centred [0.5, -0.5, 0, 0], batch std (ddof 1) sqrt(0.5 / 3) = 0.40825
-    ("reinforce_pp_baseline", [[1.22474, -1.22474], [0.0, 0.0]]),
+    ("group_centred_batch_std", [[1.22474, -1.22474], [0.0, 0.0]]),
 ])
 def test_each_estimator_baseline(name, expected):
     rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])

@@ -35,7 +35,7 @@ def test_loss_spec_carries_every_key():
                  "tis_low": 0.1, "tis_high": 0.9, "topr_positive_weight": 0.7, "topr_negative_weight": 0.5,
                  "cispo_low": 0.2, "cispo_high": 0.25, "cispo_unified_mask": True, "kimi15_tau": 0.4,
                  "behaviour_cap": 1.5, "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.01,
-                 "kl_loss_estimator": "k1", "entropy_coef": 0.001}
+                 "kl_loss_estimator": "k1", "kl_clamp": 5.0, "entropy_coef": 0.001}
     assert set(overrides) == set(PolicyLossKnobs.model_fields) - {"ratio_level"}  # sequence needs ppo
     cfg, _ = stage(*(f"algorithm.{k}={v}" for k, v in overrides.items()))
     spec = cfg.algorithm.loss_spec(0.7, "rollout")
@@ -65,7 +65,7 @@ def test_unknown_names_are_refused_with_the_valid_ones():
                                           "'cispo', 'kimi15' or 'decoupled_ppo'"):
         stage("algorithm.policy_loss=ppo2")
     with pytest.raises(ConfigError, match="algorithm.estimator: Input should be 'reinforce', 'rloo', "
-                                          "'reinforce_pp_baseline', 'gae', 'step_returns', 'rebn', 'gigpo' or "
+                                          "'group_centred_batch_std', 'gae', 'step_returns', 'rebn', 'gigpo' or "
                                           "'chunk_returns'"):
         stage("algorithm.estimator=grpo")
     # A spec built by hand is checked when the trainer builds its loss, before any batch.

@@ -1,0 +1,115 @@
+"""Every preset's resolved knobs against its paper's list (schema defaults included: a knob the preset
+leaves out takes the schema's default, which must then be the paper's value too).
+
+Each row: the paper (where in it), the knobs it fixes, and the deviations gyre chose, which the preset's
+docstring in ``gyre.config.presets`` repeats. A new preset needs a row here.
+"""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from gyre.config import load_config
+from gyre.config.presets import PRESETS
+
+
+@dataclass(frozen=True)
+class Paper:
+    source: str
+    knobs: dict
+    deviations: list[str] = field(default_factory=list)
+
+
+# Knobs shared by the PPO-clip papers: symmetric clip 0.2 and no dual clip (Ye et al.'s dual clip is a
+# separate paper none of these uses), token ratios.
+PPO_CLIP = {"policy_loss": "ppo", "ratio_level": "token", "clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": None}
+NO_KL = {"kl_loss_coef": 0.0, "kl_reward_coef": 0.0}
+# REINFORCE++ with or without its group baseline: no std on the outcome, the returns whitened over tokens.
+REINFORCE_PP = {"estimator": "reinforce", "norm_std": "none", "whiten_advantages": True, "std_ddof": 0, "gamma": 1.0,
+                **PPO_CLIP, "loss_agg": "token-mean", "kl_reward_estimator": "k1", "kl_reward_coef": 0.01,
+                "kl_loss_coef": 0.0}
+
+PAPERS = {
+    "grpo": Paper(
+        "DeepSeekMath, arXiv 2402.03300: group-normalised outcome, PPO clip 0.2, per-sequence mean "
+        "of token losses, k3 KL loss",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", **PPO_CLIP,
+         "loss_agg": "seq-mean-token-mean", "kl_loss_estimator": "k3", "kl_loss_coef": 0.001, "kl_reward_coef": 0.0,
+         "whiten_advantages": False},
+        ["KL coefficient 0.001 (ROLL's and verl's GRPO, algorithms.md section 11), not the paper's 0.04"]),
+    "dr_grpo": Paper(
+        "Understanding R1-Zero-Like Training, arXiv 2503.20783: group mean without std, token sum "
+        "over a constant; no KL (its Oat recipe, beta 0)",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "none", **PPO_CLIP,
+         "loss_agg": "seq-mean-token-sum-norm", **NO_KL, "whiten_advantages": False}),
+    "dapo": Paper(
+        "DAPO, arXiv 2503.14476, sections 2.3 and 4.1: clip-higher 0.2 / 0.28, token-level loss, overlong filtering, "
+        "soft overlong punishment 4096 of 20480, dynamic sampling, no KL",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", **PPO_CLIP, "clip_high": 0.28,
+         "loss_agg": "token-mean", **NO_KL, "overlong_mask": True, "overlong_penalty_frac": 0.2,
+         "difficulty_mask": (0.0, 1.0)},
+        ["dynamic sampling masks zero-variance groups (difficulty_mask); refilling them is "
+         "rollout.dynamic_sampling, outside the algorithm section"]),
+    "lite_ppo": Paper(
+        "Tricks or Traps (Lite PPO), arXiv 2508.08221: group mean with batch std, token-level loss, vanilla "
+        "PPO clip, no KL",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "batch", **PPO_CLIP, "loss_agg": "token-mean",
+         **NO_KL, "whiten_advantages": False}),
+    "ppo": Paper(
+        "PPO, arXiv 1707.06347 (clip 0.2, advantage normalisation) with GAE, arXiv 1506.02438 (lambda 0.95); "
+        "value clipping as in OpenAI baselines",
+        {"estimator": "gae", "norm_mean": "none", "norm_std": "none", **PPO_CLIP, "whiten_advantages": True,
+         "value_clip": 0.2, "gamma": 1.0, "lam": 0.95, "loss_agg": "token-mean", "kl_reward_estimator": "k1",
+         "kl_reward_coef": 0.01, "kl_loss_coef": 0.0},
+        ["a k1 KL reward penalty of 0.01 (RLHF practice; ROLL's 0.2 suits reward models, not 0/1 rewards)"]),
+    "reinforce_pp": Paper(
+        "REINFORCE++, arXiv 2501.03262: k1 KL penalty in the token rewards, returns with gamma 1, "
+        "returns normalised over the batch's tokens (OpenRLHF: population std), PPO clip",
+        {**REINFORCE_PP, "norm_mean": "none"},
+        ["std + 1e-6 where OpenRLHF takes rsqrt(var + 1e-8) (gyre's one convention for every std)"]),
+    "reinforce_pp_baseline": Paper(
+        "REINFORCE++ w/ baseline, arXiv 2501.03262: the group mean subtracted from the outcome, "
+        "then REINFORCE++'s token-level normalisation",
+        {**REINFORCE_PP, "norm_mean": "group"}),
+    "rloo": Paper(
+        "Back to Basics, arXiv 2402.14740: leave-one-out baseline on the sequence reward, no std",
+        {"estimator": "rloo", "norm_mean": "none", "norm_std": "none", **PPO_CLIP, "loss_agg": "token-mean",
+         **NO_KL, "whiten_advantages": False},
+        ["no KL: the paper's 0.03 (appendix C) penalises the whole sequence's reward before the baseline, which gyre's "
+         "per-token penalty does not reproduce"]),
+    "gspo": Paper(
+        "GSPO, arXiv 2507.18071, section 5.1: length-normalised sequence ratio, clip 3e-4 / 4e-4, group-normalised "
+        "advantages, sequence-level loss, no KL",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "ppo",
+         "ratio_level": "sequence", "clip_low": 3e-4, "clip_high": 4e-4, "dual_clip_c": None,
+         "loss_agg": "seq-mean-token-mean", **NO_KL}),
+    "cispo": Paper(
+        "MiniMax-M1, arXiv 2506.13585: clipped, detached IS weight on every token, token-level loss",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "cispo",
+         "cispo_unified_mask": False, "loss_agg": "token-mean", **NO_KL},
+        ["weight bounds 0.1 / 0.1 are ROLL's; the paper leaves the lower bound loose and tunes the upper"]),
+    "topr": Paper(
+        "TOPR, arXiv 2503.14286: no IS on positive sequences, truncated IS on the others, unit weights",
+        {"policy_loss": "topr", "topr_positive_weight": 1.0, "topr_negative_weight": 1.0, "loss_agg": "token-mean",
+         **NO_KL},
+        ["group-mean-centred rewards; the ratio truncated per token (as ROLL), not per trajectory"]),
+}
+
+
+def test_every_preset_has_its_paper():
+    assert sorted(PAPERS) == sorted(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_preset_expands_to_its_papers_knobs(name):
+    algorithm = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", f"algorithm={name}"]).algorithm
+    got = {key: getattr(algorithm, key) for key in PAPERS[name].knobs}
+    got = {k: tuple(v) if isinstance(v, list) else v for k, v in got.items()}
+    assert got == PAPERS[name].knobs, PAPERS[name].source
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_ppo_loss_presets_decide_on_dual_clip(name):
+    # The schema's dual clip (c = 3) would otherwise apply silently (GSPO had it until this test).
+    if PAPERS[name].knobs.get("policy_loss") == "ppo":
+        assert "dual_clip_c" in PRESETS[name]
