@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from gyre.config.base import DeviceList, NonNegInt, StrictModel
+from gyre.config.base import DeviceList, NonNegInt, PositiveInt, StrictModel
 from gyre.config.schema import ClusterConfig, LoraConfig, ModelConfig, SFTConfig, WatchdogConfig
+from gyre.engines.microbatch import MemoryLevers, RemovePadding
 
 
 class SFTRunSection(StrictModel):
@@ -34,6 +35,20 @@ class SFTPolicySection(StrictModel):
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (``{}`` turns it on with its defaults); the run ends with
     final_model/ (merged) and final_adapter/ as lora.save says."""
+    remove_padding: RemovePadding = "none"
+    """As gyre train's policy.remove_padding: none, sort (gyre sft: rows ordered by length before the
+    micro-batches are cut; gyre dpo keeps whole pairs in order, so sort changes nothing there) or pack (each
+    micro-batch's rows concatenated into one sequence, no padding at all). Rows that already hold packed
+    examples (sft.packing) keep their own layout."""
+    logprob_chunk_tokens: PositiveInt | None = None
+    """As gyre train's policy.logprob_chunk_tokens: log-probs from the final hidden states this many tokens
+    at a time, so the full [tokens, vocabulary] logits never exist at once (also in gyre dpo's reference
+    pass). None: all logits at once."""
+
+    @property
+    def levers(self) -> MemoryLevers:
+        """The levers as the engines take them (micro-batches stay by row or pair count)."""
+        return MemoryLevers(None, self.remove_padding, self.logprob_chunk_tokens)
 
 
 class SFTLoggingSection(StrictModel):

@@ -105,7 +105,7 @@ def _reference_role(session, pairs: list[PreferencePair], pad_id: int, rows: int
     start = time.perf_counter()
     reference = session.start("reference", ReferenceWorker, lambda r: (
         r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, plan.threads_per_worker, rows, False,
-        m.attn_implementation))
+        m.attn_implementation, session.cfg.policy.levers))
     try:
         reference_logprobs(pairs, reference, ReferenceWorker.compute_logprobs, pad_id)
     finally:

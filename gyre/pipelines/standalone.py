@@ -121,7 +121,8 @@ class TrainerSession:
         from gyre.pipelines.roles import connect_trainer, policy_trainer_spec
 
         cfg, plan = self.cfg, self.plan
-        spec = policy_trainer_spec(cfg.model, cfg.policy.strategy, micro_batch_size, cfg.policy.lora, cfg.run.seed)
+        spec = policy_trainer_spec(cfg.model, cfg.policy.strategy, micro_batch_size, cfg.policy.lora, cfg.run.seed,
+                                   cfg.policy.levers)
         policy = self.start("policy", PolicyWorker, lambda r: (
             r, plan.dp_size, spec, plan.device_kind, plan.threads_per_worker, cfg.run.seed, None))
         connect_trainer(policy)

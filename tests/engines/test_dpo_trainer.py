@@ -15,6 +15,7 @@ from gyre.data.preference import PreferencePair, preference_batch
 from gyre.data.sft import SFTExample
 from gyre.engines.forward import ForwardContext
 from gyre.engines.losses import DPOLoss
+from gyre.engines.microbatch import MemoryLevers
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.tracking.sums import MetricSums
 from tests.engines.test_trainer import _free_port
@@ -76,7 +77,7 @@ def _dpo_worker(rank, world, model_dir, port, out, spec):
     os._exit(0)
 
 
-def _single_process(model_dir, micro_pairs, spec):
+def _single_process(model_dir, micro_pairs, spec, levers=None):
     """Gradient and metrics of the whole step on one process, ``micro_pairs`` pairs per forward pass."""
     from gyre.models.loading import load_causal_lm
 
@@ -85,7 +86,8 @@ def _single_process(model_dir, micro_pairs, spec):
     loss_fn = DPOLoss(LossDenominator(tokens=1.0, sequences=float(len(batch))), spec)
     metrics = MetricSums()
     for micro in batch.micro_batches(micro_pairs):
-        loss_fn.compute(model, micro, ForwardContext(torch.device("cpu")), metrics).backward()
+        loss_fn.compute(model, micro, ForwardContext(torch.device("cpu"), levers=levers or MemoryLevers()),
+                        metrics).backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
     return {"grads": grads, "norm": float(norm), "metrics": metrics.means()}
@@ -107,6 +109,18 @@ def test_one_or_two_micro_batches_and_ranks_give_the_same_step(tiny_model_dir, t
             assert other["metrics"][name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
         for name, grad in whole["grads"].items():
             torch.testing.assert_close(other["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_memory_levers_give_the_plain_step(tiny_model_dir):
+    """policy.remove_padding=pack and logprob_chunk_tokens (gyre dpo's policy section): each micro-batch's
+    pairs packed into one sequence, log-probs in chunks of 5 tokens; the same loss, metrics and gradient."""
+    spec = PreferenceLossSpec(beta=0.5)
+    plain = _single_process(tiny_model_dir, 2, spec)
+    levered = _single_process(tiny_model_dir, 2, spec, MemoryLevers(remove_padding="pack", logprob_chunk_tokens=5))
+    for name, value in plain["metrics"].items():
+        assert levered["metrics"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    for name, grad in plain["grads"].items():
+        torch.testing.assert_close(levered["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_reference_logprobs_are_each_completions_summed_logprobs(tiny_model_dir):

@@ -53,7 +53,8 @@ def records(out):
 
 
 def test_dpo_learns_the_preference(ray_local, chat_model, tmp_path):
-    cfg = dpo_config(tmp_path, chat_model)
+    # With the memory levers on (their equality with the plain path is tested in tests/engines).
+    cfg = dpo_config(tmp_path, chat_model, "policy.remove_padding=pack", "policy.logprob_chunk_tokens=16")
     lines = []
     summary = train_dpo(cfg, echo=lines.append)
     out = tmp_path / "dpo"

@@ -37,7 +37,8 @@ def sft_config(tmp_path, model, *extra, length="sft.steps=6"):
 
 
 def test_chat_sft_over_two_ranks_saves_a_model_and_its_metrics(ray_local, chat_model, tmp_path):
-    cfg = sft_config(tmp_path, chat_model, length="sft.epochs=3")  # 3 passes over 12 examples, 6 a step: 6 steps
+    cfg = sft_config(tmp_path, chat_model, "policy.remove_padding=sort", "policy.logprob_chunk_tokens=16",
+                     length="sft.epochs=3")  # 3 passes over 12 examples, 6 a step: 6 steps
     lines = []
     summary = train_sft(cfg, echo=lines.append)
     out = tmp_path / "sft"
