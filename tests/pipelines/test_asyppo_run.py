@@ -3,10 +3,13 @@ train on disjoint halves of every batch, and their disagreement masks advantages
 
 import json
 import math
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
+from gyre.cluster.chaos import compare_runs
 from gyre.config import load_config
 from gyre.pipelines import launch
 from gyre.pipelines.learner import Learner
@@ -71,3 +74,16 @@ def test_two_critics_train_on_disjoint_rows_and_their_disagreement_masks(ray_loc
         assert records[step]["asyppo/entropy_filtered_frac"] == math.ceil(0.2 * n) / n
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
     assert (checkpoint / "critic.0").is_dir() and (checkpoint / "critic.1").is_dir()
+
+
+@pytest.mark.slow  # about 30 s on an idle machine: a 2-step run and a resumed copy of its second step
+def test_two_critics_resume_exactly(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
+    """Both critics' weights, optimizers and schedules come back from the checkpoint: step 2 and the final
+    model of a run resumed from step 1 are the uninterrupted run's."""
+    launch.train(asyppo_config(tmp_path, tiny_model_dir, arithmetic_data, "checkpoint.every=1"), echo=lambda s: None)
+    out, again = tmp_path / "run", tmp_path / "again"
+    shutil.copytree(out, again)
+    shutil.rmtree(again / "checkpoints" / "step_000002")
+    launch.train(asyppo_config(tmp_path, tiny_model_dir, arithmetic_data, "checkpoint.every=1",
+                               f"run.output_dir={again}"), mode="resume", echo=lambda s: None)
+    assert compare_runs(out, again) == []
