@@ -325,6 +325,12 @@ class TrainBatch:
     """[B, L] float32, the critic's regression targets (GAE returns)."""
     scores: torch.Tensor | None = None
     """[B] float32, each sample's (shaped) outcome reward; TOPR splits positive from non-positive by it."""
+    critic_values: torch.Tensor | None = None
+    """[B, M, L] float32, each of M > 1 critics' values (AsyPPO); ``values`` then holds their aggregate."""
+    critic_index: torch.Tensor | None = None
+    """[B] int64, the critic that trains on each row (AsyPPO's disjoint data division); None: the one critic."""
+    entropy_mask: torch.Tensor | None = None
+    """[B, L] float32, AsyPPO's entropy filter I^H: 1 where a token's entropy enters the entropy term; None is 1."""
     position_ids: torch.Tensor | None = None
     """[B, L] int64, packed rows (several SFT examples per row): each example's positions from 0, so that
     attention stays within it; None: positions 0..L-1."""
@@ -376,6 +382,6 @@ def trim_to_length(batch: TrainBatch) -> TrainBatch:
     changes = {}
     for f in dataclasses.fields(batch):
         value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor) and value.dim() == 2:  # per-token fields; [B] fields stay whole
-            changes[f.name] = value[:, :used]
+        if isinstance(value, torch.Tensor) and value.dim() >= 2:  # per-token fields; [B] fields stay whole
+            changes[f.name] = value[..., :used]
     return dataclasses.replace(batch, **changes)

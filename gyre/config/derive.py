@@ -65,6 +65,8 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)
     sft_length: str = ""
     """How the warm-up's steps were derived from sft_warmup.epochs (empty for a step count)."""
+    critic_roles: tuple[str, ...] = ()
+    """The critics' role names in ``roles``: critic (PPO), or critic.0 ... critic.M-1 (critic.num_critics = M)."""
 
     def with_warmup(self, sft: SFTConfig | None, examples: int) -> RunPlan:
         """This plan with the SFT warm-up's steps over its ``examples`` loaded examples."""
@@ -120,8 +122,9 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
     if use_reference and not reference_on_policy:
         roles["reference"] = cfg.reference.devices
-    if use_critic:
-        roles["critic"] = cfg.critic.devices
+    critics = critic_role_names(cfg.critic.num_critics) if use_critic else ()
+    for name in critics:
+        roles[name] = cfg.critic.devices
     roles.update(_reward_model_roles(cfg, device_kind, notes))
     _note_judge_budgets(cfg, notes)
     if num_devices is not None:
@@ -134,6 +137,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     n = cfg.rollout.samples_per_prompt
     _check_groups(cfg)
     _check_turns(cfg, notes)
+    _check_critics(cfg, notes)
     rollout_batch = cfg.rollout.prompts_per_step * n
     mini = cfg.policy.mini_batch_size or rollout_batch
     if rollout_batch % mini:
@@ -166,7 +170,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         offload=offload,
         dp_size=dp, rollout_workers=len(cfg.rollout.devices), rollout_batch=rollout_batch, mini_batch_size=mini,
         optimizer_steps_per_step=steps_per_batch, samples_per_rank=per_rank,
-        rows_multiple=rollout_batch // mini * math.lcm(dp, len(cfg.critic.devices) if use_critic else 1),
+        rows_multiple=rollout_batch // mini * math.lcm(dp, len(cfg.critic.devices) * len(critics) if use_critic else 1),
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
         total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
         use_reference=use_reference, reference_on_policy=reference_on_policy, use_critic=use_critic,
@@ -174,8 +178,42 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         if cfg.env is None else math.ceil(cfg.env.workers * cfg.env.worker_cpus),
         critic_dp_size=len(cfg.critic.devices) if use_critic else 0,
         loss_agg_norm=agg_norm, overlong_cache_tokens=cache, threads_per_worker=cfg.cluster.threads_per_slot,
-        sft_steps=sft_steps,
+        sft_steps=sft_steps, critic_roles=critics,
         notes=notes)
+
+
+def critic_role_names(num_critics: int) -> tuple[str, ...]:
+    """critic for PPO's single critic; critic.0 ... critic.M-1 for M critics (AsyPPO)."""
+    return ("critic",) if num_critics == 1 else tuple(f"critic.{m}" for m in range(num_critics))
+
+
+def _check_critics(cfg: RLVRConfig, notes: list[str]) -> None:
+    """Several critics (AsyPPO) split every batch evenly; their disagreement needs at least two of them."""
+    a, c = cfg.algorithm, cfg.critic
+    m = c.num_critics
+    masks = [k for k in ("adv_mask_low_pct", "entropy_filter_high_pct") if getattr(a, k) > 0]
+    if masks and m < 2:
+        raise ConfigError(f"algorithm.{' and '.join(masks)} rank the disagreement (std) of several critics' values, "
+                          f"but critic.num_critics={m}; set critic.num_critics >= 2 (algorithm=asyppo sets 2), or "
+                          "set them to 0")
+    if a.entropy_filter_high_pct > 0 and a.entropy_coef == 0:
+        notes.append("algorithm.entropy_filter_high_pct: no effect, algorithm.entropy_coef is 0 (no entropy term)")
+    if m == 1:
+        return
+    if not a.uses_critic:
+        notes.append(f"critic.num_critics={m}: no effect, estimator={a.estimator} has no critic")
+        return
+    rollout = cfg.rollout
+    share, what = ((rollout.samples_per_prompt, "rollout.samples_per_prompt") if a.critic_data_division ==
+                   "group_response_split" else (rollout.prompts_per_step, "rollout.prompts_per_step"))
+    if share % m:
+        raise ConfigError(f"algorithm.critic_data_division={a.critic_data_division} gives each of the {m} critics "
+                          f"an equal share of {what}={share}; make it a multiple of critic.num_critics")
+    mini = cfg.policy.mini_batch_size or rollout.prompts_per_step * rollout.samples_per_prompt
+    ranks = len(c.devices)
+    if mini % (m * ranks):
+        raise ConfigError(f"policy.mini_batch_size={mini} is divided among {m} critics of {ranks} rank(s) each, so "
+                          f"it must be a multiple of {m * ranks}")
 
 
 def _reference_note(cfg: RLVRConfig) -> str:

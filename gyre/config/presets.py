@@ -29,6 +29,12 @@ expansion against its paper's list. Sources, with the deviations we chose:
 - gspo: GSPO (arXiv 2507.18071): sequence-level ratio with the paper's clip range 3e-4 / 4e-4, no KL.
 - cispo: MiniMax-M1 (arXiv 2506.13585) with ROLL's bounds 0.1 / 0.1 and GRPO advantages.
 - topr: TOPR (arXiv 2503.14286) on group-mean-centred rewards.
+- asyppo: AsyPPO (arXiv 2510.01656): the ppo preset with 2 critics (critic.num_critics, set through
+  ``PRESET_SECTIONS``) on disjoint responses of every prompt, GAE on their mean value, and the masks of
+  their disagreement: advantages of the lowest 20% (k) and the entropy term of the highest 20% (h) of the
+  valid tokens. The entropy coefficient beta is not published in the material we have; 0.001 is ours (the
+  filter needs a term to act on). The paper's group size 32 and ppo_epochs 4 (high-reuse ablation) are
+  rollout.samples_per_prompt and policy.epochs, left to the run.
 """
 
 from __future__ import annotations
@@ -75,6 +81,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "topr": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "none", "policy_loss": "topr",
              "topr_positive_weight": 1.0, "topr_negative_weight": 1.0, "loss_agg": "token-mean"},
 }
+PRESETS["asyppo"] = {**PRESETS["ppo"], "value_aggregation": "mean", "critic_data_division": "group_response_split",
+                     "adv_mask_low_pct": 0.2, "entropy_filter_high_pct": 0.2, "entropy_coef": 0.001}
+
+PRESET_SECTIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "asyppo": {"critic": {"num_critics": 2}},
+}
+"""Knobs a preset sets outside the algorithm section, by section; keys the user writes there win."""
 
 
 def expand_preset(data: Any) -> Any:
@@ -92,6 +105,33 @@ def expand_preset(data: Any) -> Any:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown algorithm preset {name!r}{hint} (presets: {', '.join(PRESETS)})")
     return {**PRESETS[name], **data}
+
+
+def expand_preset_sections(data: Any) -> Any:
+    """A run config's raw sections with its algorithm preset's ``PRESET_SECTIONS`` keys filled in under the
+    user's (an unknown preset is left for the algorithm section to report)."""
+    if not isinstance(data, dict):
+        return data
+    algorithm = data.get("algorithm")
+    name = algorithm if isinstance(algorithm, str) else algorithm.get("preset") if isinstance(algorithm, dict) else None
+    if name not in PRESET_SECTIONS:
+        return data
+    out = dict(data)
+    for section, knobs in PRESET_SECTIONS[name].items():
+        mine = out.get(section)
+        out[section] = {**knobs, **mine} if isinstance(mine, dict) else knobs if mine is None else mine
+    return out
+
+
+def preset_sections_report(cfg) -> list[str]:
+    """Lines for ``gyre check``: the knobs the run's preset set in other sections (``PRESET_SECTIONS``)."""
+    lines = []
+    for section, knobs in PRESET_SECTIONS.get(cfg.algorithm.preset, {}).items():
+        for key, value in knobs.items():
+            now = getattr(getattr(cfg, section), key)
+            tag = "" if now == value else f"  (overridden: {now!r})"
+            lines.append(f"  {section + '.' + key:<22} {value!r}{tag}")
+    return lines
 
 
 def preset_report(algorithm) -> list[str]:
@@ -130,6 +170,10 @@ def algorithm_problems(a) -> list[str]:
         for knob in a.needs_trainer_old_logprobs:
             problems.append(f"{knob} compares the trainer's pi_old with the sampler's log-probs, so pi_old cannot "
                             "be the sampler's; set algorithm.old_logprobs=auto or recompute")
+    if (a.adv_mask_low_pct or a.entropy_filter_high_pct) and not a.uses_critic:
+        problems.append(f"algorithm.adv_mask_low_pct / entropy_filter_high_pct rank the disagreement of several "
+                        f"critics, and estimator={a.estimator} has none; use estimator=gae with "
+                        "critic.num_critics >= 2 (algorithm=asyppo), or set both to 0")
     if a.difficulty_mask is not None and a.difficulty_mask[0] >= a.difficulty_mask[1]:
         problems.append(f"algorithm.difficulty_mask {list(a.difficulty_mask)} keeps nothing: low must be < high")
     return problems

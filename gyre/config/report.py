@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from gyre.config.derive import RunPlan
-from gyre.config.presets import preset_report
+from gyre.config.presets import preset_report, preset_sections_report
 from gyre.config.schema import RLVRConfig
 from gyre.models.hub import cached_repo_of
 
@@ -53,7 +53,7 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         + (f", after an SFT warm-up of {plan.sft_length or f'{plan.sft_steps} steps'}" if plan.sft_steps else ""),
         f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
         f"  reference model      {_reference(plan)}",
-        f"  critic               {f'{plan.critic_dp_size} rank(s)' if plan.use_critic else 'no'}",
+        _critic_line(cfg, plan),
     ]
     if cfg.policy.lora is not None:
         lines.append(_lora_line(cfg))
@@ -67,6 +67,7 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
                      f"{plan.overlong_cache_tokens} tokens")
     lines += _memory_lines(cfg, plan)
     lines += preset_report(a)
+    lines += preset_sections_report(cfg)
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
 
@@ -78,6 +79,22 @@ def _model_line(cfg: RLVRConfig) -> str:
     source = f"{cached[0]} at commit {cached[1][:12]} (Hugging Face cache: {m.path})" if cached else m.path
     attention = f", attention {m.attn_implementation}" if m.attn_implementation else ""
     return f"  model                {source}; computes in {m.dtype}{attention}, final model saved in {m.save_dtype}"
+
+
+def _critic_line(cfg: RLVRConfig, plan: RunPlan) -> str:
+    """No critic, PPO's one, or AsyPPO's several: how they split the data and what their disagreement masks."""
+    head = "  critic               "
+    if not plan.use_critic:
+        return head + "no"
+    if len(plan.critic_roles) == 1:
+        return head + f"{plan.critic_dp_size} rank(s)"
+    a, c = cfg.algorithm, cfg.critic
+    division = ("each an equal share of every prompt's responses" if a.critic_data_division == "group_response_split"
+                else "each whole prompts (prompt shards)")
+    return (head + f"{c.num_critics} critics of {plan.critic_dp_size} rank(s) ({', '.join(plan.critic_roles)}), "
+            f"{division}; GAE on their {a.value_aggregation} value; advantages masked on the "
+            f"{a.adv_mask_low_pct:.0%} of tokens where they agree most, entropy term filtered on the "
+            f"{a.entropy_filter_high_pct:.0%} where they disagree most")
 
 
 def _reference(plan: RunPlan) -> str:

@@ -27,7 +27,7 @@ from gyre.config.base import (
 )
 from gyre.config.data_schema import DataConfig
 from gyre.config.env_schema import EnvConfig
-from gyre.config.presets import algorithm_problems, expand_preset
+from gyre.config.presets import algorithm_problems, expand_preset, expand_preset_sections
 from gyre.config.reward_schema import RewardConfig
 from gyre.config.train_schema import (  # noqa: F401 - the trainer sections, importable from here too
     CriticConfig,
@@ -260,8 +260,8 @@ class AlgorithmConfig(PolicyLossKnobs):
     kl_loss_estimator, entropy_coef) come from ``PolicyLossKnobs``."""
 
     preset: str | None = None
-    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr
-    (``gyre.config.presets``: each sets the knobs of its paper)."""
+    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr,
+    asyppo (``gyre.config.presets``: each sets the knobs of its paper; asyppo also sets critic.num_critics)."""
     # ---- advantages -------------------------------------------------------------------------
     estimator: Literal[ESTIMATORS.names] = "reinforce"
     """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
@@ -331,6 +331,20 @@ class AlgorithmConfig(PolicyLossKnobs):
     None: no clip."""
     critic_warmup: NonNegInt = 0
     """RL steps that train only the critic before the policy starts to move."""
+    value_aggregation: Literal["mean", "min"] = "mean"
+    """With critic.num_critics > 1, the value GAE uses: the critics' mean (AsyPPO; its ablation favours it)
+    or their min."""
+    critic_data_division: Literal["group_response_split", "prompt_shard"] = "group_response_split"
+    """How each batch's rows are divided among several critics (critic.num_critics > 1), each training on its
+    share only: group_response_split gives every critic an equal share of each prompt's responses
+    (rollout.samples_per_prompt a multiple of num_critics); prompt_shard gives each critic whole prompts
+    (rollout.prompts_per_step a multiple of num_critics)."""
+    adv_mask_low_pct: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """AsyPPO's advantage mask, a fraction k: the advantages of the ceil(k * n) valid tokens of the batch
+    where the critics disagree least (lowest std of their values) become 0; needs critic.num_critics >= 2."""
+    entropy_filter_high_pct: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """AsyPPO's entropy filter, a fraction h: the ceil(h * n) valid tokens where the critics disagree most
+    leave the entropy term (entropy_coef); needs critic.num_critics >= 2."""
     old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
     """Where pi_old comes from: recompute with the trainer, or the sampler's log-probs; auto recomputes
     when there is more than one optimizer step per rollout batch (else the detached current ones serve)."""
@@ -456,6 +470,11 @@ class RLVRConfig(StrictModel):
     """TensorBoard, the metrics plot and the progress line."""
     sft_warmup: SFTConfig | None = None
     """Supervised steps before RL (teaches the answer format); None: RL from the start."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_sections(cls, data: object) -> object:
+        return expand_preset_sections(data)
 
     @model_validator(mode="after")
     def _one_source(self) -> RLVRConfig:

@@ -142,6 +142,11 @@ class CriticConfig(ForwardLevers):
     """The critic's learning rate schedule."""
     grad_clip: PositiveFloat | None = 1.0
     """Clip the critic's global gradient norm to this value; None: no clip."""
+    num_critics: PositiveInt = 1
+    """M critics (AsyPPO, arXiv 2510.01656): each its own model copy, optimizer and ranks (one per device of
+    ``devices``, the critics time-sharing them), trained on a disjoint share of every batch
+    (algorithm.critic_data_division). GAE uses their aggregated value (algorithm.value_aggregation); their
+    disagreement drives algorithm.adv_mask_low_pct and entropy_filter_high_pct. 1 is PPO's single critic."""
 
     @model_validator(mode="after")
     def _no_vocabulary(self) -> CriticConfig:

@@ -78,7 +78,9 @@ class PolicyLoss:
         if entropy is not None:
             entropy = where_valid(entropy, mask)
             if spec.entropy_coef > 0:
-                loss = loss - spec.entropy_coef * aggregate_loss(entropy, mask, spec.loss_agg, self.denom)
+                # AsyPPO's I^H takes tokens out of the bonus but not out of its denominator.
+                kept = entropy if batch.entropy_mask is None else entropy * batch.entropy_mask.to(dev)
+                loss = loss - spec.entropy_coef * aggregate_loss(kept, mask, spec.loss_agg, self.denom)
             metrics.add("entropy", float(masked_sum(entropy.detach(), mask)), tokens)
         self._metrics(batch, out, old, logprobs.detach(), mask, metrics)
         return loss

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre.config.load import ConfigError, apply_override, validate_config
-from gyre.config.presets import PRESETS
+from gyre.config.presets import PRESET_SECTIONS, PRESETS
 from gyre.config.report import resolved_yaml
 from gyre.config.schema import RLVRConfig
 from gyre.pipelines.checkpoint import ResumeError
@@ -58,6 +58,11 @@ def variant_config(base: RLVRConfig, variant: Variant, seed: int, steps: int, mo
     raw = base.model_dump(mode="json")
     raw.pop("sft_warmup", None)
     raw["algorithm"] = {"preset": variant.preset}
+    # Keys the variant's preset sets in other sections (asyppo: critic.num_critics) take the preset's value
+    # unless the base config wrote them; the dump above holds every default.
+    for section, knobs in PRESET_SECTIONS.get(variant.preset, {}).items():
+        for key in set(knobs) - getattr(base, section).model_fields_set:
+            raw[section].pop(key, None)
     if model != base.model.path:  # the warm start is a local directory: the Hub revision named the input
         raw["model"]["revision"] = None
     for item in [f"run.seed={seed}", f"run.steps={steps}", f"model.path={model}", f"run.output_dir={out}",

@@ -23,6 +23,7 @@ import torch
 
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator, outcome_token_rewards
 from gyre.algos.agentic import TurnBatch
+from gyre.algos.asyppo import aggregate_values, critic_rows, disagreement_masks
 from gyre.algos.kl import AdaptiveKLController, kl_penalized_rewards
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
 from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
@@ -113,8 +114,31 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
     batch.advantages = where_valid(adv, final)
     batch.response_mask = final
     batch.scores = rows.expand(scores)
+    if batch.critic_values is not None:
+        metrics.update(critic_disagreement(batch, a, layout, rows))
     metrics.update(_advantage_stats(batch.advantages, final))
     return metrics
+
+
+def critic_disagreement(batch: TrainBatch, a: AlgorithmConfig, layout: GroupLayout, rows: RowMap) -> dict:
+    """AsyPPO (several critics): rank the critics' disagreement over the tokens that train, zero the
+    advantages where they agree most (I^A), set ``batch.entropy_mask`` (I^H) and deal the rows to the
+    critics (``batch.critic_index``). The masks come after whitening, so masked advantages stay 0."""
+    values = batch.critic_values
+    _, sigma = aggregate_values(values.transpose(0, 1), a.value_aggregation)
+    valid = batch.response_mask
+    masks = disagreement_masks(sigma, valid, a.adv_mask_low_pct, a.entropy_filter_high_pct)
+    batch.advantages = batch.advantages * masks.advantage
+    batch.entropy_mask = masks.entropy
+    group_of = layout.group_index()
+    row_groups = torch.tensor([int(group_of[e]) if e >= 0 else -1 for e in rows.trajectory])
+    owners = critic_rows(row_groups, values.shape[1], a.critic_data_division)
+    batch.critic_index = torch.empty(len(batch), dtype=torch.long)
+    for m, owned in enumerate(owners):
+        batch.critic_index[owned] = m
+    return {"asyppo/sigma_mean": float(masked_mean(sigma, valid)),
+            "asyppo/adv_masked_frac": float(masked_mean(1 - masks.advantage, valid)),
+            "asyppo/entropy_filtered_frac": float(masked_mean(1 - masks.entropy, valid))}
 
 
 def _model_lengths(trajectories: list[Trajectory]) -> torch.Tensor:

@@ -6,6 +6,7 @@ Layout under ``<output_dir>/checkpoints``::
         policy/             model + optimizer (torch.distributed.checkpoint, one shard file per rank)
                             and each rank's LR schedule and RNG state
         critic/             the same for the critic, when the algorithm has one
+        critic.0/ ...       the same for each of several critics (critic.num_critics > 1), instead
         driver.json         step, data position, weight version, config fingerprint, run id
     latest                  name of the newest complete checkpoint
 

@@ -152,9 +152,9 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
             _sft_warmup(cfg, plan, roles, data, logger)
         p = cfg.policy
         roles.policy.call("configure_optimizer", p.optimizer, p.scheduler, plan.total_optimizer_steps, p.grad_clip)
-        if roles.critic is not None:
-            c = cfg.critic
-            roles.critic.call("configure_optimizer", c.optimizer, c.scheduler, plan.total_optimizer_steps, c.grad_clip)
+        c = cfg.critic
+        for critic in roles.critics:
+            critic.call("configure_optimizer", c.optimizer, c.scheduler, plan.total_optimizer_steps, c.grad_clip)
         pipeline = RLVRPipeline(cfg, plan, roles, data, logger, checkpoints)
         pipeline.recoveries = recoveries
         summary = pipeline.run(resume_from=latest, echo=echo)

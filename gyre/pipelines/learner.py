@@ -8,12 +8,14 @@ same ones, with global loss denominators (the result does not depend on the numb
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from gyre.algos.aggregation import denominator_for
+from gyre.algos.asyppo import aggregate_values
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, split_for_ranks
@@ -28,7 +30,9 @@ class Learner:
         pipeline carries the rollout on meanwhile); the results are then gathered with their deadline."""
         self.cfg, self.plan = cfg, plan
         self.wait = wait
-        self.policy, self.reference, self.critic = roles.policy, roles.reference, roles.critic
+        self.policy, self.reference = roles.policy, roles.reference
+        self.critics = dict(zip(plan.critic_roles, roles.critics, strict=True))
+        """The critic role groups by role name: none, PPO's one, or AsyPPO's several."""
         self.timeshare = roles.timeshare
         self.hybrid = roles.hybrid
         # Trainer log-probs use the sampling temperature (validated > 0 for training).
@@ -46,13 +50,20 @@ class Learner:
         elif self.reference is not None:
             self.timeshare.activate("reference")
             batch.ref_logprobs = self._forward(self.reference, "compute_logprobs", batch, self.temperature)
-        if self.critic is not None:
-            self.timeshare.activate("critic")
-            batch.values = self._forward(self.critic, "compute_values", batch)
+        values = []
+        for name, critic in self.critics.items():
+            self.timeshare.activate(name)
+            values.append(self._forward(critic, "compute_values", batch))
+        if len(values) == 1:
+            batch.values = values[0]
+        elif values:  # AsyPPO: GAE on the critics' aggregate; the advantage stage ranks their disagreement
+            batch.critic_values = torch.stack(values, dim=1)
+            how = self.cfg.algorithm.value_aggregation
+            batch.values, _ = aggregate_values(batch.critic_values.transpose(0, 1), how)
 
     def _forward(self, group, method: str, batch: TrainBatch, *args) -> torch.Tensor:
         # Trainer ranks (FSDP2 collectives) need equal shards; reference workers do not.
-        equal = group is self.policy or group is self.critic
+        equal = group is self.policy or any(group is c for c in self.critics.values())
         shards, index = split_for_ranks(batch, len(group), equal=equal)
         parts = self._call_each(group, method, [(shard, *args) for shard in shards])
         return gather_rows(parts, index, len(batch))
@@ -90,6 +101,7 @@ class Learner:
 
     def _train_policy(self, batch: TrainBatch, step: int) -> dict:
         self.timeshare.activate("policy")
+        batch = dataclasses.replace(batch, critic_values=None)  # the critics' business, not the policy's
         per_rank, denoms = self.minibatches(batch, step, self.plan.dp_size)
         a = self.cfg.algorithm
         old_source = "recomputed" if self.plan.recompute_old_logprobs else (
@@ -99,13 +111,27 @@ class Learner:
         return TrainStepResult.summarize(results)
 
     def _train_critic(self, batch: TrainBatch, step: int) -> dict:
-        if self.critic is None:
-            return {}
-        self.timeshare.activate("critic")
+        if len(self.critics) == 1:
+            return self._train_one_critic("critic", batch, step)
+        metrics: dict[str, float] = {}
+        for m, name in enumerate(self.critics):  # AsyPPO: critic m trains on its share alone, on its own values
+            rows = (batch.critic_index == m).nonzero().squeeze(1)
+            share = select_rows(batch, rows)
+            share = dataclasses.replace(share, values=share.critic_values[:, m], critic_values=None)
+            out = self._train_one_critic(name, share, step)
+            metrics.update({k.replace("critic/", f"critic/{m}/", 1): v for k, v in out.items()})
+        if metrics:
+            metrics["critic/value_loss"] = sum(metrics[f"critic/{m}/value_loss"]
+                                               for m in range(len(self.critics))) / len(self.critics)
+        return metrics
+
+    def _train_one_critic(self, name: str, batch: TrainBatch, step: int) -> dict:
+        """One critic role's optimizer steps on ``batch``; its metrics under critic/."""
+        self.timeshare.activate(name)
         per_rank, denoms = self.minibatches(batch, step, self.plan.critic_dp_size)
         a = self.cfg.algorithm
-        results = self._call_each(self.critic, "train", [(shards, denoms, a.value_clip, a.loss_agg)
-                                                         for shards in per_rank])
+        results = self._call_each(self.critics[name], "train", [(shards, denoms, a.value_clip, a.loss_agg)
+                                                                for shards in per_rank])
         out = TrainStepResult.summarize(results)
         return {**{k: v for k, v in out.items() if k.startswith("critic/")}, "critic/grad_norm": out["grad_norm"],
                 "critic/lr": out["lr"]}
@@ -121,15 +147,15 @@ class Learner:
     def save(self, directory: Path) -> None:
         """Trainer states (weights, optimizer, scheduler, RNG) of the policy and the critic under ``directory``."""
         self.policy.call("save_checkpoint", str(directory / "policy"))
-        if self.critic is not None:
-            (directory / "critic").mkdir()
-            self.critic.call("save_checkpoint", str(directory / "critic"))
+        for name, critic in self.critics.items():  # critic/, or critic.0/ ... for several
+            (directory / name).mkdir()
+            critic.call("save_checkpoint", str(directory / name))
 
     def restore(self, directory: Path) -> None:
         self._check_lora_checkpoint(directory / "policy")
         self.policy.call("load_checkpoint", str(directory / "policy"))
-        if self.critic is not None:
-            self.critic.call("load_checkpoint", str(directory / "critic"))
+        for name, critic in self.critics.items():
+            critic.call("load_checkpoint", str(directory / name))
 
     def save_model(self, directory: Path | None, tokenizer_path: str, dtype: str,
                    adapter_directory: Path | None = None) -> None:

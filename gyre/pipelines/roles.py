@@ -32,7 +32,8 @@ class Roles:
     reward: dict[str, RoleGroup]
     """The reward workers of each domain (function workers, a judge or a reward model)."""
     reference: RoleGroup | None
-    critic: RoleGroup | None
+    critics: tuple[RoleGroup, ...]
+    """The critic role groups, named as ``RunPlan.critic_roles``: none, PPO's one, or AsyPPO's several."""
     timeshare: TimeShare
     placement: Placement
     watchdog: Watchdog
@@ -54,7 +55,7 @@ class Roles:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
-        groups = (self.policy, self.rollout, self.reference, self.critic, self.envs, *self.reward.values())
+        groups = (self.policy, self.rollout, self.reference, *self.critics, self.envs, *self.reward.values())
         for group in {id(g): g for g in groups if g is not None}.values():
             group.kill()
         remove_placement_group(self.placement.group)
@@ -102,22 +103,20 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
             (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size,
              off, m.attn_implementation, cfg.reference.levers), {}))
         made.append(reference)
-    critic = _build_critic(cfg, plan, placement, made) if plan.use_critic else None
+    critics = _build_critics(cfg, plan, placement, made)
     reward = _build_rewards(cfg, plan, placement, made) if cfg.env is None else {}
     envs = _build_envs(cfg, made) if cfg.env is not None else None
     for group in made:
         group.watchdog = watchdog
-    for trainer in (policy, critic):
-        if trainer is not None:
-            connect_trainer(trainer)
+    for trainer in (policy, *critics):
+        connect_trainer(trainer)
     groups = {"policy": policy} if hybrid else {"policy": policy, "rollout": rollout}
     if reference is not None:
         groups["reference"] = reference
-    if critic is not None:
-        groups["critic"] = critic
+    groups.update(zip(plan.critic_roles, critics, strict=True))
     # Trainer roles load onto their devices at setup; the others start offloaded when the plan offloads.
-    resident = {"policy", "critic"} & set(groups) if off else set(groups)
-    return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement, watchdog,
+    resident = {"policy", *plan.critic_roles} & set(groups) if off else set(groups)
+    return Roles(policy, rollout, reward, reference, critics, TimeShare(plan, groups, resident), placement, watchdog,
                  envs)
 
 
@@ -182,16 +181,23 @@ def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: l
     return groups
 
 
-def _build_critic(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> RoleGroup:
+def _build_critics(cfg: RLVRConfig, plan: RunPlan, placement: Placement,
+                   made: list[RoleGroup]) -> tuple[RoleGroup, ...]:
+    """One role group per critic of the plan, each its own model copy and ranks; critic m's value head is
+    seeded apart from the others' (m = 0 as PPO's one critic), so critics differ from the start."""
     m, c = cfg.model, cfg.critic
     spec = TrainerSpec(model_path=c.model_path or m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                        gradient_checkpointing=m.gradient_checkpointing, strategy=c.strategy,
                        micro_batch_size=c.micro_batch_size, head="value", attn_implementation=m.attn_implementation,
                        levers=c.levers)
-    critic = RoleGroup.create("critic", CriticWorker, placement, lambda r: (
-        (r, plan.critic_dp_size, spec, plan.device_kind, plan.threads_per_worker, cfg.run.seed + 7919), {}))
-    made.append(critic)
-    return critic
+    critics = []
+    for index, name in enumerate(plan.critic_roles):
+        seed = cfg.run.seed + 7919 * (index + 1)
+        critic = RoleGroup.create(name, CriticWorker, placement, lambda r, s=seed: (
+            (r, plan.critic_dp_size, spec, plan.device_kind, plan.threads_per_worker, s), {}))
+        made.append(critic)
+        critics.append(critic)
+    return tuple(critics)
 
 
 def reward_scorers(cfg: RLVRConfig, groups: dict[str, RoleGroup]) -> dict:

@@ -31,6 +31,17 @@ def test_the_reinforce_pp_presets_are_ablation_variants(tmp_path, preset):
     assert cfg.algorithm.whiten_advantages and cfg.algorithm.norm_std == "none" and cfg.algorithm.kl_reward_coef > 0
 
 
+def test_asyppo_variant_gets_its_two_critics_unless_the_base_sets_them(tmp_path):
+    base = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]"])
+    cfg = variant_config(base, Variant.parse("asyppo"), seed=0, steps=5, model="m", out=tmp_path / "a")
+    assert cfg.algorithm.preset == "asyppo" and cfg.critic.num_critics == 2 and cfg.algorithm.adv_mask_low_pct == 0.2
+    base = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", "critic.num_critics=4"])
+    cfg = variant_config(base, Variant.parse("asyppo"), seed=0, steps=5, model="m", out=tmp_path / "b")
+    assert cfg.critic.num_critics == 4
+    grpo = variant_config(base, Variant.parse("grpo"), seed=0, steps=5, model="m", out=tmp_path / "c")
+    assert grpo.critic.num_critics == 4  # kept as written (it has no effect without a critic)
+
+
 def test_summary_table():
     results = [RunResult("grpo", 0, [(0, 0.1), (10, 0.5)], 1.0), RunResult("grpo", 1, [(0, 0.1), (10, 0.7)], 1.0)]
     table = summary_table(results)
