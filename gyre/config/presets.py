@@ -18,6 +18,10 @@ any key written next to ``preset`` wins over the preset's value. Sources, with t
 - gspo: GSPO (arXiv 2507.18071): sequence-level ratio with the paper's clip range 3e-4 / 4e-4.
 - cispo: MiniMax-M1 (arXiv 2506.13585) with ROLL's bounds 0.1 / 0.1 and GRPO advantages.
 - topr: TOPR (arXiv 2503.14286) on group-mean-centred rewards.
+- opd: pure on-policy distillation (ROLL ``is_pure_opd``; Agarwal et al., GKD, arXiv 2306.13649; Thinking
+  Machines, "On-Policy Distillation", 2025): each token's advantage is -(log pi_student - log pi_teacher)
+  of its sampled token, discount 0, no task reward, no baseline; PPO clip without dual clip, token-mean.
+  The teacher's model is ``teacher.model_path``.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ PRESETS: dict[str, dict[str, Any]] = {
               "cispo_low": 0.1, "cispo_high": 0.1, "loss_agg": "token-mean"},
     "topr": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "none", "policy_loss": "topr",
              "topr_positive_weight": 1.0, "topr_negative_weight": 1.0, "loss_agg": "token-mean"},
+    "opd": {"estimator": "reinforce", "norm_mean": "none", "norm_std": "none", "gamma": 0.0, "policy_loss": "ppo",
+            "dual_clip_c": None, "loss_agg": "token-mean", "distill_coef": 1.0, "distill_mode": "pure"},
 }
 
 
@@ -104,6 +110,22 @@ def algorithm_problems(a) -> list[str]:
         for knob in a.needs_trainer_old_logprobs:
             problems.append(f"{knob} compares the trainer's pi_old with the sampler's log-probs, so pi_old cannot "
                             "be the sampler's; set algorithm.old_logprobs=auto or recompute")
+    problems += _distill_problems(a)
     if a.difficulty_mask is not None and a.difficulty_mask[0] >= a.difficulty_mask[1]:
         problems.append(f"algorithm.difficulty_mask {list(a.difficulty_mask)} keeps nothing: low must be < high")
+    return problems
+
+
+def _distill_problems(a) -> list[str]:
+    """Pure distillation replaces the advantages, so knobs that only shape them would be ignored silently."""
+    if a.distill_mode != "pure" or a.distill_coef == 0:
+        return []
+    problems = []
+    if a.uses_critic or a.uses_turns:
+        problems.append(f"algorithm.distill_mode=pure makes each token's advantage the teacher's signal alone, so "
+                        f"estimator={a.estimator} would compute advantages that are thrown away; use "
+                        "estimator=reinforce, or distill_mode=advantage to add the signal to its advantages")
+    if a.kl_reward_coef > 0:
+        problems.append("algorithm.distill_mode=pure does not use the token rewards, so kl_reward_coef has no "
+                        "effect; set it to 0 (kl_loss_coef keeps a KL term to the reference)")
     return problems

@@ -53,6 +53,7 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         + (f", after an SFT warm-up of {plan.sft_length or f'{plan.sft_steps} steps'}" if plan.sft_steps else ""),
         f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
         f"  reference model      {_reference(plan)}",
+        f"  teacher model        {_teacher(cfg, plan)}",
         f"  critic               {f'{plan.critic_dp_size} rank(s)' if plan.use_critic else 'no'}",
     ]
     if cfg.policy.lora is not None:
@@ -86,6 +87,14 @@ def _reference(plan: RunPlan) -> str:
     return "the base model: LoRA adapters off, on the policy ranks" if plan.reference_on_policy else "yes"
 
 
+def _teacher(cfg: RLVRConfig, plan: RunPlan) -> str:
+    if not plan.use_teacher:
+        return "no (no distillation)"
+    a = cfg.algorithm
+    return (f"{cfg.teacher.model_path}, on devices {list(cfg.teacher.devices)}; distill_mode {a.distill_mode}, "
+            f"distill_coef {a.distill_coef:g}")
+
+
 def _lora_line(cfg: RLVRConfig) -> str:
     """LoRA's shape and what it trains, counted on the model's architecture (no weight is loaded) once
     model.path is a local model directory (pre-flight resolves it)."""
@@ -117,6 +126,8 @@ def _memory_lines(cfg: RLVRConfig, plan: RunPlan) -> list[str]:
     roles = [("policy", cfg.policy, True, checkpointing)]
     if plan.use_reference:
         roles.append(("reference", cfg.reference, True, ""))
+    if plan.use_teacher:
+        roles.append(("teacher", cfg.teacher, True, ""))
     if plan.use_critic:
         roles.append(("critic", cfg.critic, False, checkpointing))
     return [f"  {f'memory ({name})':<20} {section.levers.describe(section.micro_batch_size, logprobs)}{extra}"

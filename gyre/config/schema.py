@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator
 from gyre.algos.agentic import TurnSpec
+from gyre.algos.distill import DistillMode
 from gyre.algos.policy_loss import POLICY_LOSSES, OldSource, PolicyLossSpec, PolicyLossVariant
 from gyre.config.base import (
     DeviceList,
@@ -38,6 +39,7 @@ from gyre.config.train_schema import (  # noqa: F401 - the trainer sections, imp
     ReferenceConfig,
     SchedulerConfig,
     SFTConfig,
+    TeacherConfig,
 )
 
 
@@ -250,7 +252,7 @@ class AlgorithmConfig(PolicyLossKnobs):
     kl_loss_estimator, entropy_coef) come from ``PolicyLossKnobs``."""
 
     preset: str | None = None
-    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr."""
+    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr, opd."""
     # ---- advantages -------------------------------------------------------------------------
     estimator: Literal[ESTIMATORS.names] = "reinforce"
     """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
@@ -295,6 +297,16 @@ class AlgorithmConfig(PolicyLossKnobs):
     kl_target: PositiveFloat | None = None
     """Adaptive KL coefficient (arXiv 1909.08593) aiming at this per-token KL; None keeps it fixed."""
     kl_horizon: PositiveInt = 10000
+    # ---- on-policy distillation (gyre.algos.distill) --------------------------------------
+    distill_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Weight of the per-token reverse KL to the teacher (ROLL ``opd_kl_coef``); > 0 creates the teacher role
+    (the ``teacher`` section names its model)."""
+    distill_mode: DistillMode = "advantage"
+    """pure: each token's advantage is -distill_coef * (log pi_student - log pi_teacher) of its sampled token
+    and the task reward is unused (ROLL ``is_pure_opd``; the opd preset). advantage: that term is added to
+    the RL advantage after the estimator, before whitening (ROLL ``use_opd``). loss: the RL advantage is
+    left alone and distill_coef * 1/2 (log pi_theta - log pi_teacher)^2 joins the loss, whose gradient is
+    the reverse-KL gradient on the student's samples."""
     # ---- masks and shaping ------------------------------------------------------------------
     overlong_mask: bool = False
     """Truncated responses (hit max_new_tokens) leave the loss (DAPO overlong filtering)."""
@@ -352,7 +364,13 @@ class AlgorithmConfig(PolicyLossKnobs):
     def loss_spec(self, temperature: float, old_source: OldSource) -> PolicyLossSpec:
         """The loss spec trainers get: this section's policy-loss keys by name, and the run's values."""
         return PolicyLossSpec(temperature=temperature, old_source=old_source,
+                              distill_loss_coef=self.distill_coef if self.distill_mode == "loss" else 0.0,
                               **{name: getattr(self, name) for name in PolicyLossKnobs.model_fields})
+
+    @property
+    def uses_teacher(self) -> bool:
+        """On-policy distillation: a teacher role scores every batch."""
+        return self.distill_coef > 0
 
     @property
     def uses_reference(self) -> bool:
@@ -421,6 +439,8 @@ class RLVRConfig(StrictModel):
     """Advantage estimator, policy loss, KL and masks (or a preset)."""
     reference: ReferenceConfig = ReferenceConfig()
     """The KL reference model's placement (used only when a KL term asks for it)."""
+    teacher: TeacherConfig = TeacherConfig()
+    """The teacher model of on-policy distillation (used only when algorithm.distill_coef > 0)."""
     critic: CriticConfig = CriticConfig()
     """The value model's placement and optimizer (used only by critic estimators such as gae)."""
     reward: RewardConfig = RewardConfig()

@@ -29,6 +29,7 @@ class Learner:
         self.cfg, self.plan = cfg, plan
         self.wait = wait
         self.policy, self.reference, self.critic = roles.policy, roles.reference, roles.critic
+        self.teacher = roles.teacher
         self.timeshare = roles.timeshare
         self.hybrid = roles.hybrid
         # Trainer log-probs use the sampling temperature (validated > 0 for training).
@@ -36,7 +37,8 @@ class Learner:
 
     # ---- scoring ----------------------------------------------------------------------------------
     def score(self, batch: TrainBatch) -> None:
-        """What the advantage stage and the losses need besides the samples: pi_old, pi_ref, values."""
+        """What the advantage stage and the losses need besides the samples: pi_old, pi_ref, the teacher's
+        log-probs, values."""
         if self.plan.recompute_old_logprobs:
             self.timeshare.activate("policy")
             batch.old_logprobs = self._forward(self.policy, "compute_logprobs", batch, self.temperature)
@@ -46,6 +48,9 @@ class Learner:
         elif self.reference is not None:
             self.timeshare.activate("reference")
             batch.ref_logprobs = self._forward(self.reference, "compute_logprobs", batch, self.temperature)
+        if self.teacher is not None:  # on-policy distillation: the teacher scores the student's tokens
+            self.timeshare.activate("teacher")
+            batch.teacher_logprobs = self._forward(self.teacher, "compute_logprobs", batch, self.temperature)
         if self.critic is not None:
             self.timeshare.activate("critic")
             batch.values = self._forward(self.critic, "compute_values", batch)

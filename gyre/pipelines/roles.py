@@ -39,6 +39,8 @@ class Roles:
     """Deadlines of every role call of the run (shared by the groups)."""
     envs: RoleGroup | None = None
     """Environment workers of an agentic run (CPU-only, placed anywhere)."""
+    teacher: RoleGroup | None = None
+    """The on-policy distillation teacher (reference workers on teacher.model_path)."""
 
     @property
     def hybrid(self) -> bool:
@@ -54,7 +56,8 @@ class Roles:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
-        groups = (self.policy, self.rollout, self.reference, self.critic, self.envs, *self.reward.values())
+        groups = (self.policy, self.rollout, self.reference, self.critic, self.envs, self.teacher,
+                  *self.reward.values())
         for group in {id(g): g for g in groups if g is not None}.values():
             group.kill()
         remove_placement_group(self.placement.group)
@@ -102,6 +105,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
             (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size,
              off, m.attn_implementation, cfg.reference.levers), {}))
         made.append(reference)
+    teacher = _build_teacher(cfg, plan, placement, made) if plan.use_teacher else None
     critic = _build_critic(cfg, plan, placement, made) if plan.use_critic else None
     reward = _build_rewards(cfg, plan, placement, made) if cfg.env is None else {}
     envs = _build_envs(cfg, made) if cfg.env is not None else None
@@ -115,10 +119,12 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
         groups["reference"] = reference
     if critic is not None:
         groups["critic"] = critic
+    if teacher is not None:
+        groups["teacher"] = teacher
     # Trainer roles load onto their devices at setup; the others start offloaded when the plan offloads.
     resident = {"policy", "critic"} & set(groups) if off else set(groups)
     return Roles(policy, rollout, reward, reference, critic, TimeShare(plan, groups, resident), placement, watchdog,
-                 envs)
+                 envs, teacher)
 
 
 def policy_trainer_spec(m: ModelConfig, strategy: str, micro_batch_size: int, lora=None, seed: int = 0,
@@ -180,6 +186,16 @@ def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: l
         made.append(group)
         groups[name] = group
     return groups
+
+
+def _build_teacher(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> RoleGroup:
+    """Reference workers on the teacher's model: frozen log-probs, offloaded like the reference."""
+    m, t = cfg.model, cfg.teacher
+    teacher = RoleGroup.create("teacher", ReferenceWorker, placement, lambda r: (
+        (r, t.model_path, m.dtype, m.trust_remote_code, plan.device_kind, plan.threads_per_worker,
+         t.micro_batch_size, plan.offload, m.attn_implementation, t.levers), {}))
+    made.append(teacher)
+    return teacher
 
 
 def _build_critic(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> RoleGroup:
