@@ -312,6 +312,15 @@ def _check_turns(cfg: RLVRConfig, notes: list[str]) -> None:
 
 def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> None:
     a = cfg.algorithm
+    credit = a.credit_spec
+    if credit.strategy != "none":
+        how = {"random": "a random share of tokens (the paper's baseline)",
+               "entropy": "the highest-entropy tokens, from one more forward of the policy per step",
+               }.get(credit.strategy, f"the policy's attention in {credit.layers} middle-third layers, from one more "
+                                      "forward of the policy per step with eager attention (the maps exist only "
+                                      "there; bench/attention_credit.py measures the cost)")
+        notes.append(f"attention-based credit ({credit.strategy}): non-negative advantages of the top "
+                     f"{credit.top_q:.0%} tokens of each response are scaled by {credit.gamma_amp:g}, chosen by {how}")
     if "distill_mode" in a.model_fields_set and not a.uses_teacher:
         notes.append("algorithm.distill_mode: no effect, algorithm.distill_coef is 0 (no teacher)")
     gigpo_keys = sorted(k for k in a.model_fields_set if k.startswith("gigpo_"))

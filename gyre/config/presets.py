@@ -111,6 +111,9 @@ def algorithm_problems(a) -> list[str]:
             problems.append(f"{knob} compares the trainer's pi_old with the sampler's log-probs, so pi_old cannot "
                             "be the sampler's; set algorithm.old_logprobs=auto or recompute")
     problems += _distill_problems(a)
+    if a.credit.fai_far < a.credit.fai_near:
+        problems.append(f"algorithm.credit.fai_far={a.credit.fai_far} < fai_near={a.credit.fai_near}: FAI would "
+                        "average over no tokens; fai_far must be >= fai_near")
     if a.difficulty_mask is not None and a.difficulty_mask[0] >= a.difficulty_mask[1]:
         problems.append(f"algorithm.difficulty_mask {list(a.difficulty_mask)} keeps nothing: low must be < high")
     return problems

@@ -60,7 +60,9 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         lines.append(_lora_line(cfg))
     a = cfg.algorithm
     lines.append(f"  advantages           {a.estimator}, rewards normalised by mean {a.norm_mean} / std {a.norm_std}"
-                 + (", whitened" if a.whiten_advantages else ""))
+                 + (", whitened" if a.whiten_advantages else "")
+                 + (f"; credit {a.credit.strategy} (gamma {a.credit.gamma_amp:g} on the top {a.credit.top_q:.0%})"
+                    if a.credit.strategy != "none" else ""))
     lines.append(f"  policy loss          {a.policy_loss} ({a.ratio_level} ratio), aggregated {a.loss_agg}"
                  + (f" / {plan.loss_agg_norm}" if plan.loss_agg_norm else ""))
     if plan.overlong_cache_tokens:

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator
 from gyre.algos.agentic import TurnSpec
+from gyre.algos.attention_credit import CreditSpec
 from gyre.algos.distill import DistillMode
 from gyre.algos.policy_loss import POLICY_LOSSES, OldSource, PolicyLossSpec, PolicyLossVariant
 from gyre.config.base import (
@@ -245,6 +246,12 @@ PolicyLossKnobs = section_from_spec(
     (declared and documented there), checked here; ``AlgorithmConfig.loss_spec`` builds the spec back.""")
 
 
+CreditKnobs = section_from_spec(
+    CreditSpec, "CreditKnobs", __name__,
+    """Attention-based credit (arXiv 2510.13554): the fields of ``gyre.algos.attention_credit.CreditSpec``
+    (declared and documented there; tau_waad, tau_delta and alpha are unpublished, gyre's defaults).""")
+
+
 class AlgorithmConfig(PolicyLossKnobs):
     """Advantage estimation, policy loss, aggregation, KL and masks. ``preset`` (or ``algorithm: NAME``)
     fills these knobs from ``gyre.config.presets``; keys written here override the preset's values.
@@ -316,6 +323,10 @@ class AlgorithmConfig(PolicyLossKnobs):
     """(low, high): keep a prompt's group only if low < mean reward < high; (0, 1) drops groups with no
     reward variance (DAPO's dynamic-sampling filter)."""
     mismatch: MismatchConfig = MismatchConfig()
+    credit: CreditKnobs = CreditKnobs()
+    """Attention-based credit: non-negative advantages of selected tokens scaled by gamma_amp, the tokens
+    chosen from the policy's own attention (local_chunk, global_anchor, coupled: an extra eager-attention
+    forward of the policy per step), its entropy, or at random; strategy none (the default) turns it off."""
     # ---- critic (estimator gae) -------------------------------------------------------------
     value_clip: PositiveFloat | None = None
     critic_warmup: NonNegInt = 0
@@ -366,6 +377,11 @@ class AlgorithmConfig(PolicyLossKnobs):
         return PolicyLossSpec(temperature=temperature, old_source=old_source,
                               distill_loss_coef=self.distill_coef if self.distill_mode == "loss" else 0.0,
                               **{name: getattr(self, name) for name in PolicyLossKnobs.model_fields})
+
+    @property
+    def credit_spec(self) -> CreditSpec:
+        """The attention-credit knobs as the trainer and the advantage stage take them."""
+        return CreditSpec(**self.credit.model_dump())
 
     @property
     def uses_teacher(self) -> bool:

@@ -21,6 +21,7 @@ import torch
 
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator, outcome_token_rewards
 from gyre.algos.agentic import TurnBatch
+from gyre.algos.attention_credit import apply_credit
 from gyre.algos.distill import distill_advantages, reverse_kl_tokens
 from gyre.algos.kl import AdaptiveKLController, kl_penalized_rewards
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
@@ -111,6 +112,9 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
         adv = masked_whiten(adv, final)
     if a.advantage_clip is not None:
         adv = adv.clamp(-a.advantage_clip, a.advantage_clip)
+    if batch.credit_scales is not None:  # attention-based credit scales the final non-negative advantages
+        adv = apply_credit(adv, batch.credit_scales)
+        metrics["credit/amplified_frac"] = float(masked_mean((batch.credit_scales != 1).float(), final))
     batch.advantages = adv * final
     batch.response_mask = final
     batch.scores = rows.expand(scores)

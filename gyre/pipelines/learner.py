@@ -48,12 +48,26 @@ class Learner:
         elif self.reference is not None:
             self.timeshare.activate("reference")
             batch.ref_logprobs = self._forward(self.reference, "compute_logprobs", batch, self.temperature)
+        credit = self.cfg.algorithm.credit_spec
+        if credit.strategy != "none":
+            batch.credit_scales = self._credit_scales(batch, credit)
         if self.teacher is not None:  # on-policy distillation: the teacher scores the student's tokens
             self.timeshare.activate("teacher")
             batch.teacher_logprobs = self._forward(self.teacher, "compute_logprobs", batch, self.temperature)
         if self.critic is not None:
             self.timeshare.activate("critic")
             batch.values = self._forward(self.critic, "compute_values", batch)
+
+    def _credit_scales(self, batch: TrainBatch, spec) -> torch.Tensor:
+        """Attention-based credit's gamma [B, L]: the random baseline here (seeded by the run and the batch's
+        tokens, so a run repeats), the others from an extra pass of the policy over the batch."""
+        if spec.strategy == "random":
+            from gyre.algos.attention_credit import random_scales
+
+            seed = derive_seed(self.cfg.run.seed, "credit", int(batch.input_ids.sum()))
+            return random_scales(batch.response_mask, spec, torch.Generator().manual_seed(seed))
+        self.timeshare.activate("policy")
+        return self._forward(self.policy, "compute_credit_scales", batch, spec, self.temperature)
 
     def _forward(self, group, method: str, batch: TrainBatch, *args) -> torch.Tensor:
         # Trainer ranks (FSDP2 collectives) need equal shards; reference workers do not.
