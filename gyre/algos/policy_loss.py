@@ -426,3 +426,6 @@ class PolicyLossSpec:
     old_source: OldSource = run_field("recomputed", "the run plan")
     """Where pi_old comes from: "recomputed" (batch.old_logprobs), "rollout" (the sampler's log-probs) or
     "current" (the detached current log-probs)."""
+    distill_loss_coef: float = run_field(0.0, "algorithm.distill_coef under distill_mode loss")
+    """Weight of the on-policy distillation loss term 1/2 (log pi_theta - log pi_teacher)^2
+    (``gyre.algos.distill``); 0: none."""

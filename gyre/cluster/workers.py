@@ -167,6 +167,10 @@ class PolicyWorker(TrainerRank, EngineHost):
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.backend.compute_logprobs(shard, temperature)
 
+    def compute_credit_scales(self, shard: TrainBatch, spec, temperature: float) -> torch.Tensor:
+        """Attention-based credit: each response token's scale gamma from the policy's own attention."""
+        return self.backend.compute_credit_scales(shard, spec, temperature)
+
     def compute_ref_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         """LoRA: the KL reference's log-probs, under the base model (the adapters switched off)."""
         return self.backend.compute_logprobs(shard, temperature, adapter=False)

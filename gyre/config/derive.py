@@ -67,6 +67,8 @@ class RunPlan:
     """How the warm-up's steps were derived from sft_warmup.epochs (empty for a step count)."""
     critic_roles: tuple[str, ...] = ()
     """The critics' role names in ``roles``: critic (PPO), or critic.0 ... critic.M-1 (critic.num_critics = M)."""
+    use_teacher: bool = False
+    """On-policy distillation (algorithm.distill_coef > 0): a teacher role scores every batch."""
 
     def with_warmup(self, sft: SFTConfig | None, examples: int) -> RunPlan:
         """This plan with the SFT warm-up's steps over its ``examples`` loaded examples."""
@@ -125,6 +127,9 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     critics = critic_role_names(cfg.critic.num_critics) if use_critic else ()
     for name in critics:
         roles[name] = cfg.critic.devices
+    if a.uses_teacher:
+        roles["teacher"] = cfg.teacher.devices
+        notes.append(_teacher_note(cfg))
     roles.update(_reward_model_roles(cfg, device_kind, notes))
     _note_judge_budgets(cfg, notes)
     if num_devices is not None:
@@ -178,7 +183,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         if cfg.env is None else math.ceil(cfg.env.workers * cfg.env.worker_cpus),
         critic_dp_size=len(cfg.critic.devices) if use_critic else 0,
         loss_agg_norm=agg_norm, overlong_cache_tokens=cache, threads_per_worker=cfg.cluster.threads_per_slot,
-        sft_steps=sft_steps, critic_roles=critics,
+        sft_steps=sft_steps, critic_roles=critics, use_teacher=a.uses_teacher,
         notes=notes)
 
 
@@ -224,6 +229,21 @@ def _reference_note(cfg: RLVRConfig) -> str:
     unused = " (the reference section has no effect)" if cfg.reference.model_fields_set else ""
     return (f"{kl}: with policy.lora the reference is the policy's base model, its adapters switched off, scored "
             f"by the policy ranks: no reference role, no second copy of the model{unused}")
+
+
+def _teacher_note(cfg: RLVRConfig) -> str:
+    """The teacher needs a model; say what its signal does (ConfigError without a model)."""
+    a = cfg.algorithm
+    if cfg.teacher.model_path is None:
+        raise ConfigError(f"algorithm.distill_coef={a.distill_coef:g} distils from a teacher model, but "
+                          "teacher.model_path is not set: name the teacher's model directory (or cached Hub id), "
+                          "one that uses the student's tokenizer; or set algorithm.distill_coef=0")
+    c, d = f"{a.distill_coef:g}", "(log pi_student - log pi_teacher)"
+    what = {"pure": f"each token's advantage is -{c} x {d} (the task reward is not used)",
+            "advantage": f"-{c} x {d} is added to each token's RL advantage",
+            "loss": f"{c} x 1/2 {d}^2 joins the loss (its gradient is the reverse KL's)"}
+    return (f"on-policy distillation ({a.distill_mode}): {what[a.distill_mode]}; a teacher role is created on "
+            f"devices {list(cfg.teacher.devices)}")
 
 
 def _reward_model_roles(cfg: RLVRConfig, device_kind: str, notes: list[str]) -> dict[str, tuple[int, ...]]:
@@ -330,6 +350,17 @@ def _check_turns(cfg: RLVRConfig, notes: list[str]) -> None:
 
 def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> None:
     a = cfg.algorithm
+    credit = a.credit_spec
+    if credit.strategy != "none":
+        how = {"random": "a random share of tokens (the paper's baseline)",
+               "entropy": "the highest-entropy tokens, from one more forward of the policy per step",
+               }.get(credit.strategy, f"the policy's attention in {credit.layers} middle-third layers, from one more "
+                                      "forward of the policy per step with eager attention (the maps exist only "
+                                      "there; bench/attention_credit.py measures the cost)")
+        notes.append(f"attention-based credit ({credit.strategy}): non-negative advantages of the top "
+                     f"{credit.top_q:.0%} tokens of each response are scaled by {credit.gamma_amp:g}, chosen by {how}")
+    if "distill_mode" in a.model_fields_set and not a.uses_teacher:
+        notes.append("algorithm.distill_mode: no effect, algorithm.distill_coef is 0 (no teacher)")
     gigpo_keys = sorted(k for k in a.model_fields_set if k.startswith("gigpo_"))
     if gigpo_keys and a.estimator != "gigpo":
         notes.append(f"{', '.join('algorithm.' + k for k in gigpo_keys)}: no effect, estimator={a.estimator} "

@@ -35,6 +35,10 @@ expansion against its paper's list. Sources, with the deviations we chose:
   valid tokens. The entropy coefficient beta is not published in the material we have; 0.001 is ours (the
   filter needs a term to act on). The paper's group size 32 and ppo_epochs 4 (high-reuse ablation) are
   rollout.samples_per_prompt and policy.epochs, left to the run.
+- opd: pure on-policy distillation (ROLL ``is_pure_opd``; Agarwal et al., GKD, arXiv 2306.13649; Thinking
+  Machines, "On-Policy Distillation", 2025): each token's advantage is -(log pi_student - log pi_teacher)
+  of its sampled token, discount 0, no task reward, no baseline; PPO clip without dual clip, token-mean.
+  The teacher's model is ``teacher.model_path``.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ PRESETS: dict[str, dict[str, Any]] = {
               "cispo_low": 0.1, "cispo_high": 0.1, "loss_agg": "token-mean"},
     "topr": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "none", "policy_loss": "topr",
              "topr_positive_weight": 1.0, "topr_negative_weight": 1.0, "loss_agg": "token-mean"},
+    "opd": {"estimator": "reinforce", "norm_mean": "none", "norm_std": "none", "gamma": 0.0, "policy_loss": "ppo",
+            "dual_clip_c": None, "loss_agg": "token-mean", "distill_coef": 1.0, "distill_mode": "pure"},
 }
 PRESETS["asyppo"] = {**PRESETS["ppo"], "value_aggregation": "mean", "critic_data_division": "group_response_split",
                      "adv_mask_low_pct": 0.2, "entropy_filter_high_pct": 0.2, "entropy_coef": 0.001}
@@ -174,6 +180,25 @@ def algorithm_problems(a) -> list[str]:
         problems.append(f"algorithm.adv_mask_low_pct / entropy_filter_high_pct rank the disagreement of several "
                         f"critics, and estimator={a.estimator} has none; use estimator=gae with "
                         "critic.num_critics >= 2 (algorithm=asyppo), or set both to 0")
+    problems += _distill_problems(a)
+    if a.credit.fai_far < a.credit.fai_near:
+        problems.append(f"algorithm.credit.fai_far={a.credit.fai_far} < fai_near={a.credit.fai_near}: FAI would "
+                        "average over no tokens; fai_far must be >= fai_near")
     if a.difficulty_mask is not None and a.difficulty_mask[0] >= a.difficulty_mask[1]:
         problems.append(f"algorithm.difficulty_mask {list(a.difficulty_mask)} keeps nothing: low must be < high")
+    return problems
+
+
+def _distill_problems(a) -> list[str]:
+    """Pure distillation replaces the advantages, so knobs that only shape them would be ignored silently."""
+    if a.distill_mode != "pure" or a.distill_coef == 0:
+        return []
+    problems = []
+    if a.uses_critic or a.uses_turns:
+        problems.append(f"algorithm.distill_mode=pure makes each token's advantage the teacher's signal alone, so "
+                        f"estimator={a.estimator} would compute advantages that are thrown away; use "
+                        "estimator=reinforce, or distill_mode=advantage to add the signal to its advantages")
+    if a.kl_reward_coef > 0:
+        problems.append("algorithm.distill_mode=pure does not use the token rewards, so kl_reward_coef has no "
+                        "effect; set it to 0 (kl_loss_coef keeps a KL term to the reference)")
     return problems

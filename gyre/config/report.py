@@ -54,12 +54,15 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
         f"  reference model      {_reference(plan)}",
         _critic_line(cfg, plan),
+        f"  teacher model        {_teacher(cfg, plan)}",
     ]
     if cfg.policy.lora is not None:
         lines.append(_lora_line(cfg))
     a = cfg.algorithm
     lines.append(f"  advantages           {a.estimator}, rewards normalised by mean {a.norm_mean} / std {a.norm_std}"
-                 + (", whitened" if a.whiten_advantages else ""))
+                 + (", whitened" if a.whiten_advantages else "")
+                 + (f"; credit {a.credit.strategy} (gamma {a.credit.gamma_amp:g} on the top {a.credit.top_q:.0%})"
+                    if a.credit.strategy != "none" else ""))
     lines.append(f"  policy loss          {a.policy_loss} ({a.ratio_level} ratio), aggregated {a.loss_agg}"
                  + (f" / {plan.loss_agg_norm}" if plan.loss_agg_norm else ""))
     if plan.overlong_cache_tokens:
@@ -103,6 +106,14 @@ def _reference(plan: RunPlan) -> str:
     return "the base model: LoRA adapters off, on the policy ranks" if plan.reference_on_policy else "yes"
 
 
+def _teacher(cfg: RLVRConfig, plan: RunPlan) -> str:
+    if not plan.use_teacher:
+        return "no (no distillation)"
+    a = cfg.algorithm
+    return (f"{cfg.teacher.model_path}, on devices {list(cfg.teacher.devices)}; distill_mode {a.distill_mode}, "
+            f"distill_coef {a.distill_coef:g}")
+
+
 def _lora_line(cfg: RLVRConfig) -> str:
     """LoRA's shape and what it trains, counted on the model's architecture (no weight is loaded) once
     model.path is a local model directory (pre-flight resolves it)."""
@@ -134,6 +145,8 @@ def _memory_lines(cfg: RLVRConfig, plan: RunPlan) -> list[str]:
     roles = [("policy", cfg.policy, True, checkpointing)]
     if plan.use_reference:
         roles.append(("reference", cfg.reference, True, ""))
+    if plan.use_teacher:
+        roles.append(("teacher", cfg.teacher, True, ""))
     if plan.use_critic:
         roles.append(("critic", cfg.critic, False, checkpointing))
     return [f"  {f'memory ({name})':<20} {section.levers.describe(section.micro_batch_size, logprobs)}{extra}"

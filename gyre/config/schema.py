@@ -15,6 +15,8 @@ from pydantic import Field, model_validator
 
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator
 from gyre.algos.agentic import TurnSpec
+from gyre.algos.attention_credit import CreditSpec
+from gyre.algos.distill import DistillMode
 from gyre.algos.policy_loss import POLICY_LOSSES, OldSource, PolicyLossSpec, PolicyLossVariant
 from gyre.config.base import (
     DeviceList,
@@ -38,6 +40,7 @@ from gyre.config.train_schema import (  # noqa: F401 - the trainer sections, imp
     ReferenceConfig,
     SchedulerConfig,
     SFTConfig,
+    TeacherConfig,
 )
 
 
@@ -253,6 +256,12 @@ PolicyLossKnobs = section_from_spec(
     (declared and documented there), checked here; ``AlgorithmConfig.loss_spec`` builds the spec back.""")
 
 
+CreditKnobs = section_from_spec(
+    CreditSpec, "CreditKnobs", __name__,
+    """Attention-based credit (arXiv 2510.13554): the fields of ``gyre.algos.attention_credit.CreditSpec``
+    (declared and documented there; tau_waad, tau_delta and alpha are unpublished, gyre's defaults).""")
+
+
 class AlgorithmConfig(PolicyLossKnobs):
     """Advantage estimation, policy loss, aggregation, KL and masks. ``preset`` (or ``algorithm: NAME``)
     fills these knobs from ``gyre.config.presets``; keys written here override the preset's values.
@@ -261,7 +270,7 @@ class AlgorithmConfig(PolicyLossKnobs):
 
     preset: str | None = None
     """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr,
-    asyppo (``gyre.config.presets``: each sets the knobs of its paper; asyppo also sets critic.num_critics)."""
+    asyppo, opd (``gyre.config.presets``: each sets the knobs of its paper; asyppo also sets critic.num_critics)."""
     # ---- advantages -------------------------------------------------------------------------
     estimator: Literal[ESTIMATORS.names] = "reinforce"
     """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
@@ -315,6 +324,16 @@ class AlgorithmConfig(PolicyLossKnobs):
     """Adaptive KL coefficient (arXiv 1909.08593) aiming at this per-token KL; None keeps it fixed."""
     kl_horizon: PositiveInt = 10000
     """Adaptive KL (kl_target): the horizon of the proportional controller, in samples (arXiv 1909.08593)."""
+    # ---- on-policy distillation (gyre.algos.distill) --------------------------------------
+    distill_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Weight of the per-token reverse KL to the teacher (ROLL ``opd_kl_coef``); > 0 creates the teacher role
+    (the ``teacher`` section names its model)."""
+    distill_mode: DistillMode = "advantage"
+    """pure: each token's advantage is -distill_coef * (log pi_student - log pi_teacher) of its sampled token
+    and the task reward is unused (ROLL ``is_pure_opd``; the opd preset). advantage: that term is added to
+    the RL advantage after the estimator, before whitening (ROLL ``use_opd``). loss: the RL advantage is
+    left alone and distill_coef * 1/2 (log pi_theta - log pi_teacher)^2 joins the loss, whose gradient is
+    the reverse-KL gradient on the student's samples."""
     # ---- masks and shaping ------------------------------------------------------------------
     overlong_mask: bool = False
     """Truncated responses (hit max_new_tokens) leave the loss (DAPO overlong filtering)."""
@@ -325,6 +344,10 @@ class AlgorithmConfig(PolicyLossKnobs):
     reward variance (DAPO's dynamic-sampling filter)."""
     mismatch: MismatchConfig = MismatchConfig()
     """Train-inference mismatch correction: importance weights and rejection by pi_old / mu."""
+    credit: CreditKnobs = CreditKnobs()
+    """Attention-based credit: non-negative advantages of selected tokens scaled by gamma_amp, the tokens
+    chosen from the policy's own attention (local_chunk, global_anchor, coupled: an extra eager-attention
+    forward of the policy per step), its entropy, or at random; strategy none (the default) turns it off."""
     # ---- critic (estimator gae) -------------------------------------------------------------
     value_clip: PositiveFloat | None = None
     """Clip the new values to within +-value of the old ones in the critic's loss (PPO's value clip);
@@ -389,7 +412,18 @@ class AlgorithmConfig(PolicyLossKnobs):
     def loss_spec(self, temperature: float, old_source: OldSource) -> PolicyLossSpec:
         """The loss spec trainers get: this section's policy-loss keys by name, and the run's values."""
         return PolicyLossSpec(temperature=temperature, old_source=old_source,
+                              distill_loss_coef=self.distill_coef if self.distill_mode == "loss" else 0.0,
                               **{name: getattr(self, name) for name in PolicyLossKnobs.model_fields})
+
+    @property
+    def credit_spec(self) -> CreditSpec:
+        """The attention-credit knobs as the trainer and the advantage stage take them."""
+        return CreditSpec(**self.credit.model_dump())
+
+    @property
+    def uses_teacher(self) -> bool:
+        """On-policy distillation: a teacher role scores every batch."""
+        return self.distill_coef > 0
 
     @property
     def uses_reference(self) -> bool:
@@ -458,6 +492,8 @@ class RLVRConfig(StrictModel):
     """Advantage estimator, policy loss, KL and masks (or a preset)."""
     reference: ReferenceConfig = ReferenceConfig()
     """The KL reference model's placement (used only when a KL term asks for it)."""
+    teacher: TeacherConfig = TeacherConfig()
+    """The teacher model of on-policy distillation (used only when algorithm.distill_coef > 0)."""
     critic: CriticConfig = CriticConfig()
     """The value model's placement and optimizer (used only by critic estimators such as gae)."""
     reward: RewardConfig = RewardConfig()

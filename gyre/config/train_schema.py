@@ -165,6 +165,20 @@ class ReferenceConfig(ForwardLevers):
     """Samples per forward pass on one worker when micro_batch_tokens is unset."""
 
 
+class TeacherConfig(ForwardLevers):
+    """The frozen teacher of on-policy distillation (created only when algorithm.distill_coef > 0): a
+    model scoring the student's samples token by token, placed and time-shared like the reference."""
+
+    model_path: str | None = None
+    """The teacher's model: a local Hugging Face model directory or a cached Hub id, as model.path. It must
+    use the student's tokenizer (the same token ids; checked before the run starts); its size and
+    architecture may differ. Required when distilling."""
+    devices: DeviceList = (0,)
+    """Devices of the teacher workers (one each); a list shared with another role time-shares it."""
+    micro_batch_size: PositiveInt = 16
+    """Samples per forward pass on one worker when micro_batch_tokens is unset."""
+
+
 class SFTConfig(StrictModel):
     """Supervised fine-tuning: the warm-up before RL (``sft_warmup``) or a standalone run (``gyre sft``).
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gyre.algos.aggregation import AggMode, LossDenominator, aggregate_loss
+from gyre.algos.distill import distill_loss_tokens, reverse_kl_tokens
 from gyre.algos.kl import kl_estimate
 from gyre.algos.policy_loss import (
     POLICY_LOSSES,
@@ -75,6 +76,8 @@ class PolicyLoss:
                              spec.kl_loss_estimator, spec.kl_clamp)
             loss = loss + spec.kl_loss_coef * aggregate_loss(kl, mask, spec.loss_agg, self.denom)
             metrics.add("kl_ref", float(masked_sum(kl.detach(), mask)), tokens)
+        if spec.distill_loss_coef > 0:
+            loss = loss + spec.distill_loss_coef * self._distill_term(batch, logprobs, mask, metrics)
         if entropy is not None:
             entropy = where_valid(entropy, mask)
             if spec.entropy_coef > 0:
@@ -84,6 +87,18 @@ class PolicyLoss:
             metrics.add("entropy", float(masked_sum(entropy.detach(), mask)), tokens)
         self._metrics(batch, out, old, logprobs.detach(), mask, metrics)
         return loss
+
+    def _distill_term(self, batch: TrainBatch, logprobs: torch.Tensor, mask: torch.Tensor,
+                      metrics: MetricSums) -> torch.Tensor:
+        """On-policy distillation's loss term (``gyre.algos.distill``), aggregated like the policy loss."""
+        if batch.teacher_logprobs is None:
+            raise ValueError("algorithm.distill_mode=loss needs the teacher's log-probs; the batch has none")
+        teacher = batch.teacher_logprobs.to(logprobs.device)
+        token_loss = distill_loss_tokens(logprobs, teacher, mask)
+        tokens = float(mask.sum())
+        metrics.add("distill/loss", float(token_loss.detach().sum()), tokens)
+        metrics.add("distill/reverse_kl_current", float(reverse_kl_tokens(logprobs, teacher, mask).sum()), tokens)
+        return aggregate_loss(token_loss, mask, self.spec.loss_agg, self.denom)
 
     def _policy_terms(self, batch: TrainBatch, lp: torch.Tensor, old: torch.Tensor,
                       mask: torch.Tensor) -> PolicyLossOutput:

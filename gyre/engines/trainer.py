@@ -143,6 +143,17 @@ class TrainerBackend:
         finally:
             self.model.train()
 
+    def compute_credit_scales(self, batch: TrainBatch, spec, temperature: float) -> torch.Tensor:
+        """Attention-based credit's token scales of ``batch`` under the current weights (``spec``: a
+        ``CreditSpec``; an extra eager-attention forward, ``gyre.engines.attention``), [B, L] on CPU."""
+        from gyre.engines.attention import attention_credit_scales
+
+        self.model.eval()
+        try:
+            return attention_credit_scales(self.hf_model, batch, self.fwd, spec, temperature, self._plan(batch))
+        finally:
+            self.model.train()
+
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """Critic values of ``batch`` under the current weights, [B, L] on CPU."""
         self.model.eval()

@@ -24,6 +24,8 @@ import torch
 from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator, outcome_token_rewards
 from gyre.algos.agentic import TurnBatch
 from gyre.algos.asyppo import aggregate_values, critic_rows, disagreement_masks
+from gyre.algos.attention_credit import apply_credit
+from gyre.algos.distill import distill_advantages, reverse_kl_tokens
 from gyre.algos.kl import AdaptiveKLController, kl_penalized_rewards
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
 from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
@@ -106,11 +108,16 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
         batch.returns = returns
         metrics["critic/explained_variance"] = explained_variance(batch.values, returns, resp)
         metrics["returns/mean"] = float(masked_mean(returns, resp))
+    if a.uses_teacher:
+        adv = _distill(batch, adv, a, metrics)
     final = resp * keep[:, None] * (token_keep if token_keep is not None else 1.0)
     if a.whiten_advantages:  # over the tokens that train: REINFORCE++'s global normalisation of the returns
         adv = masked_whiten(adv, final, eps=a.std_eps, ddof=a.std_ddof)
     if a.advantage_clip is not None:
         adv = adv.clamp(-a.advantage_clip, a.advantage_clip)
+    if batch.credit_scales is not None:  # attention-based credit scales the final non-negative advantages
+        adv = apply_credit(adv, batch.credit_scales)
+        metrics["credit/amplified_frac"] = float(masked_mean((batch.credit_scales != 1).float(), final))
     batch.advantages = where_valid(adv, final)
     batch.response_mask = final
     batch.scores = rows.expand(scores)
@@ -222,6 +229,20 @@ def _kl_penalty(batch: TrainBatch, token_rewards: torch.Tensor, a: AlgorithmConf
     state.kl.update(observed, len(batch))
     metrics.update({"kl_reward/kl": observed, "kl_reward/coef": coef})
     return shaped
+
+
+def _distill(batch: TrainBatch, adv: torch.Tensor, a: AlgorithmConfig, metrics: dict) -> torch.Tensor:
+    """On-policy distillation against the teacher's log-probs of the sampled tokens: the advantages of the
+    pure and advantage modes (the loss mode adds its term in the trainer), and the reverse KL to the
+    teacher, measured at the weights that generated the batch (``distill/reverse_kl``)."""
+    if batch.teacher_logprobs is None:
+        raise ValueError("algorithm.distill_coef > 0 but the batch has no teacher log-probs (no teacher role ran)")
+    student = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
+    mask = batch.response_mask
+    metrics["distill/reverse_kl"] = float(masked_mean(reverse_kl_tokens(student, batch.teacher_logprobs, mask), mask))
+    if a.distill_mode == "loss":
+        return adv
+    return distill_advantages(adv, student, batch.teacher_logprobs, mask, a.distill_coef, a.distill_mode == "pure")
 
 
 def _advantage_stats(adv: torch.Tensor, mask: torch.Tensor) -> dict:

@@ -33,6 +33,7 @@ class Learner:
         self.policy, self.reference = roles.policy, roles.reference
         self.critics = dict(zip(plan.critic_roles, roles.critics, strict=True))
         """The critic role groups by role name: none, PPO's one, or AsyPPO's several."""
+        self.teacher = roles.teacher
         self.timeshare = roles.timeshare
         self.hybrid = roles.hybrid
         # Trainer log-probs use the sampling temperature (validated > 0 for training).
@@ -40,7 +41,8 @@ class Learner:
 
     # ---- scoring ----------------------------------------------------------------------------------
     def score(self, batch: TrainBatch) -> None:
-        """What the advantage stage and the losses need besides the samples: pi_old, pi_ref, values."""
+        """What the advantage stage and the losses need besides the samples: pi_old, pi_ref, the teacher's
+        log-probs, values."""
         if self.plan.recompute_old_logprobs:
             self.timeshare.activate("policy")
             batch.old_logprobs = self._forward(self.policy, "compute_logprobs", batch, self.temperature)
@@ -50,6 +52,12 @@ class Learner:
         elif self.reference is not None:
             self.timeshare.activate("reference")
             batch.ref_logprobs = self._forward(self.reference, "compute_logprobs", batch, self.temperature)
+        credit = self.cfg.algorithm.credit_spec
+        if credit.strategy != "none":
+            batch.credit_scales = self._credit_scales(batch, credit)
+        if self.teacher is not None:  # on-policy distillation: the teacher scores the student's tokens
+            self.timeshare.activate("teacher")
+            batch.teacher_logprobs = self._forward(self.teacher, "compute_logprobs", batch, self.temperature)
         values = []
         for name, critic in self.critics.items():
             self.timeshare.activate(name)
@@ -60,6 +68,17 @@ class Learner:
             batch.critic_values = torch.stack(values, dim=1)
             how = self.cfg.algorithm.value_aggregation
             batch.values, _ = aggregate_values(batch.critic_values.transpose(0, 1), how)
+
+    def _credit_scales(self, batch: TrainBatch, spec) -> torch.Tensor:
+        """Attention-based credit's gamma [B, L]: the random baseline here (seeded by the run and the batch's
+        tokens, so a run repeats), the others from an extra pass of the policy over the batch."""
+        if spec.strategy == "random":
+            from gyre.algos.attention_credit import random_scales
+
+            seed = derive_seed(self.cfg.run.seed, "credit", int(batch.input_ids.sum()))
+            return random_scales(batch.response_mask, spec, torch.Generator().manual_seed(seed))
+        self.timeshare.activate("policy")
+        return self._forward(self.policy, "compute_credit_scales", batch, spec, self.temperature)
 
     def _forward(self, group, method: str, batch: TrainBatch, *args) -> torch.Tensor:
         # Trainer ranks (FSDP2 collectives) need equal shards; reference workers do not.

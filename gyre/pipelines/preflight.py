@@ -12,7 +12,7 @@ from gyre.config.data_schema import DataSource
 from gyre.config.derive import RunPlan, detect_local_devices, make_plan
 from gyre.config.schema import ModelConfig, RLVRConfig
 from gyre.models.hub import HubResolver
-from gyre.models.loading import check_model_dir
+from gyre.models.loading import ModelPathError, check_model_dir
 from gyre.models.saving import stored_dtype
 from gyre.rewards.registry import check_functions
 
@@ -62,6 +62,8 @@ def resolve_models(cfg: RLVRConfig, hub: HubResolver) -> None:
     if cfg.critic.model_path and cfg.algorithm.uses_critic:
         revision = m.revision if cfg.critic.model_path == m.path else None
         cfg.critic.model_path = hub(cfg.critic.model_path, revision, "critic.model_path")
+    if cfg.teacher.model_path and cfg.algorithm.uses_teacher:
+        cfg.teacher.model_path = hub(cfg.teacher.model_path, None, "teacher.model_path")
     for name, domain in cfg.reward.domains.items():  # the models of model roles (an endpoint judge has none)
         scorer = domain.scoring_model
         if domain.model_role == "judge":
@@ -90,11 +92,40 @@ def check_models(cfg: RLVRConfig) -> None:
     check_policy_model(cfg.model)
     if cfg.critic.model_path and cfg.algorithm.uses_critic:
         check_model_dir(cfg.critic.model_path, key="critic.model_path", tokenizer=False)
+    if cfg.teacher.model_path and cfg.algorithm.uses_teacher:
+        check_teacher_tokenizer(cfg.model, check_model_dir(cfg.teacher.model_path, key="teacher.model_path",
+                                                           tokenizer=False))
     for name, domain in cfg.reward.domains.items():
         if domain.model_role == "judge":
             check_model_dir(domain.judge.model_path, key=f"reward.domains.{name}.judge.model_path")
         if domain.reward_model is not None:
             check_model_dir(domain.reward_model.path, key=f"reward.domains.{name}.reward_model.path")
+
+
+def check_teacher_tokenizer(m: ModelConfig, teacher: Path) -> None:
+    """Distillation compares the student's and the teacher's probabilities of the same token ids, so the
+    teacher must use the student's tokenizer: the same vocabulary (when the teacher ships a tokenizer) and
+    an output layer covering every id. ModelPathError naming the first difference otherwise."""
+    import json
+
+    from gyre.models.checks import TOKENIZER_FILES
+    from gyre.models.loading import load_tokenizer
+
+    student = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
+    fix = ("on-policy distillation needs a teacher that uses the student's tokenizer (the same token ids): choose "
+           "a teacher of the student's model family, or a student that shares the teacher's tokenizer")
+    if any((teacher / name).is_file() for name in TOKENIZER_FILES):
+        mine, theirs = student.get_vocab(), load_tokenizer(teacher, m.trust_remote_code).get_vocab()
+        differ = sorted(t for t in mine.keys() | theirs.keys() if mine.get(t) != theirs.get(t))
+        if differ:
+            shown = ", ".join(f"{t!r}: student {mine.get(t)}, teacher {theirs.get(t)}" for t in differ[:3])
+            raise ModelPathError(f"teacher.model_path={str(teacher)!r} has another tokenizer than the student's "
+                                 f"({len(differ)} token(s) differ, e.g. {shown}); {fix}")
+    config = json.loads((teacher / "config.json").read_text())
+    vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if vocab is not None and vocab < len(student):
+        raise ModelPathError(f"teacher.model_path={str(teacher)!r} scores {vocab} token ids but the student's "
+                             f"tokenizer has {len(student)}; {fix}")
 
 
 def check_lora(cfg: RLVRConfig) -> None:

@@ -40,6 +40,8 @@ class Roles:
     """Deadlines of every role call of the run (shared by the groups)."""
     envs: RoleGroup | None = None
     """Environment workers of an agentic run (CPU-only, placed anywhere)."""
+    teacher: RoleGroup | None = None
+    """The on-policy distillation teacher (reference workers on teacher.model_path)."""
 
     @property
     def hybrid(self) -> bool:
@@ -55,7 +57,8 @@ class Roles:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
-        groups = (self.policy, self.rollout, self.reference, *self.critics, self.envs, *self.reward.values())
+        groups = (self.policy, self.rollout, self.reference, *self.critics, self.envs, self.teacher,
+                  *self.reward.values())
         for group in {id(g): g for g in groups if g is not None}.values():
             group.kill()
         remove_placement_group(self.placement.group)
@@ -103,6 +106,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
             (r, m.path, m.dtype, m.trust_remote_code, plan.device_kind, threads, cfg.reference.micro_batch_size,
              off, m.attn_implementation, cfg.reference.levers), {}))
         made.append(reference)
+    teacher = _build_teacher(cfg, plan, placement, made) if plan.use_teacher else None
     critics = _build_critics(cfg, plan, placement, made)
     reward = _build_rewards(cfg, plan, placement, made) if cfg.env is None else {}
     envs = _build_envs(cfg, made) if cfg.env is not None else None
@@ -114,10 +118,12 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     if reference is not None:
         groups["reference"] = reference
     groups.update(zip(plan.critic_roles, critics, strict=True))
+    if teacher is not None:
+        groups["teacher"] = teacher
     # Trainer roles load onto their devices at setup; the others start offloaded when the plan offloads.
     resident = {"policy", *plan.critic_roles} & set(groups) if off else set(groups)
     return Roles(policy, rollout, reward, reference, critics, TimeShare(plan, groups, resident), placement, watchdog,
-                 envs)
+                 envs, teacher)
 
 
 def policy_trainer_spec(m: ModelConfig, strategy: str, micro_batch_size: int, lora=None, seed: int = 0,
@@ -179,6 +185,16 @@ def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: l
         made.append(group)
         groups[name] = group
     return groups
+
+
+def _build_teacher(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[RoleGroup]) -> RoleGroup:
+    """Reference workers on the teacher's model: frozen log-probs, offloaded like the reference."""
+    m, t = cfg.model, cfg.teacher
+    teacher = RoleGroup.create("teacher", ReferenceWorker, placement, lambda r: (
+        (r, t.model_path, m.dtype, m.trust_remote_code, plan.device_kind, plan.threads_per_worker,
+         t.micro_batch_size, plan.offload, m.attn_implementation, t.levers), {}))
+    made.append(teacher)
+    return teacher
 
 
 def _build_critics(cfg: RLVRConfig, plan: RunPlan, placement: Placement,

@@ -101,6 +101,12 @@ PAPERS = {
          "adv_mask_low_pct": 0.2, "entropy_filter_high_pct": 0.2},
         ["the entropy coefficient 0.001 is gyre's (the filter needs a term; the paper's beta is not in our "
          "material); the rest as the ppo preset, so an ablation isolates the critics and masks"]),
+    "opd": Paper(
+        "On-policy distillation (ROLL is_pure_opd; GKD, arXiv 2306.13649): each token's advantage is the negative "
+        "single-sample reverse KL to the teacher, discount 0, no task reward, no baseline",
+        {"estimator": "reinforce", "norm_mean": "none", "norm_std": "none", "gamma": 0.0, **PPO_CLIP,
+         "loss_agg": "token-mean", "distill_coef": 1.0, "distill_mode": "pure"},
+        ["the coefficient multiplies the advantage in pure mode too (ROLL leaves it out there); at 1 they agree"]),
 }
 
 
