@@ -4,6 +4,11 @@ Estimators from Schulman, "Approximating KL Divergence" (2020). With ``d = logp 
 from the policy: k1 = d (unbiased, can be negative), abs = |d| (ROLL ``abs``), k2 = d^2 / 2 (biased, low
 variance; ROLL ``mse``), k3 = exp(-d) - 1 + d (unbiased, always >= 0; GRPO's KL loss).
 
+Straight-through estimators (``kl_straight_through``): the value of one estimator with the gradient of
+another, ``v + g - sg(g)``. Schulman's blog notes that k1 and k3 are unbiased in value but their gradients are
+not the gradient of KL in expectation, while k2's is (d/dtheta of E[k2] = E[d log pi * d]); verl's "k1+" /
+"k3+" loss types are k1 / k3 in value with k2's gradient.
+
 Reward penalty ``r_t <- r_t - coef * KL_t`` (PPO / REINFORCE++ style, ROLL ``add_token_level_kl``).
 Adaptive coefficient: Ziegler et al., "Fine-Tuning Language Models from Human Preferences" (arXiv 1909.08593),
 ``e = clip(KL_obs / KL_target - 1, -0.2, 0.2)``, ``coef <- coef * (1 + e * n_steps / horizon)``.
@@ -33,6 +38,25 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind
         # exp(-d) is computed in a clamped range: one outlier token must not overflow to inf.
         return torch.exp(torch.clamp(-d, max=20.0)) - 1.0 + d
     raise ValueError(f"unknown KL estimator {kind!r}; use k1, abs, k2 or k3")
+
+
+def kl_straight_through(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, value: KLKind = "k3",
+                        grad: KLKind | None = "k2") -> torch.Tensor:
+    """Per-token KL estimate with the value of estimator ``value`` and the gradient of ``grad``.
+
+    ``v + g - sg(g)`` in value is v (g - sg(g) is exactly 0) and in gradient is g's; ``grad`` None (or equal to
+    ``value``) is the plain ``kl_estimate``.
+
+    Args:
+        logprobs: [B, T] log pi_theta of the sampled tokens (with gradient).
+        ref_logprobs: [B, T] reference log-probs.
+        value, grad: estimator names (k1, abs, k2, k3).
+    """
+    shown = kl_estimate(logprobs, ref_logprobs, value)
+    if grad is None or grad == value:
+        return shown
+    steer = kl_estimate(logprobs, ref_logprobs, grad)
+    return shown.detach() + steer - steer.detach()
 
 
 def kl_penalized_rewards(token_rewards: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
