@@ -1,4 +1,4 @@
-"""Command line: ``gyre train | check | sft | eval | generate | export | init-model | init-data | quickstart |
+"""Command line: ``gyre train | check | sft | dpo | eval | generate | export | init-model | init-data | quickstart |
 ablate | sandbox-serve``. Each command parses its flags here and calls one function of ``gyre.pipelines``."""
 
 from __future__ import annotations
@@ -80,11 +80,13 @@ def _add_prompt_args(p: argparse.ArgumentParser, data_help: str) -> None:
 
 
 def _add_commands(sub) -> None:
-    """sft, eval, generate and export."""
-    p = sub.add_parser("sft", help="supervised fine-tuning (chat or prompt/response data) on the policy trainer")
-    _add_config_args(p)
-    p.add_argument("--overwrite", action="store_true",
-                   help="move a run already in run.output_dir aside to <dir>.old-<time> (nothing is deleted)")
+    """sft, dpo, eval, generate and export."""
+    for name, text in (("sft", "supervised fine-tuning (chat or prompt/response data) on the policy trainer"),
+                       ("dpo", "preference optimisation (DPO, IPO, SimPO, ...) on chosen/rejected pairs")):
+        p = sub.add_parser(name, help=text)
+        _add_config_args(p)
+        p.add_argument("--overwrite", action="store_true",
+                       help="move a run already in run.output_dir aside to <dir>.old-<time> (nothing is deleted)")
 
     p = sub.add_parser("eval", help="accuracy, pass@k and mean@k of a model or checkpoint on held-out prompts")
     _add_prompt_args(p, "held-out prompt files, directories or globs (data.val_files)")
@@ -107,6 +109,8 @@ def _add_commands(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a model directory already at --out")
     p.add_argument("--adapter", action="store_true",
                    help="a LoRA checkpoint: write the adapter (PEFT format) instead of merging it into the base model")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let a model whose architecture is its own code (auto_map in config.json) run that code")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-INTERMIXED = ("sft", "eval", "generate")
+INTERMIXED = ("sft", "dpo", "eval", "generate")
 """Commands whose key=value overrides may come after their flags (``gyre eval M --data f a.b=1``)."""
 
 
@@ -208,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         print(interrupted_message(exc, args.command, argv), file=sys.stderr)
         return exc.exit_code
     except (RunFailed, RewardWorkerError) as exc:
-        hint = sft_restart(argv) if args.command == "sft" else where_to_resume(getattr(exc, "output_dir", None), argv)
+        output_dir = getattr(exc, "output_dir", None)
+        hint = standalone_restart(argv) if args.command in STANDALONE else where_to_resume(output_dir, argv)
         print(f"gyre: error: {exc} {hint}", file=sys.stderr)
         return 1
 
@@ -226,8 +231,8 @@ def interrupted_message(exc, command: str, argv: list[str]) -> str:
     if exc.output_dir is None:
         return f"{head} before a run started; nothing was written. Run the same command to start again."
     head += "; actors stopped and Ray shut down."
-    if command == "sft":
-        return f"{head} {sft_restart(argv)}"
+    if command in STANDALONE:
+        return f"{head} {standalone_restart(argv)}"
     latest = CheckpointManager(exc.output_dir).latest()
     if latest is None:
         return (f"{head} No checkpoint was saved yet in {exc.output_dir}; start again with: "
@@ -249,10 +254,15 @@ def where_to_resume(output_dir, argv: list[str]) -> str:
     return f"Last checkpoint: {latest}. Fix the cause, then continue with: {resume_command(argv)}"
 
 
-def sft_restart(argv: list[str]) -> str:
-    """SFT runs keep no checkpoints: the command that starts one again (setting the stopped one aside)."""
+STANDALONE = ("sft", "dpo")
+"""Commands whose runs keep no checkpoints (a stopped one starts again)."""
+
+
+def standalone_restart(argv: list[str]) -> str:
+    """SFT and DPO runs keep no checkpoints: the command that starts one again (setting the stopped one aside)."""
     kept = [arg for arg in argv if arg != "--overwrite"]
-    return f"SFT runs keep no checkpoints; start again with: {shlex.join(['gyre', *kept, '--overwrite'])}"
+    what = argv[0].upper() if argv and argv[0] in STANDALONE else "SFT"
+    return f"{what} runs keep no checkpoints; start again with: {shlex.join(['gyre', *kept, '--overwrite'])}"
 
 
 def resume_command(argv: list[str], auto: bool = False) -> str:
@@ -289,6 +299,8 @@ def _dispatch(args) -> int:
         return {"eval": _eval, "generate": _generate, "export": _export}[args.command](args)
     if args.command == "sft":
         return _sft(args)
+    if args.command == "dpo":
+        return _dpo(args)
     cfg = load_config(args.config, args.overrides)
     from gyre.pipelines import launch
 
@@ -352,11 +364,13 @@ def _generate(args) -> int:
 
 
 def _export(args) -> int:
+    from dataclasses import replace
+
     from gyre.pipelines.export import ExportSpec, export_model
 
     spec = ExportSpec(Path(args.out), None if args.dtype == "auto" else args.dtype, args.overwrite,
                       merge_adapter=not args.adapter)
-    export_model(_source(args), spec)
+    export_model(replace(_source(args), remote_code=args.trust_remote_code), spec)
     return 0
 
 
@@ -370,6 +384,21 @@ def _sft(args) -> int:
     if summary.first_loss is not None:
         print(f"SFT loss {summary.first_loss:.4f} -> {summary.last_loss:.4f} over {summary.steps} steps on "
               f"{summary.examples} examples ({summary.seconds / 60:.1f} min)")
+    print(f"final model (Hugging Face format): {summary.final_model}")
+    return 0
+
+
+def _dpo(args) -> int:
+    from gyre.config.dpo_schema import DPOJobConfig
+    from gyre.config.load import load_config
+    from gyre.pipelines.dpo_run import train_dpo
+
+    cfg = load_config(args.config, args.overrides, schema=DPOJobConfig)
+    summary = train_dpo(cfg, args.address, mode="overwrite" if args.overwrite else "fresh")
+    if summary.first_loss is not None:
+        print(f"DPO loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}, reward accuracy "
+              f"{summary.first_accuracy:.2f} -> {summary.last_accuracy:.2f} over {summary.steps} steps on "
+              f"{summary.pairs} pairs ({summary.seconds / 60:.1f} min)")
     print(f"final model (Hugging Face format): {summary.final_model}")
     return 0
 

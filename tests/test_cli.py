@@ -26,10 +26,13 @@ def test_check_prints_config_and_plan(tmp_path, tiny_model_dir, arithmetic_data,
     args = ["check", "gyre/recipes/quickstart.yaml", f"model.path={tiny_model_dir}",
             f"data.train_files=[{arithmetic_data['train']}]", f"data.val_files=[{arithmetic_data['val']}]",
             f"sft_warmup.train_files=[{arithmetic_data['sft']}]", "cluster.cpu_slots=2", "data.max_prompt_tokens=5",
-            "data.overlong_prompts=truncate_left"]
+            "data.overlong_prompts=truncate_left", "sft_warmup.steps=null", "sft_warmup.epochs=2"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "# resolved configuration" in out and "layout hybrid" in out and "rollout batch" in out
+    # The warm-up's length in epochs: 2 passes over its 200 examples at 64 a step, ceil(400 / 64) = 7 steps.
+    assert "; SFT warm-up: 200 examples" in out
+    assert "after an SFT warm-up of 7 optimizer steps (2 epoch(s) of 200 examples, 64 per step)" in out
     # Every arithmetic prompt ("67+38=") is one character over: all are cut, and counted.
     total = sum(len(open(arithmetic_data[k]).readlines()) for k in ("train", "val"))
     assert (f"held-out prompts ({total} truncated to their last 5 tokens: longer than data.max_prompt_tokens=5)"
@@ -139,3 +142,7 @@ def test_command_errors_are_one_clear_line(trained_run, tiny_model_dir, tmp_path
     assert "sft.jsonl:1: no column 'response' (sft.response_key)" in error(
         "sft", str(config), f"sft.train_files=[{bad}]", f"run.output_dir={tmp_path / 's'}")
     assert not (tmp_path / "s").exists()  # nothing written before the data is known good
+    bad.write_text('{"prompt": "1+1=", "good": "2", "rejected": "3"}\n')
+    assert "sft.jsonl:1: no column 'chosen' (dpo.chosen_key)" in error(
+        "dpo", str(config), f"dpo.train_files=[{bad}]", f"run.output_dir={tmp_path / 'd'}")
+    assert not (tmp_path / "d").exists()

@@ -5,9 +5,10 @@ Modules: ``advantages`` (estimators and reward normalisation; the ``ESTIMATORS``
 (ReMax, OPO, the pass@k advantage, GPG's scale), ``agentic`` (multi-turn credit: step returns, ReBN, GiGPO,
 IPA chunk returns), ``policy_loss`` (PPO and its variants; the ``POLICY_LOSSES`` table and
 ``PolicyLossSpec``), ``loss_variants`` (Clip-Cov, KL-Cov, GMPO, SAPO), ``loss_output`` (what every loss
-returns), ``tables`` (the ``Registry`` behind the tables), ``aggregation`` (loss modes with global
-denominators; ``AGGREGATIONS``), ``kl`` (estimators, straight-through), ``masks``, ``mismatch``
-(train-inference correction), ``value`` (critic loss), ``stats`` and ``pass_at_k`` (evaluation over k samples).
+returns), ``tables`` (the ``Registry`` behind the tables), ``preference`` (pairwise losses: DPO, IPO, SLiC
+hinge, robust DPO, SimPO, RPO), ``aggregation`` (loss modes with global denominators; ``AGGREGATIONS``),
+``kl`` (estimators, straight-through), ``masks``, ``mismatch`` (train-inference correction), ``value``
+(critic loss), ``stats`` and ``pass_at_k`` (evaluation over k samples).
 """
 
 from gyre.algos.advantages import (
@@ -15,10 +16,10 @@ from gyre.algos.advantages import (
     AdvantageEstimator,
     discounted_returns,
     gae_advantages,
+    group_centred_batch_std_advantages,
     group_normalized_advantages,
     normalize_rewards,
     outcome_token_rewards,
-    reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
 from gyre.algos.agentic import (
@@ -48,20 +49,23 @@ from gyre.algos.policy_loss import (
     topr_loss,
     vanilla_pg_loss,
 )
+from gyre.algos.preference import PairLogps, PreferenceLossOutput, PreferenceLossSpec, preference_loss
 from gyre.algos.stats import RunningMoments, masked_mean, masked_sum, masked_whiten
 from gyre.algos.tables import Registry
 from gyre.algos.value import explained_variance, value_loss
 
 __all__ = [
     "ESTIMATORS", "POLICY_LOSSES", "AdaptiveKLController", "AdvantageEstimator", "LossDenominator",
-    "PolicyLossInputs", "PolicyLossOutput", "PolicyLossSpec", "PolicyLossVariant", "Registry", "RunningMoments",
+    "PairLogps", "PolicyLossInputs", "PolicyLossOutput", "PolicyLossSpec", "PolicyLossVariant", "PreferenceLossOutput",
+    "PreferenceLossSpec", "Registry", "RunningMoments",
     "aggregate_loss",
     "chunk_returns", "cispo_loss", "decoupled_ppo_loss", "denominator_for", "difficulty_mask", "discounted_returns",
-    "explained_variance", "gae_advantages", "gigpo_advantages", "gigpo_step_advantages", "group_normalized_advantages",
+    "explained_variance", "gae_advantages", "gigpo_advantages", "gigpo_step_advantages",
+    "group_centred_batch_std_advantages", "group_normalized_advantages",
     "grouped_normalize", "importance_weights", "kimi15_loss",
     "kl_estimate", "kl_penalized_rewards", "masked_mean", "mean_at_k", "mean_pass_at_k", "pass_at_k",
-    "masked_sum", "masked_whiten", "mismatch_filter",
+    "masked_sum", "masked_whiten", "mismatch_filter", "preference_loss",
     "mismatch_metrics", "normalize_rewards", "outcome_token_rewards", "overlong_mask", "ppo_clip_loss",
-    "rebn_advantages", "reinforce_pp_baseline_advantages", "rloo_advantages", "soft_overlong_penalty", "tis_loss",
+    "rebn_advantages", "rloo_advantages", "soft_overlong_penalty", "tis_loss",
     "topr_loss", "turn_returns", "vanilla_pg_loss", "value_loss",
 ]

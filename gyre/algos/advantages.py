@@ -4,7 +4,10 @@ Papers:
 - GRPO: DeepSeekMath (Shao et al., arXiv 2402.03300), ``A_i = (r_i - mean_g r) / (std_g r + eps)``.
 - Dr.GRPO (arXiv 2503.20783): group mean, no std.
 - RLOO: "Back to Basics" (Ahmadian et al., arXiv 2402.14740), leave-one-out baseline.
-- REINFORCE++ and REINFORCE++-baseline (arXiv 2501.03262): batch statistics.
+- REINFORCE++ and REINFORCE++-baseline (arXiv 2501.03262): the KL penalty goes into the token rewards, the
+  returns are taken, and the returns are normalised over every valid token of the batch (the advantage
+  stage's whitening: ``gyre.algos.stats.masked_whiten``, the presets' ``whiten_advantages``); the baseline
+  variant subtracts the group mean of the outcome first (``normalize_rewards(r, "group", "none")``).
 - Lite PPO: "Tricks or Traps?" (arXiv 2508.08221): group mean, batch std.
 - GAE: Schulman et al. (arXiv 1506.02438).
 - Multi-turn estimators (step-level returns, ReBN, GiGPO, IPA chunk returns): ``gyre.algos.agentic``, listed
@@ -17,15 +20,17 @@ Papers:
 - GRPO = ``normalize_rewards(r, "group", "group")`` (also ``group_normalized_advantages``);
 - Dr.GRPO = ``normalize_rewards(r, "group", "none")``;
 - Lite PPO = ``normalize_rewards(r, "group", "batch")``;
-- REINFORCE++ = ``normalize_rewards(r, "batch", "batch")`` (on returns after the KL penalty, see the reference).
+- ``normalize_rewards(r, "batch", "batch")`` is ROLL's "reinforce++" configuration: the outcome normalised
+  over responses before the KL penalty enters, not the paper's normalisation of the returns (above).
 
 Token-level functions (``discounted_returns``, ``gae_advantages``) skip positions whose mask
 is 0: they neither receive a value nor break the recursion, so environment or tool tokens inside a multi-turn
 row are transparent, and rewards placed on them are ignored.
 
 Deviations: the std's ddof is a parameter (1 by default, torch's and TRL's convention; ROLL's choice is not
-pinned down, GEM uses 0); REINFORCE++-baseline takes its batch std over responses, not tokens; GAE treats the
-last valid token as terminal (no bootstrap for truncated episodes).
+pinned down, GEM uses 0); GAE treats the last valid token as terminal (no bootstrap for truncated episodes).
+``group_centred_batch_std`` is REINFORCE++-baseline with its batch std over responses instead of tokens
+(ms-swift's form), under a name that says what it computes.
 """
 
 from __future__ import annotations
@@ -147,11 +152,12 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return r - leave_one_out
 
 
-def reinforce_pp_baseline_advantages(rewards: torch.Tensor, eps: float = 1e-6, ddof: int = 1) -> torch.Tensor:
-    """REINFORCE++-baseline: ``c = r - mean_g r``, ``A = c / (std_batch(c) + eps)``.
+def group_centred_batch_std_advantages(rewards: torch.Tensor, eps: float = 1e-6, ddof: int = 1) -> torch.Tensor:
+    """``c = r - mean_g r``, ``A = c / (std_batch(c) + eps)``: REINFORCE++-baseline at response level.
 
-    The batch std is over the centred values of all N*G responses (not over tokens). Contrast with Lite PPO,
-    which divides the same ``c`` by the batch std of the raw rewards.
+    The batch std is over the centred values of all N*G responses, not over tokens as in the paper (whose
+    form is the ``reinforce_pp_baseline`` preset). Contrast with Lite PPO, which divides the same ``c`` by the
+    batch std of the raw rewards.
 
     Args:
         rewards: [N, G] outcome rewards, G >= 2.
@@ -159,7 +165,7 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, eps: float = 1e-6, d
     Returns:
         [N, G] advantages.
     """
-    _check_groups(rewards, "REINFORCE++-baseline")
+    _check_groups(rewards, "group_centred_batch_std")
     r = _float(rewards)
     centred = r - r.mean(dim=1, keepdim=True)
     return centred / (_batch_std(centred, ddof) + eps)
@@ -306,10 +312,10 @@ def _rloo_baseline(rewards: torch.Tensor, mean_scope: NormScope, std_scope: Norm
     return rloo_advantages(rewards)
 
 
-def _reinforce_pp_baseline(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float,
-                           ddof: int, running: RunningMoments | None = None,
-                           context: BaselineContext | None = None) -> torch.Tensor:
-    return reinforce_pp_baseline_advantages(rewards, eps, ddof)
+def _group_centred_batch_std(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float,
+                             ddof: int, running: RunningMoments | None = None,
+                             context: BaselineContext | None = None) -> torch.Tensor:
+    return group_centred_batch_std_advantages(rewards, eps, ddof)
 
 
 def _needs(context: BaselineContext | None, estimator: str, field: str | None = None) -> BaselineContext:
@@ -370,8 +376,8 @@ def _chunk_returns(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
 ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", {
     "reinforce": AdvantageEstimator(_scoped, _returns, scoped=True, groups=False, critic=False),
     "rloo": AdvantageEstimator(_rloo_baseline, _returns, scoped=False, groups=True, critic=False),
-    "reinforce_pp_baseline": AdvantageEstimator(_reinforce_pp_baseline, _returns, scoped=False, groups=True,
-                                                critic=False),
+    "group_centred_batch_std": AdvantageEstimator(_group_centred_batch_std, _returns, scoped=False, groups=True,
+                                                  critic=False),
     "gae": AdvantageEstimator(_scoped, gae_advantages, scoped=True, groups=False, critic=True),
     # Multi-turn: normalize_rewards with both scopes none (unscoped rows) leaves the scores as they are.
     "step_returns": AdvantageEstimator(_scoped, None, scoped=False, groups=False, critic=False,
@@ -387,9 +393,10 @@ ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", {
     "gpg": AdvantageEstimator(gpg_advantages, _returns, scoped=True, groups=True, critic=False),
 })
 """The advantage estimators by config name (``algorithm.estimator``): reinforce (the normalised outcome
-reward as returns; GRPO, Dr.GRPO, Lite PPO and REINFORCE++ are its scope pairs), rloo, reinforce_pp_baseline,
-and gae (PPO with a critic); for multi-turn trajectories, credit per model turn: step_returns (discounted
-returns of the turn rewards), rebn (those returns normalised over the batch's turns), gigpo (the normalised
+reward as returns; GRPO, Dr.GRPO and Lite PPO are its scope pairs, and REINFORCE++ with whitened
+advantages), rloo, group_centred_batch_std (REINFORCE++-baseline's response-level form), and gae (PPO
+with a critic); for multi-turn trajectories, credit per model turn: step_returns (discounted returns of
+the turn rewards), rebn (those returns normalised over the batch's turns), gigpo (the normalised
 episode return plus a step level over anchor states) and chunk_returns (IPA: the normalised outcome
 discounted back from the last turn); remax (the greedy response's reward as baseline), opo (the
 length-weighted group mean), pass_at_k (the best-of-k advantage) and gpg (the scoped normalisation times

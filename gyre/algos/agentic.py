@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gyre.algos.stats import masked_mean, masked_var
+from gyre.algos.stats import masked_mean, masked_var, where_valid
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:
@@ -51,19 +51,20 @@ def turn_returns(turn_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -
     """Step-level discounted returns ``G_t = sum_{k>=t} gamma^(k-t) r_k`` over each trajectory's turns.
 
     Args:
-        turn_rewards: [E, K] reward of each turn (padding ignored).
+        turn_rewards: [E, K] reward of each turn (padding ignored, even NaN).
         mask: [E, K] 1 on the turns that happened; they fill a prefix of each row.
         gamma: discount per turn.
 
     Returns:
         [E, K] returns, 0 on padding.
     """
-    r = _float(turn_rewards) * (mask > 0)
+    # Selected, not multiplied by the mask: a NaN on padding would otherwise spread through the product.
+    r = where_valid(_float(turn_rewards), mask)
     k = torch.arange(r.shape[1], device=r.device)
     steps = k[None, :] - k[:, None]  # [t, k]: how many turns k lies after t
     # G = r @ W^T with W[t, k] = gamma^(k - t) for k >= t: the whole recursion as one product.
     weights = torch.where(steps >= 0, _power(gamma, steps, r), 0.0)
-    return (r @ weights.T) * (mask > 0)
+    return where_valid(r @ weights.T, mask)
 
 
 def chunk_returns(final_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -193,7 +194,7 @@ def gigpo_advantages(episode_advantages: torch.Tensor, turn_rewards: torch.Tenso
         [E, K] per-turn advantages, 0 on padding.
     """
     step = gigpo_step_advantages(turn_rewards, mask, groups, states, step_gamma, std, eps, ddof)
-    episode = _float(episode_advantages).to(step.dtype)[:, None] * (mask > 0)
+    episode = where_valid(_float(episode_advantages).to(step.dtype)[:, None], mask)
     return episode_weight * episode + step_weight * step
 
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from gyre.algos.stats import masked_sum
+from gyre.algos.stats import masked_sum, where_valid
 from gyre.algos.tables import Registry
 
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum"]
@@ -70,7 +70,8 @@ def aggregate_loss(token_values: torch.Tensor, mask: torch.Tensor, mode: AggMode
     """This micro-batch's share of the aggregated loss (0-dim).
 
     Args:
-        token_values: [B, T] per-token loss.
+        token_values: [B, T] per-token loss; off-mask entries may hold anything (NaN, inf): they are
+            selected away, never multiplied by 0, so they reach neither the loss nor its gradient.
         mask: [B, T] 1 for tokens that count.
         mode: a name of ``AGGREGATIONS`` (see the module docstring).
         denom: global counts for the optimizer step this micro-batch belongs to.
@@ -91,8 +92,8 @@ def _seq_mean_token_sum(values: torch.Tensor, mask: torch.Tensor, denom: LossDen
 
 
 def _seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor, denom: LossDenominator) -> torch.Tensor:
-    mask = mask.to(values.dtype)
-    per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # len 0 rows give 0
+    valid = mask > 0
+    per_seq = where_valid(values, valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1)  # len 0 rows: 0
     return per_seq.sum() * (denom.dp_size / max(denom.sequences, 1.0))
 
 
@@ -103,8 +104,7 @@ def _seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, denom: Lo
 
 
 def _token_sum(values: torch.Tensor, mask: torch.Tensor, denom: LossDenominator) -> torch.Tensor:
-    # A selection, not a product: padding may hold NaN or inf, and NaN * 0 is NaN.
-    return torch.where(mask > 0, values, torch.zeros_like(values)).sum() * denom.dp_size
+    return masked_sum(values, mask) * denom.dp_size
 
 
 AGGREGATIONS: Registry = Registry("loss aggregation", {

@@ -9,6 +9,10 @@ The trainer's log-probs of the sampled tokens (``old_logprobs``, log pi_old) dif
 - geometric: masked mean of delta over the row;
 - sequence: masked sum of delta over the row.
 
+Direction: every weight, ratio and ratio bound here is pi_old / mu, the trainer over the sampler (ROLL's
+and verl's ``rollout_is`` direction). verl's k1 rejection (``rollout_rs: token_k1`` and the ``seq_*_k1``
+modes) bounds the inverse, mu / pi_old: its thresholds [lo, hi] are [1 / hi, 1 / lo] here.
+
 Two more corrections from verl's rollout correction (``verl/trainer/ppo/rollout_corr_helper.py``,
 ``docs/algo/rollout_corr.md``):
 
@@ -19,8 +23,8 @@ Two more corrections from verl's rollout correction (``verl/trainer/ppo/rollout_
   tokens sampled from mu and ``delta = log pi_old - log mu``, k2 = delta^2 / 2 and k3 = exp(delta) - 1 - delta
   estimate KL(mu || pi_old) per token (Schulman's estimators with mu as the sampling distribution; k3 is
   unbiased and >= 0). A token, or a whole row by the sum, mean or max of its tokens' estimates, leaves the
-  loss when the estimate exceeds a threshold. Unlike the ratio filter this is symmetric in log space and
-  needs one bound.
+  loss when the estimate exceeds a threshold: one bound (the estimates are >= 0), where the ratio filter
+  needs two.
 
 Source: ROLL ``train_infer_correction`` (code, no paper). Related: Yao et al. 2025 (blog, truncated
 ``pi_train / pi_infer``); IPA's chunk mismatch mask ("Let It Flow", arXiv 2512.24873) is the segment level here.
@@ -138,7 +142,8 @@ def mismatch_filter(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor
                     segments: torch.Tensor | None = None) -> torch.Tensor:
     """Keep-mask removing tokens whose unit (token, segment or row at ``level``) is too far off-policy.
 
-    A unit is dropped when its ratio ``exp(log-weight at level)`` is outside [ratio_low, ratio_high], or, for
+    A unit is dropped when its ratio ``exp(log-weight at level)`` = pi_old / mu (trainer over sampler, not
+    mu / pi_old) is outside [ratio_low, ratio_high], or, for
     each diff bound given, when its probability difference ``p_old - p_mu`` (per token, or the masked mean of
     the per-token differences over the segment/row) is outside [diff_low, diff_high]. A bound of None is off.
 

@@ -10,8 +10,9 @@ Papers:
 
 - PPO clip: Schulman et al. (arXiv 1707.06347); separate lower and upper bounds (clip-higher) from DAPO
   (arXiv 2503.14476).
-- Dual clip: Ye et al. (arXiv 1912.09729). ``dual_clip_c`` is off by default here; the paper uses c = 3 and
-  ROLL ties c to ``1 + 2 * pg_clip`` (1.4 at 0.2), which already caps at rho > 1.4.
+- Dual clip: Ye et al. (arXiv 1912.09729). ``ppo_clip_loss`` has no dual clip unless ``dual_clip_c`` is
+  given; the config's default is the paper's c = 3 (presets whose paper has no dual clip turn it off). ROLL
+  ties c to ``1 + 2 * pg_clip`` (1.4 at 0.2), which already caps at rho > 1.4.
 - GSPO: Zheng et al. (arXiv 2507.18071), in its GSPO-token form ``s_it = sg(s_i) * pi/sg(pi)``. Deviation: the
   paper's sequence loss averages tokens within a sequence; here each token carries ``-s_i * A_it``, which equals
   GSPO with ``seq-mean-token-mean`` aggregation and is length-weighted under ``token-mean``.
@@ -28,17 +29,18 @@ Papers:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import torch
 
 from gyre.algos.aggregation import AggMode
-from gyre.algos.kl import KLKind
+from gyre.algos.kl import KL_CLAMP, KLKind
 from gyre.algos.loss_output import PolicyLossOutput
 from gyre.algos.loss_output import flag as _flag
 from gyre.algos.loss_output import zeros as _zeros
 from gyre.algos.loss_variants import clip_cov_loss, gmpo_loss, kl_cov_loss, sapo_loss
+from gyre.algos.stats import where_valid
 from gyre.algos.tables import Registry, knob, run_field
 
 RatioLevel = Literal["token", "sequence"]
@@ -93,10 +95,14 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
         ratio_level: "token" (PPO) or "sequence" (GSPO-token: every token's ratio is the sequence ratio
             ``s_i = exp(masked mean_t(logp - old))`` in value, and its gradient w.r.t. its own log-prob is s_i).
         mask: [B, T] loss mask; required for "sequence". When given, ``token_loss`` and the clip flags are 0
-            off mask.
+            off mask, and off-mask inputs (NaN, inf) reach neither the loss nor the gradient.
     """
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (got {dual_clip_c}); c <= 1 would cap inside the trust region")
+    if mask is not None:
+        # Selected before exp and the products: a NaN there would turn the zero gradient into 0 * NaN.
+        logprobs, old_logprobs = where_valid(logprobs, mask), where_valid(old_logprobs, mask)
+        advantages = where_valid(advantages, mask)
     log_ratio = logprobs - old_logprobs.detach()
     if ratio_level == "token":
         ratio = torch.exp(log_ratio)
@@ -111,10 +117,7 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     surrogate, low, high = _clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip_c)
     token_loss = -surrogate
     if mask is not None:
-        valid = (mask > 0).expand_as(token_loss)
-        # where, not multiply: padding may hold inf/NaN log-probs, and NaN * 0 is still NaN.
-        token_loss = torch.where(valid, token_loss, torch.zeros_like(token_loss))
-        low, high = low * valid, high * valid
+        token_loss, low, high = where_valid(token_loss, mask), where_valid(low, mask), where_valid(high, mask)
     return PolicyLossOutput(token_loss=token_loss, ratio=ratio.detach().expand_as(token_loss),
                             clipped_low=low, clipped_high=high)
 
@@ -263,6 +266,16 @@ class PolicyLossInputs:
     """log mu, the sampler's log-probs."""
     scores: torch.Tensor | None
     """[B] outcome reward of each sample (TOPR splits on its sign), or None when the batch has none."""
+
+    def on_mask(self) -> PolicyLossInputs:
+        """These inputs with every off-mask entry of the per-token tensors replaced by 0 (selected, not
+        multiplied): NaN or inf in padding then reaches neither a variant's loss nor its gradient, whatever
+        the variant does with it (``NaN * 0`` is NaN; ``where``'s gradient off the mask is exactly 0)."""
+        valid = self.mask > 0
+        return replace(self, logprobs=where_valid(self.logprobs, valid),
+                       old_logprobs=where_valid(self.old_logprobs, valid),
+                       advantages=where_valid(self.advantages, valid),
+                       behaviour_logprobs=where_valid(self.behaviour_logprobs, valid))
 
 
 class PolicyLossFn(Protocol):
@@ -427,7 +440,13 @@ class PolicyLossSpec:
     """The KL estimator of that term (its value)."""
     kl_loss_grad_estimator: KLKind | None = None
     """Straight-through KL: the term keeps kl_loss_estimator's value and takes this estimator's gradient
-    (verl's "k1+" / "k3+" are k2 here: the gradient of the true KL in expectation); None: the value's own."""
+    (verl's "k1+" / "k3+" are k2 here: the gradient of KL(pi || pi_ref) in expectation); None: the value's
+    own."""
+    kl_clamp: float | None = knob(KL_CLAMP, gt=0, le=1e6)
+    """Every per-token KL estimate, of the KL loss and of the KL reward penalty, any estimator, is clamped
+    to [-kl_clamp, kl_clamp] (verl's low_var_kl clamps k3 to [-10, 10]); a clamped token's KL gradient is 0,
+    never of the wrong sign. k3 = 10 at log-ratios log pi - log pi_ref of about -2.61 and 11. None keeps
+    the exact estimate (k3 then overflows to inf below a log-ratio of about -88 in float32)."""
     entropy_coef: float = knob(0.0, ge=0)
     """Entropy bonus subtracted from the loss."""
     temperature: float = run_field(1.0, "rollout.sampling.temperature")

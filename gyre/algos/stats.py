@@ -1,10 +1,14 @@
 """Masked reductions, whitening and running moments shared by the estimators, losses and metrics.
 
-Every std follows the library convention ``(x - mean) / (std + eps)`` with a ``ddof`` parameter (1 by default,
-torch's convention). ``masked_whiten`` mirrors ROLL's ``whiten_advantages`` (skipped below 2 valid entries);
-deviation: ROLL scales by ``rsqrt(var + eps)``, gyre by ``1 / (std + eps)`` like every other std here.
-``RunningMoments`` merges batches with Chan et al.'s parallel update of Welford's algorithm, so chunked updates
-match the moments of the concatenation.
+Masks are 0/1 (an entry counts where ``mask > 0``). Every masked reduction *selects* the valid entries
+(``torch.where``) instead of multiplying by the mask: padding may hold NaN or inf (a -inf reference
+log-prob, a NaN recomputed one), and ``NaN * 0`` is NaN, while ``where`` drops the entry from the value
+and gives it an exact zero gradient. ``where_valid`` is that selection for callers.
+
+Every std follows the library convention ``(x - mean) / (std + eps)`` (algorithms.md section 0: every std
+carries +eps in its denominator) with a ``ddof`` parameter (1 by default, torch's convention).
+``RunningMoments`` merges batches with Chan et al.'s parallel update of Welford's algorithm, so chunked
+updates match the moments of the concatenation.
 """
 
 from __future__ import annotations
@@ -15,32 +19,43 @@ from dataclasses import dataclass
 import torch
 
 
+def where_valid(values: torch.Tensor, mask: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+    """``values`` where ``mask > 0``, ``fill`` elsewhere (shapes broadcast).
+
+    A selection, not a product: NaN or inf off the mask reaches neither the result nor, through
+    autograd, the gradient of ``values`` (where's gradient off the mask is exactly 0).
+    """
+    return torch.where(mask > 0, values, fill)
+
+
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum of ``values`` where ``mask`` is 1. Shapes broadcast; returns a 0-dim tensor."""
-    return (values * mask).sum()
+    """Sum of ``values`` where ``mask > 0``. Shapes broadcast; returns a 0-dim tensor."""
+    return where_valid(values, mask).sum()
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` where ``mask`` is 1; 0 when the mask is empty (never NaN)."""
-    count = mask.sum()
+    """Mean of ``values`` where ``mask > 0``; 0 when the mask is empty (never NaN)."""
+    count = torch.broadcast_to(mask > 0, torch.broadcast_shapes(values.shape, mask.shape)).sum()
     return masked_sum(values, mask) / count.clamp(min=1)
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, ddof: int = 1) -> torch.Tensor:
-    """Variance of ``values`` over the entries where ``mask`` is 1.
+    """Variance of ``values`` over the entries where ``mask > 0``.
 
     Args:
-        values: any shape.
-        mask: same shape as ``values`` (0/1); off-mask entries must be finite (they are multiplied by 0).
+        values: any shape; off-mask entries may hold anything (NaN, inf): they are selected away.
+        mask: same shape as ``values`` (0/1).
         ddof: 1 for the sample variance, 0 for the population variance.
 
     Returns:
         0-dim tensor; 0 when there are fewer than ``ddof + 1`` valid entries (never NaN).
     """
-    mask = mask.to(values.dtype)
-    count = mask.sum()
-    mean = masked_sum(values, mask) / count.clamp(min=1)
-    sq = masked_sum((values - mean).square(), mask)
+    valid = mask > 0
+    # Selected first, so the deviations of padding are finite too: their gradient is 0, not 0 * NaN.
+    values = where_valid(values, valid)
+    count = valid.sum().to(values.dtype)
+    mean = values.sum() / count.clamp(min=1)
+    sq = masked_sum((values - mean).square(), valid)
     # torch.where instead of a Python branch: no host sync, and the empty case stays 0 instead of NaN.
     return torch.where(count > ddof, sq / (count - ddof).clamp(min=1e-12), torch.zeros_like(sq))
 
@@ -49,26 +64,38 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
                   ddof: int = 1) -> torch.Tensor:
     """Whiten ``values`` with the mean and std of the valid entries (advantage / reward whitening).
 
+    ``(x - mean) / (std + eps)``, the convention of every std in gyre (algorithms.md section 0). ROLL's
+    ``whiten_advantages`` and OpenRLHF scale by ``rsqrt(var + eps)`` instead; the two agree while std is
+    large against sqrt(eps) and part when it is not (eps = 1e-6, std = 1e-3: a factor 999 here against 707).
+
+    Degenerate cases, explicitly:
+    - fewer than 2 valid entries: there is no spread to measure, so the valid entries are returned
+      unchanged (not whitened; ROLL skips whitening too);
+    - every valid entry equal (zero std): each becomes 0 (their mean with ``shift_mean=False``), whatever
+      eps is, instead of rounding noise divided by eps.
+
     Args:
-        values: any shape, e.g. [B, T] advantages.
+        values: any shape, e.g. [B, T] advantages; off-mask entries may hold anything.
         mask: same shape, 1 for valid entries.
         shift_mean: False keeps the original mean, ``(x - mean) / (std + eps) + mean`` (rescale only), as ROLL.
         eps: added to the std.
         ddof: std degrees of freedom.
 
     Returns:
-        Same shape; off-mask entries 0. With fewer than 2 valid entries the statistics are meaningless and
-        ``values`` is returned unchanged (ROLL skips whitening then).
+        Same shape; off-mask entries 0 in every case.
     """
-    mask = mask.to(values.dtype)
-    if float(mask.sum()) < 2:
+    valid = mask > 0
+    values = where_valid(values, valid)  # first: every later product and gradient stays finite
+    if int(valid.sum()) < 2:
         return values
-    mean = masked_mean(values, mask)
-    std = masked_var(values, mask, ddof=ddof).sqrt()
-    whitened = (values - mean) / (std + eps)
+    mean = masked_mean(values, valid)
+    std = masked_var(values, valid, ddof=ddof).sqrt()
+    # Equal values are detected exactly (max == min), not by a tolerance on the computed std.
+    spread = where_valid(values, valid, -math.inf).max() > where_valid(values, valid, math.inf).min()
+    whitened = torch.where(spread, (values - mean) / (std + eps), torch.zeros_like(values))
     if not shift_mean:
         whitened = whitened + mean
-    return whitened * mask
+    return where_valid(whitened, valid)
 
 
 @dataclass

@@ -9,18 +9,23 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from gyre.algos import LossDenominator
+from gyre.algos.preference import PreferenceLossSpec
 from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
-from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
+from gyre.engines.losses import DPOLoss, PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.engines.microbatch import MemoryLevers
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.rewards.base import RewardRequest
 from gyre.rewards.runner import RewardRunner, ScoreReply
 from gyre.tracking.sums import MetricSums
 from gyre.types import GenerationRequest, RewardResult, TrainBatch, TrainStepResult
+
+if TYPE_CHECKING:
+    from gyre.data.preference import PreferenceBatch
 
 
 def _device(kind: str) -> torch.device:
@@ -194,6 +199,13 @@ class PolicyWorker(TrainerRank, EngineHost):
         metrics = MetricSums()
         micro = self.backend.split_micro(shard, micro_batch_size)
         norm = self.backend.optimizer_step(micro, SFTLoss(denom=denom), metrics)
+        return TrainStepResult(metrics, [norm], self.backend.last_lr)
+
+    def train_dpo(self, shard: PreferenceBatch, denom: LossDenominator, micro_pairs: int,
+                  spec: PreferenceLossSpec) -> TrainStepResult:
+        """One optimizer step on this rank's share of whole pairs, ``micro_pairs`` pairs per forward pass."""
+        metrics = MetricSums()
+        norm = self.backend.optimizer_step(shard.micro_batches(micro_pairs), DPOLoss(denom=denom, spec=spec), metrics)
         return TrainStepResult(metrics, [norm], self.backend.last_lr)
 
     def export_weights(self, version: int, dtype: str) -> list | None:

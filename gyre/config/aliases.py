@@ -40,6 +40,11 @@ BY_PATH: dict[str, Alias] = {
     "algorithm.kl_ctrl.kl_coef": Alias("algorithm.kl_reward_coef", "verl"),
     "algorithm.kl_ctrl.target_kl": Alias("algorithm.kl_target", "verl"),
     "actor_rollout_ref.rollout.name": Alias("rollout.backend", "verl"),
+    # TRL's SFTConfig, under gyre's SFT sections (elsewhere max_steps is the RL run's length)
+    "sft.num_train_epochs": Alias("sft.epochs", "TRL"),
+    "sft.max_steps": Alias("sft.steps", "TRL"),
+    "sft_warmup.num_train_epochs": Alias("sft_warmup.epochs", "TRL"),
+    "sft_warmup.max_steps": Alias("sft_warmup.steps", "TRL"),
 }
 
 # Matched against the last part of the unknown key's path, wherever it was written.
@@ -112,12 +117,7 @@ BY_NAME: dict[str, Alias] = {
     "tau_neg": Alias("algorithm.sapo_tau_neg", "verl"),
     "ppo_kl_coef": Alias("algorithm.kl_cov_coef", "verl"),
     "k_percent": Alias("algorithm.kl_cov_ratio", "Entropy-Mechanism-of-RL", "a share, not a percentage: 0.2 is 0.002"),
-    "rollout_is": Alias("algorithm.mismatch.weight", "verl", "token or sequence"),
-    "rollout_is_threshold": Alias("algorithm.mismatch.upper_bound", "verl"),
     "rollout_is_batch_normalize": Alias("algorithm.mismatch.normalize_weights", "verl"),
-    "rollout_rs": Alias("algorithm.mismatch.divergence", "verl",
-                        "with divergence_level: seq_mean_k3 is divergence=k3, divergence_level=sequence_mean"),
-    "rollout_rs_threshold": Alias("algorithm.mismatch.divergence_max", "verl"),
     # OpenRLHF (command-line flags)
     "n_samples_per_prompt": Alias(_SAMPLES, "OpenRLHF"),
     "rollout_batch_size": Alias("rollout.prompts_per_step", "OpenRLHF, ROLL", _PROMPTS_NOTE),
@@ -165,6 +165,17 @@ BY_NAME: dict[str, Alias] = {
     "lora_target_modules": Alias("policy.lora.target_modules", "TRL"),
     "lora_modules_to_save": Alias("policy.lora.modules_to_save", "TRL"),
     "use_rslora": Alias("policy.lora.rslora", "TRL, peft"),
+    # verl's rollout correction (algorithm.rollout_correction.*): the direction of each ratio matters
+    "rollout_is": Alias("algorithm.mismatch.weight", "verl", "token, segment, geometric or sequence"),
+    "rollout_is_threshold": Alias("algorithm.mismatch.upper_bound", "verl", "the same ratio, pi_old / mu"),
+    "rollout_rs": Alias("algorithm.mismatch.filter", "verl",
+                        "gyre bounds pi_old / mu; verl's *_k1 modes bound mu / pi_old. The *_k2 / *_k3 modes are "
+                        "algorithm.mismatch.divergence: seq_mean_k3 is divergence=k3, divergence_level=sequence_mean"),
+    "rollout_rs_threshold": Alias("algorithm.mismatch.ratio_high", "verl",
+                                  "and ratio_low, bounds on pi_old / mu; a *_k1 threshold lo_hi bounds "
+                                  "mu / pi_old: write ratio_low=1/hi, ratio_high=1/lo. For *_k2 / *_k3 it is "
+                                  "algorithm.mismatch.divergence_max"),
+    "rollout_rs_threshold_lower": Alias("algorithm.mismatch.ratio_low", "verl", "a bound on pi_old / mu"),
     # ROLL (the reference design)
     "num_return_sequences_in_group": Alias(_SAMPLES, "ROLL"),
     "async_generation_ratio": Alias("rollout.async_ratio", "ROLL"),
@@ -173,12 +184,73 @@ BY_NAME: dict[str, Alias] = {
 }
 
 
-def alias_for(path: str) -> tuple[str, Alias] | None:
-    """(the foreign name matched, gyre's key for it) for the unknown key at dotted ``path``: by its whole
-    path, else by its last part."""
+def _trainer_names(section: str, unit: str) -> dict[str, Alias]:
+    """TRL's TrainingArguments names in a standalone trainer run (gyre sft, gyre dpo), whose optimisation
+    keys live in ``section``; ``unit`` is what its batches count."""
+    return {
+        "per_device_train_batch_size": Alias(f"{section}.micro_batch_size", "TRL",
+                                             f"{unit} per forward/backward pass on one rank"),
+        "gradient_accumulation_steps": Alias(f"{section}.batch_size", "TRL", f"gyre sets the {unit} per optimizer "
+                                             "step across all ranks; micro-batches accumulate to it"),
+        "learning_rate": Alias(f"{section}.optimizer.lr", "TRL"),
+        "max_steps": Alias(f"{section}.steps", "TRL"),
+        "num_train_epochs": Alias(f"{section}.epochs", "TRL"),
+        "max_grad_norm": Alias(f"{section}.grad_clip", "TRL"),
+        "lr_scheduler_type": Alias(f"{section}.scheduler.type", "TRL"),
+        "max_length": Alias(f"{section}.max_tokens", "TRL"),
+        "save_steps": Alias("run.output_dir", "TRL", f"gyre {section} keeps no checkpoints: it writes final_model/"),
+    }
+
+
+_WHOLE = "gyre bounds each whole sequence (prompt + completion)"
+BY_PIPELINE: dict[str, dict[str, Alias]] = {
+    "sft": {**_trainer_names("sft", "examples"), "max_seq_length": Alias("sft.max_tokens", "TRL")},
+    "dpo": {
+        **_trainer_names("dpo", "pairs"),
+        # gyre's own key names, listed because BY_NAME points them at the RL config's keys.
+        "beta": Alias("dpo.beta", "TRL"),
+        "loss_type": Alias("dpo.loss_type", "TRL"),
+        "reference_free": Alias("dpo.loss_type", "TRL", "dpo.loss_type=simpo is the reference-free variant"),
+        "max_prompt_length": Alias("dpo.max_tokens", "TRL", _WHOLE),
+        "max_completion_length": Alias("dpo.max_tokens", "TRL", _WHOLE),
+        "truncation_mode": Alias("dpo.overlong", "TRL", "dpo.overlong=truncate keeps each sequence's start"),
+    },
+}
+"""Names whose gyre key differs in a standalone run (by its ``pipeline``), checked before ``BY_NAME``."""
+
+
+# Values gyre renamed, by key (the section's dotted path and the key): the old value -> what to write now.
+RENAMED_VALUES: dict[str, dict[str, str]] = {
+    "algorithm.estimator": {
+        "reinforce_pp_baseline": "was renamed group_centred_batch_std (the group-centred reward over the batch "
+                                 "std of the centred rewards, per response); the paper's REINFORCE++-baseline, "
+                                 "normalised over tokens after the KL penalty, is algorithm.preset="
+                                 "reinforce_pp_baseline",
+    },
+}
+
+
+def renamed_value(section: object, path: str) -> str | None:
+    """The message for a value of ``section`` (the raw mapping at dotted ``path``) that gyre renamed, if any."""
+    if not isinstance(section, dict):
+        return None
+    for dotted, renames in RENAMED_VALUES.items():
+        where, _, key = dotted.rpartition(".")
+        value = section.get(key) if where == path else None
+        if isinstance(value, str) and value in renames:
+            return f"{dotted}={value} {renames[value]}"
+    return None
+
+
+def alias_for(path: str, pipeline: str | None = None) -> tuple[str, Alias] | None:
+    """(the foreign name matched, gyre's key for it) for the unknown key at dotted ``path`` of a
+    ``pipeline`` config: by its whole path, else by its last part."""
     if path in BY_PATH:
         return path, BY_PATH[path]
     name = path.rpartition(".")[2]
+    own = BY_PIPELINE.get(pipeline or "", {})
+    if name in own:
+        return name, own[name]
     return (name, BY_NAME[name]) if name in BY_NAME else None
 
 

@@ -56,7 +56,27 @@ UnitFloat = Annotated[float, Field(ge=0, le=1)]
 class StrictModel(BaseModel):
     """Base for every config section: unknown keys are errors, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+def attribute_docstrings(cls: type) -> dict[str, str]:
+    """The docstrings written under the annotated attributes of ``cls``'s own class body, by name (what
+    pydantic's ``use_attribute_docstrings`` reads for models, here for a plain dataclass)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # no source (a frozen build): the fields go undocumented, not broken
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for stmt, after in zip(body, body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
 
 
 def section_from_spec(spec: type, name: str, module: str, doc: str) -> type[StrictModel]:
@@ -65,6 +85,7 @@ def section_from_spec(spec: type, name: str, module: str, doc: str) -> type[Stri
     constraints; ``run_field`` fields are left out. So a knob is declared once, on the spec, and the spec
     is built back from the section by field name."""
     hints = typing.get_type_hints(spec)
+    docs = attribute_docstrings(spec)
     fields: dict[str, typing.Any] = {}
     for f in dataclasses.fields(spec):
         rules = dict(f.metadata)
@@ -72,5 +93,5 @@ def section_from_spec(spec: type, name: str, module: str, doc: str) -> type[Stri
             continue
         choices = rules.pop("choices", None)
         kind = Literal[choices.names] if choices is not None else hints[f.name]
-        fields[f.name] = (kind, Field(f.default, **rules))
+        fields[f.name] = (kind, Field(f.default, description=docs.get(f.name), **rules))
     return create_model(name, __base__=StrictModel, __module__=module, __doc__=doc, **fields)

@@ -6,6 +6,7 @@ without starting Ray, and a bad batch size or an impossible placement fails befo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Literal
 
 from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
-from gyre.config.schema import RLVRConfig
+from gyre.config.schema import RLVRConfig, SFTConfig
 
 DeviceKind = Literal["cpu", "cuda"]
 
@@ -59,7 +60,17 @@ class RunPlan:
     """L_cache of DAPO's soft overlong punishment (None: off)."""
     threads_per_worker: int
     sft_steps: int
+    """SFT warm-up optimizer steps: sft_warmup.steps, or with sft_warmup.epochs derived from the warm-up's
+    examples once they are loaded (``with_warmup``; 0 until then)."""
     notes: list[str] = field(default_factory=list)
+    sft_length: str = ""
+    """How the warm-up's steps were derived from sft_warmup.epochs (empty for a step count)."""
+
+    def with_warmup(self, sft: SFTConfig | None, examples: int) -> RunPlan:
+        """This plan with the SFT warm-up's steps over its ``examples`` loaded examples."""
+        if sft is None or sft.epochs is None:
+            return self
+        return dataclasses.replace(self, sft_steps=sft.total_steps(examples), sft_length=sft.describe_length(examples))
 
     @property
     def layout(self) -> str:
@@ -399,7 +410,7 @@ def _check_sft(cfg: RLVRConfig, dp: int) -> int:
     if sft is None:
         return 0
     _check_sft_batch(sft, dp, "sft_warmup")
-    return sft.steps
+    return sft.steps or 0  # epochs: known once the warm-up's examples are loaded (RunPlan.with_warmup)
 
 
 def _check_sft_batch(sft, dp: int, section: str) -> None:
@@ -424,26 +435,58 @@ class SFTPlan:
     threads_per_worker: int
     """Torch threads of each rank (CPU)."""
     steps: int
-    """Optimizer steps of the run."""
+    """Optimizer steps of the run: sft.steps (dpo.steps), or sft.epochs passes over the examples (pairs)."""
+    length: str
+    """How the steps were derived, for the plan line ("12 optimizer steps (2 epoch(s) of 48 examples...)")."""
+    reference: str | None = None
+    """gyre dpo: where the reference log-probs come from (a phrase for ``describe``); None: no reference."""
 
     def roles_on_device(self, device: int) -> int:
+        # gyre dpo's reference role is gone before the policy starts: each holds a whole device in turn.
         return 1
 
     def describe(self) -> str:
         kind = "GPU" if self.device_kind == "cuda" else "CPU slot"
-        return (f"placement: policy on {kind}s {list(self.roles['policy'])} ({self.dp_size} data-parallel "
-                f"rank{'s' * (self.dp_size > 1)}); {self.steps} optimizer steps")
+        text = (f"placement: policy on {kind}s {list(self.roles['policy'])} ({self.dp_size} data-parallel "
+                f"rank{'s' * (self.dp_size > 1)}); {self.length}")
+        return text + (f"\nreference: {self.reference}" if self.reference else "")
 
 
-def make_sft_plan(cfg, device_kind: DeviceKind, num_devices: int | None) -> SFTPlan:
-    """The plan of ``cfg`` (a ``gyre.config.sft_schema.SFTJobConfig``); ConfigError naming the key to change."""
+def make_sft_plan(cfg, device_kind: DeviceKind, num_devices: int | None, examples: int) -> SFTPlan:
+    """The plan of ``cfg`` (a ``gyre.config.sft_schema.SFTJobConfig``) over ``examples`` loaded examples;
+    ConfigError naming the key to change."""
+    _check_standalone(cfg, device_kind, num_devices)
     devices = cfg.policy.devices
-    if num_devices is not None:
-        _check_devices_exist({"policy": devices}, device_kind, num_devices)
-    _check_attention(cfg, device_kind)
     _check_sft_batch(cfg.sft, len(devices), "sft")
     return SFTPlan(device_kind, num_devices, {"policy": devices}, len(devices), cfg.cluster.threads_per_slot,
-                   cfg.sft.steps)
+                   cfg.sft.total_steps(examples), cfg.sft.describe_length(examples))
+
+
+def make_dpo_plan(cfg, device_kind: DeviceKind, num_devices: int | None, pairs: int) -> SFTPlan:
+    """The plan of ``cfg`` (a ``gyre.config.dpo_schema.DPOJobConfig``) over ``pairs`` loaded pairs: the policy
+    ranks and, for a loss with a reference and no LoRA, a reference role on the same devices that runs
+    before them."""
+    _check_standalone(cfg, device_kind, num_devices)
+    devices, dpo = cfg.policy.devices, cfg.dpo
+    if dpo.batch_size % len(devices):
+        raise ConfigError(f"dpo.batch_size={dpo.batch_size} must be divisible by the {len(devices)} policy devices "
+                          "(each rank trains an equal share of the pairs)")
+    roles, reference = {"policy": devices}, None
+    if dpo.loss_spec().needs_reference:
+        if cfg.policy.lora is None:
+            roles["reference"] = devices
+            reference = ("a frozen copy of model.path on the same devices computes every pair's log-probs once, "
+                         "then gives its memory back before the policy starts")
+        else:
+            reference = "the policy's own base model, LoRA adapters off, once before training (no second copy)"
+    return SFTPlan(device_kind, num_devices, roles, len(devices), cfg.cluster.threads_per_slot,
+                   dpo.total_steps(pairs), dpo.describe_length(pairs, "pairs"), reference)
+
+
+def _check_standalone(cfg, device_kind: DeviceKind, num_devices: int | None) -> None:
+    if num_devices is not None:
+        _check_devices_exist({"policy": cfg.policy.devices}, device_kind, num_devices)
+    _check_attention(cfg, device_kind)
 
 
 def _divisors(total: int, multiple_of: int) -> list[int]:

@@ -152,14 +152,15 @@ def _suggest(root: type[BaseModel], loc: tuple[str, ...], value: Any = None) -> 
 def _foreign_hint(root: type[BaseModel], path: str, value: Any) -> str:
     """Another framework's key at ``path``: gyre's key for it. For an unknown section (verl's
     actor_rollout_ref...), gyre's key for each of its entries: an alias, else a key of the same name."""
-    match = alias_for(path)
+    pipeline = _pipeline_of(root)
+    match = alias_for(path, pipeline)
     if match is not None:
         return f"; did you mean {match[1].key!r}? {describe(*match)}"
     if not isinstance(value, dict):
         return ""
     found = []
     for leaf in _leaves(value, path):
-        match = alias_for(leaf)
+        match = alias_for(leaf, pipeline)
         if match is not None:
             found.append(f"{leaf} is {match[1].key!r} {describe(*match)}")
             continue
@@ -167,6 +168,12 @@ def _foreign_hint(root: type[BaseModel], path: str, value: Any) -> str:
         if same:
             found.append(f"{leaf} is {'.'.join(same[0])!r}")
     return "; in gyre, " + ", ".join(found) if found else ""
+
+
+def _pipeline_of(root: type[BaseModel]) -> str | None:
+    """The ``pipeline`` a config schema is for (rlvr, sft, dpo)."""
+    field = root.model_fields.get("pipeline")
+    return field.default if field is not None else None
 
 
 def _leaves(value: dict, prefix: str) -> list[str]:

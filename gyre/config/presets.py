@@ -1,9 +1,13 @@
 """Named algorithm presets: each expands to explicit ``algorithm`` knobs, which a user may override.
 
 A preset is only a starting set of values; the resolved config (``gyre check``) shows every knob, and
-any key written next to ``preset`` wins over the preset's value. Sources, with the deviations we chose:
+any key written next to ``preset`` wins over the preset's value. A preset sets every knob its paper
+fixes, schema defaults included where the paper differs from them (no paper here uses dual clip, so
+each PPO-loss preset turns the schema's c = 3 off); ``tests/config/test_preset_papers.py`` checks each
+expansion against its paper's list. Sources, with the deviations we chose:
 
 - grpo: DeepSeekMath (arXiv 2402.03300); ROLL's GRPO preset (k3 KL loss 0.001, seq-mean-token-mean).
+  Deviation: the paper's KL coefficient is 0.04; 0.001 is ROLL's and verl's (algorithms.md section 11).
 - dr_grpo: "Understanding R1-Zero-Like Training" (arXiv 2503.20783): group mean, no std, and a constant
   length normaliser (seq-mean-token-sum-norm; the constant defaults to rollout.sampling.max_new_tokens).
 - dapo: DAPO (arXiv 2503.14476): clip-higher 0.28, token-mean, overlong filtering and soft punishment
@@ -12,10 +16,17 @@ any key written next to ``preset`` wins over the preset's value. Sources, with t
 - lite_ppo: "Tricks or Traps" (arXiv 2508.08221): group mean with batch std, token-mean, vanilla clip.
 - ppo: PPO (arXiv 1707.06347) with GAE (arXiv 1506.02438) and a critic; value clip 0.2, whitened
   advantages, a small k1 KL penalty in the reward (ROLL's 0.2 default suits reward models, not 0/1 rewards).
-- reinforce_pp / reinforce_pp_baseline: REINFORCE++ (arXiv 2501.03262): batch normalisation (or group
-  centring then batch std), k1 KL penalty 0.01 in the reward, PPO clip, token-mean.
-- rloo: "Back to Basics" (arXiv 2402.14740): leave-one-out baseline, no std.
-- gspo: GSPO (arXiv 2507.18071): sequence-level ratio with the paper's clip range 3e-4 / 4e-4.
+- reinforce_pp: REINFORCE++ (arXiv 2501.03262): k1 KL penalty 0.01 in the token rewards, returns with
+  gamma 1, then the returns normalised over every valid token of the batch (whiten_advantages: mean and
+  std over tokens, so longer responses weigh more; the population std, as OpenRLHF's implementation),
+  PPO clip, token-mean. No response-level normalisation before the KL penalty (that is ROLL's
+  "reinforce++" configuration, still reachable as norm_mean=batch, norm_std=batch).
+- reinforce_pp_baseline: the same with the group mean of the outcome subtracted first (REINFORCE++ w/
+  baseline). The response-level form (the centred rewards over their batch std per response) is the
+  estimator group_centred_batch_std.
+- rloo: "Back to Basics" (arXiv 2402.14740): leave-one-out baseline, no std. Deviation: the paper's KL
+  penalty (0.03, on the whole sequence's reward before the baseline) is not reproduced; no KL.
+- gspo: GSPO (arXiv 2507.18071): sequence-level ratio with the paper's clip range 3e-4 / 4e-4, no KL.
 - cispo: MiniMax-M1 (arXiv 2506.13585) with ROLL's bounds 0.1 / 0.1 and GRPO advantages.
 - topr: TOPR (arXiv 2503.14286) on group-mean-centred rewards.
 - remax: ReMax (arXiv 2310.10505), Algorithm 1: REINFORCE (vanilla loss, token-mean) with each prompt's greedy
@@ -44,35 +55,47 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from gyre.config.aliases import renamed_value
+
+_NO_DUAL_CLIP = {"dual_clip_c": None}
+"""No PPO-loss paper here caps negative advantages (dual clip): the schema's default c = 3 must not leak in."""
+
+
+def _reinforce_pp(norm_mean: str) -> dict[str, Any]:
+    """REINFORCE++ (norm_mean none) or its baseline variant (group): the returns, after the KL penalty,
+    normalised over the batch's valid tokens by the advantage whitening."""
+    return {"estimator": "reinforce", "norm_mean": norm_mean, "norm_std": "none", "whiten_advantages": True,
+            "std_ddof": 0, "gamma": 1.0, "policy_loss": "ppo", **_NO_DUAL_CLIP, "loss_agg": "token-mean",
+            "kl_reward_coef": 0.01, "kl_reward_estimator": "k1"}
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "grpo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "ppo",
-             "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.001},
+             **_NO_DUAL_CLIP, "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.001},
     "dr_grpo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "none", "policy_loss": "ppo",
-                "loss_agg": "seq-mean-token-sum-norm"},
+                **_NO_DUAL_CLIP, "loss_agg": "seq-mean-token-sum-norm"},
     "dapo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "ppo",
-             "clip_low": 0.2, "clip_high": 0.28, "loss_agg": "token-mean", "overlong_mask": True,
+             "clip_low": 0.2, "clip_high": 0.28, **_NO_DUAL_CLIP, "loss_agg": "token-mean", "overlong_mask": True,
              "overlong_penalty_frac": 0.2, "difficulty_mask": (0.0, 1.0)},
     "lite_ppo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "batch", "policy_loss": "ppo",
-                 "loss_agg": "token-mean"},
-    "ppo": {"estimator": "gae", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo",
+                 **_NO_DUAL_CLIP, "loss_agg": "token-mean"},
+    "ppo": {"estimator": "gae", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo", **_NO_DUAL_CLIP,
             "loss_agg": "token-mean", "whiten_advantages": True, "value_clip": 0.2, "gamma": 1.0, "lam": 0.95,
             "kl_reward_coef": 0.01, "kl_reward_estimator": "k1"},
-    "reinforce_pp": {"estimator": "reinforce", "norm_mean": "batch", "norm_std": "batch", "policy_loss": "ppo",
-                     "loss_agg": "token-mean", "kl_reward_coef": 0.01, "kl_reward_estimator": "k1"},
-    "reinforce_pp_baseline": {"estimator": "reinforce_pp_baseline", "norm_mean": "none", "norm_std": "none",
-                              "policy_loss": "ppo", "loss_agg": "token-mean", "kl_reward_coef": 0.01,
-                              "kl_reward_estimator": "k1"},
-    "rloo": {"estimator": "rloo", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo",
+    "reinforce_pp": _reinforce_pp("none"),
+    "reinforce_pp_baseline": _reinforce_pp("group"),
+    "rloo": {"estimator": "rloo", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo", **_NO_DUAL_CLIP,
              "loss_agg": "token-mean"},
     "gspo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "ppo",
-             "ratio_level": "sequence", "clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"},
+             "ratio_level": "sequence", "clip_low": 3e-4, "clip_high": 4e-4, **_NO_DUAL_CLIP,
+             "loss_agg": "seq-mean-token-mean"},
     "cispo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "cispo",
               "cispo_low": 0.1, "cispo_high": 0.1, "loss_agg": "token-mean"},
     "topr": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "none", "policy_loss": "topr",
              "topr_positive_weight": 1.0, "topr_negative_weight": 1.0, "loss_agg": "token-mean"},
     "remax": {"estimator": "remax", "norm_mean": "none", "norm_std": "none", "policy_loss": "vanilla",
               "loss_agg": "token-mean", "kl_reward_coef": 0.05, "kl_reward_estimator": "k1", "reward_clip": 5.0},
-    "opo": {"estimator": "opo", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo", "dual_clip_c": None,
+    "opo": {"estimator": "opo", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo", **_NO_DUAL_CLIP,
             "loss_agg": "token-mean", "kl_loss_coef": 0.0, "entropy_coef": 0.0},
     "gpg": {"estimator": "gpg", "norm_mean": "group", "norm_std": "none", "policy_loss": "vanilla",
             "loss_agg": "token-mean", "kl_loss_coef": 0.0},
@@ -93,6 +116,9 @@ def expand_preset(data: Any) -> Any:
     """``algorithm: NAME`` or ``{preset: NAME, ...}`` -> the preset's knobs, overlaid with the user's keys."""
     if isinstance(data, str):
         data = {"preset": data}
+    problem = renamed_value(data, "algorithm")
+    if problem:
+        raise ValueError(problem)
     if not isinstance(data, dict) or data.get("preset") is None:
         return data
     name = data["preset"]

@@ -50,7 +50,7 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         f"step(s) per RL step ({cfg.policy.epochs} epoch(s))",
         _per_rank_line(cfg, plan),
         f"  total                {cfg.run.steps} RL steps, {plan.total_optimizer_steps} optimizer steps"
-        + (f", after {plan.sft_steps} SFT warm-up steps" if plan.sft_steps else ""),
+        + (f", after an SFT warm-up of {plan.sft_length or f'{plan.sft_steps} steps'}" if plan.sft_steps else ""),
         f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
         f"  reference model      {_reference(plan)}",
         f"  critic               {f'{plan.critic_dp_size} rank(s)' if plan.use_critic else 'no'}",

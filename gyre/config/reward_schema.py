@@ -26,15 +26,20 @@ class ShapingTerm(StrictModel):
     function: str
     """"module:function", e.g. gyre.rewards.shaping:format_reward or gyre.rewards.shaping:length_penalty."""
     kwargs: dict[str, object] = {}
+    """Extra keyword arguments of the shaping function."""
     weight: float = 1.0
+    """The term's factor (negative for a penalty)."""
 
 
 class AdaptiveTimeoutConfig(StrictModel):
     """RollPacker's adaptive sandbox timeout: min(max(t_min, lam * slowest correct run), t_max) per problem."""
 
     t_min: PositiveFloat = 2.0
+    """The shortest limit in seconds, however fast the correct runs were."""
     t_max: PositiveFloat = 30.0
+    """The longest limit in seconds, however slow the correct runs were."""
     lam: Annotated[float, Field(ge=1)] = 1.5
+    """The margin over the slowest correct run of the problem (RollPacker's lambda)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> AdaptiveTimeoutConfig:
@@ -64,12 +69,14 @@ class JudgeConfig(StrictModel):
     endpoint."""
 
     backend: Literal["local", "openai"] = "local"
+    """local: a judge model run by gyre as a role; openai: an OpenAI-compatible chat endpoint."""
     model_path: str | None = None
     """local: a Hugging Face causal-LM directory, or a Hub id in the local Hugging Face cache (its main
     revision; see model.path)."""
     devices: DeviceList = (0,)
     """local: devices of the judge role (it stays resident; it is not time-shared)."""
     max_batch_size: PositiveInt | None = None
+    """local: most requests the judge's engine decodes at once; None: all of a call's requests."""
     url: str | None = None
     """openai: the API base URL, e.g. http://localhost:8000/v1 (a vLLM or SGLang server, or a provider)."""
     model: str | None = None
@@ -77,9 +84,11 @@ class JudgeConfig(StrictModel):
     api_key_env: str | None = None
     """openai: environment variable holding the API key (never the key itself in a config)."""
     retries: NonNegInt = 3
+    """openai: re-sends of a request on network errors, 429 and 5xx (exponential back-off)."""
     rate_limit_per_s: PositiveFloat | None = None
     """openai: most requests per second from each reward process."""
     request_timeout_s: PositiveFloat = 30.0
+    """openai: the deadline of one request in seconds."""
     template: str = DEFAULT_JUDGE_TEMPLATE
     """Prompt for the judge, with {prompt}, {response} and {ground_truth} filled in."""
     score_pattern: str = r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)"
@@ -89,6 +98,7 @@ class JudgeConfig(StrictModel):
     pass_score: Annotated[float, Field(ge=0)] = 0.5
     """Rewards at or above this count as correct for accuracy metrics."""
     max_new_tokens: PositiveInt = 32
+    """The longest judge reply in tokens (greedy decoding); enough for the score line."""
 
     @model_validator(mode="after")
     def _backend_needs(self) -> JudgeConfig:
@@ -106,7 +116,9 @@ class RewardModelConfig(StrictModel):
     """A sequence-classification model directory, or a Hub id in the local Hugging Face cache (its main
     revision; see model.path)."""
     devices: DeviceList = (0,)
+    """Devices of the reward model's workers (one each); it stays resident."""
     micro_batch_size: PositiveInt = 16
+    """Sequences per forward pass of one worker."""
     pass_score: float = 0.0
     """Scores above this count as correct for accuracy metrics."""
 
@@ -115,6 +127,8 @@ class DomainConfig(StrictModel):
     """How the samples of one domain are scored."""
 
     type: RewardType = "math"
+    """math (math-verify), code (tests in a sandbox), ifeval, choice (multiple choice), function (your
+    own), judge (an LLM judge) or reward_model (a scalar reward model)."""
     function: str | None = None
     """For type "function": "package.module:function" or "path/to/file.py:function"."""
     kwargs: dict[str, object] = {}
@@ -139,12 +153,15 @@ class DomainConfig(StrictModel):
     """The run stops, with the first error, when more than this share of the domain's rewards in one step
     fail (raise, return a non-number or NaN, time out); 1 never stops."""
     shaping: list[ShapingTerm] = []
+    """Terms added to the domain's reward (format, length, ...)."""
     adaptive_timeout: AdaptiveTimeoutConfig | None = None
     """type code: per-problem timeouts from the slowest correct run (RollPacker); None keeps kwargs.timeout_s."""
     sandbox: SandboxConfig | None = None
     """type code: where and how programs run (default: the local sandbox, refusing weak containment)."""
     judge: JudgeConfig | None = None
+    """For type judge: the judge's settings."""
     reward_model: RewardModelConfig | None = None
+    """For type reward_model: the model's settings."""
 
     @model_validator(mode="after")
     def _type_needs(self) -> DomainConfig:

@@ -9,7 +9,7 @@ coefficient asks for one, and anything the loader derives from these fields is c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -26,17 +26,30 @@ from gyre.config.base import (
     UnitFloat,
     section_from_spec,
 )
-from gyre.config.data_schema import DataConfig, DataSource
+from gyre.config.data_schema import DataConfig
 from gyre.config.env_schema import EnvConfig
 from gyre.config.presets import algorithm_problems, expand_preset
 from gyre.config.reward_schema import RewardConfig
-from gyre.engines.microbatch import MemoryLevers, RemovePadding
+from gyre.config.train_schema import (  # noqa: F401 - the trainer sections, importable from here too
+    CriticConfig,
+    ForwardLevers,
+    LoraConfig,
+    OptimizerConfig,
+    PolicyConfig,
+    ReferenceConfig,
+    SchedulerConfig,
+    SFTConfig,
+)
 
 
 class RunConfig(StrictModel):
     name: str = "gyre-run"
+    """The run's name (logs, TensorBoard, ablation labels)."""
     output_dir: Path = Path("runs/gyre-run")
+    """Receives metrics, checkpoints and the final model; a directory that holds another run is refused
+    unless --resume continues it or --overwrite moves it aside."""
     seed: NonNegInt = 0
+    """Seeds prompt order, sampling, model init and every worker: a seeded run's metrics repeat exactly."""
     steps: PositiveInt = 100
     """Number of RL training steps; each consumes one rollout batch."""
     max_restarts: NonNegInt = 3
@@ -111,9 +124,11 @@ class SamplingConfig(StrictModel):
     temperature: Annotated[float, Field(ge=0)] = 1.0
     """0 means greedy decoding."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling: the smallest set of tokens whose probability reaches top_p; 1 disables it."""
     top_k: NonNegInt = 0
     """0 disables top-k."""
     max_new_tokens: PositiveInt = 256
+    """The longest response in tokens; a response cut here is truncated (and can be masked or penalised)."""
     stop: list[str] = []
     """Extra stop strings; generation also stops at the tokenizer's EOS."""
 
@@ -190,106 +205,12 @@ class RolloutConfig(StrictModel):
     """RollPacker's tail batching (short rounds with speculation, long rounds for cut prompts); ``{}``
     turns it on with eta 1.25 for both."""
     sampling: SamplingConfig = SamplingConfig()
+    """Temperature, top-p/top-k, length and stop strings of training samples."""
 
     @property
     def replicate(self) -> bool:
         """Each sample its own request (queue scheduling, always with asynchrony)."""
         return self.schedule == "queue" or self.async_ratio > 0
-
-
-class OptimizerConfig(StrictModel):
-    lr: PositiveFloat = 1e-5
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: PositiveFloat = 1e-8
-
-
-class SchedulerConfig(StrictModel):
-    type: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: NonNegInt = 0
-    """Optimizer steps of linear warm-up from 0."""
-    min_lr_ratio: UnitFloat = 0.0
-    """For linear and cosine decay: the final learning rate as a fraction of the peak."""
-
-
-class LoraConfig(StrictModel):
-    """LoRA (peft) on the policy: the base weights stay frozen and only low-rank adapters train, so the
-    optimizer state, the checkpoints and every weight sync hold the adapter alone. The rollout engines
-    merge each published adapter into their copy of the base weights; the KL reference is the policy's
-    own base model with the adapter switched off (no reference role, no second copy of the model)."""
-
-    r: PositiveInt = 16
-    """Rank of every adapter: a targeted weight W [out, in] becomes W + scale * B @ A with B [out, r], A [r, in]."""
-    alpha: PositiveFloat = 32.0
-    """The scale's numerator: scale = alpha / r (alpha / sqrt(r) with rslora); peft's lora_alpha."""
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    """Dropout on the adapters' input in training forward passes. Log-prob passes run without it, so a
-    non-zero value makes the first optimizer step's ratio differ from 1; 0 (the default) keeps them equal."""
-    target_modules: str | list[str] = "all-linear"
-    """Which layers get an adapter: all-linear (every linear layer of the attention and MLP blocks, not the
-    output head), or a list of module names or name suffixes such as [q_proj, v_proj] (peft's
-    target_modules). Only linear layers can be targeted: the engines merge adapters into linear weights."""
-    modules_to_save: list[str] = []
-    """Modules trained in full beside the adapters, e.g. [norm] (peft's modules_to_save: a name or suffix).
-    Their whole weights travel with every weight sync. Not the embeddings of a model that ties them to
-    the output head."""
-    rslora: bool = False
-    """Rank-stabilised LoRA: scale = alpha / sqrt(r)."""
-    save: Literal["both", "merged", "adapter"] = "both"
-    """What the run writes at its end: merged (base + adapter, in model.save_dtype) in final_model/, which
-    AutoModelForCausalLM loads; adapter (peft format, PeftModel.from_pretrained) in final_adapter/; or both."""
-
-    @property
-    def scale(self) -> float:
-        """The factor of B @ A in every targeted weight."""
-        return self.alpha / (self.r ** 0.5 if self.rslora else self.r)
-
-
-class ForwardLevers(StrictModel):
-    """How a model role cuts its work into forward passes, and the memory levers of those passes. Each
-    lever computes the same log-probs, losses and gradients as the plain path (micro-batches are scaled
-    by the optimizer step's global denominators, never by their own size)."""
-
-    micro_batch_size: PositiveInt = 8
-    """Samples per forward (and backward) pass on one rank when micro_batch_tokens is unset; gradients
-    accumulate over micro-batches."""
-    micro_batch_tokens: PositiveInt | None = None
-    """Cut micro-batches by this token budget instead of micro_batch_size rows (verl's
-    ppo_max_token_len_per_gpu): rows are added while the micro-batch stays within it, padding counted
-    (rows x the longest row) unless remove_padding is pack (the sum of the rows); a longer row goes alone.
-    None: by row count."""
-    remove_padding: RemovePadding = "none"
-    """none: micro-batches of consecutive rows, right-padded to the longest. sort: rows ordered longest
-    first before cutting, so each micro-batch holds rows of similar length and little padding. pack: rows
-    ordered so too, and each micro-batch's rows concatenated into one sequence with no padding at all
-    (position ids restart per row; attention stays within a row through a block-diagonal mask under eager
-    and sdpa, flash-attention's variable-length path under flash_attention_2/3)."""
-    logprob_chunk_tokens: PositiveInt | None = None
-    """Compute log-probs (and entropies) from the final hidden states this many tokens at a time, so the
-    full [tokens, vocabulary] float32 logits never exist at once; in training each chunk's logits are
-    recomputed in the backward pass. Needs a model that returns its output layer's logits unchanged
-    (checked at load). E.g. 1024; None: all logits at once. Policy and reference only."""
-
-    @property
-    def levers(self) -> MemoryLevers:
-        """The levers as the engines take them."""
-        return MemoryLevers(self.micro_batch_tokens, self.remove_padding, self.logprob_chunk_tokens)
-
-
-class PolicyConfig(ForwardLevers):
-    devices: DeviceList = (0,)
-    strategy: Literal["ddp", "fsdp2"] = "ddp"
-    optimizer: OptimizerConfig = OptimizerConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
-    grad_clip: PositiveFloat | None = 1.0
-    mini_batch_size: PositiveInt | None = None
-    """Samples per optimizer step, across all data-parallel ranks; None is the whole rollout batch."""
-    epochs: PositiveInt = 1
-    """Passes over each rollout batch."""
-    offload: Literal["auto", "always", "never"] = "auto"
-    """Offload idle state of roles that share a device: auto offloads on GPU, never on CPU."""
-    lora: LoraConfig | None = None
-    """Train LoRA adapters instead of every weight (``{}`` turns it on with its defaults; see LoraConfig)."""
 
 
 NormScope = Literal["none", "group", "batch", "running"]
@@ -298,19 +219,29 @@ Level = Literal["none", "token", "segment", "geometric", "sequence"]
 
 class MismatchConfig(StrictModel):
     """Train-inference mismatch correction (ROLL ``train_infer_correction``): the trainer's pi_old against
-    the sampler's log-probs. Needs recomputed old log-probs (the plan turns recomputation on)."""
+    the sampler's log-probs mu. Needs recomputed old log-probs (the plan turns recomputation on).
+
+    Every ratio here is pi_old / mu, the trainer's probability over the sampler's (log-ratio
+    log pi_old - log mu), as in ROLL and verl's rollout_is. Some frameworks bound the inverse: verl's k1
+    rejection (rollout_rs token_k1, seq_sum_k1, seq_mean_k1 with a "lo_hi" threshold) keeps
+    lo <= mu / pi_old <= hi, which is ratio_low = 1 / hi, ratio_high = 1 / lo here."""
 
     weight: Level = "none"
     """Importance weight pi_old / mu multiplying each token's loss, at this granularity; none turns it off."""
     upper_bound: PositiveFloat = 1.2
-    """The weight is truncated at this value."""
+    """The weight pi_old / mu is truncated at this value (verl's rollout_is_threshold, same direction)."""
     filter: Level = "none"
-    """Drop tokens / segments / sequences whose ratio (at this granularity) leaves [ratio_low, ratio_high]."""
+    """Drop tokens / segments / sequences whose ratio pi_old / mu (at this granularity) leaves
+    [ratio_low, ratio_high] (k1 rejection: the log-ratio log pi_old - log mu outside [ln low, ln high])."""
     ratio_low: Annotated[float, Field(ge=0)] = 0.8
+    """Lower bound on pi_old / mu, trainer over sampler (not mu / pi_old: a bound ported from a framework
+    that rejects on mu / pi_old becomes 1 / its upper bound here)."""
     ratio_high: PositiveFloat = 1.2
+    """Upper bound on pi_old / mu, trainer over sampler (1 / the lower bound of an inverse-ratio threshold)."""
     diff_low: float | None = None
     """Optional bounds on p_old - p_mu as well (the diff filter)."""
     diff_high: float | None = None
+    """Upper bound on p_old - p_mu (the diff filter); None: no upper bound."""
     normalize_weights: bool = False
     """Divide the importance weights by their mean over the batch's units (tokens; segments; rows at the
     geometric and sequence levels) after truncation, so they average 1 (verl's rollout_is_batch_normalize)."""
@@ -349,11 +280,12 @@ class AlgorithmConfig(PolicyLossKnobs):
 
     preset: str | None = None
     """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr, remax,
-    opo, gpg, clip_cov, kl_cov, gmpo, sapo (``gyre.config.presets``)."""
+    opo, gpg, clip_cov, kl_cov, gmpo, sapo (``gyre.config.presets``: each sets the knobs of its paper)."""
     # ---- advantages -------------------------------------------------------------------------
     estimator: Literal[ESTIMATORS.names] = "reinforce"
     """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
-    rloo: leave-one-out baseline; reinforce_pp_baseline: group-centred over batch std; gae: PPO with a
+    rloo: leave-one-out baseline; group_centred_batch_std: group-centred over the batch std of the centred
+    rewards, per response (REINFORCE++-baseline's response-level form); gae: PPO with a
     critic (creates the critic role). These treat a multi-turn trajectory as one action (its reward is the
     episode return). Credit per model turn, for runs that learn from an environment (``gyre.algos.agentic``):
     step_returns: the discounted return of the turn rewards from each turn on (gamma per turn), no
@@ -371,7 +303,9 @@ class AlgorithmConfig(PolicyLossKnobs):
     norm_std: NormScope = "group"
     """Scope of the std rewards are divided by; none leaves the scale."""
     std_eps: PositiveFloat = 1e-6
+    """Added to every std of this section, (x - mean) / (std + std_eps): the norm scopes, whitening, turn credit."""
     std_ddof: Literal[0, 1] = 1
+    """Degrees of freedom of those stds: 1 the sample std (torch's default), 0 the population std."""
     reward_clip: PositiveFloat | None = None
     """Clamp the (normalised) rewards to +-value."""
     gamma: UnitFloat = 1.0
@@ -390,8 +324,11 @@ class AlgorithmConfig(PolicyLossKnobs):
     """pass_at_k: k, the subset size whose best reward the advantage raises (at most
     rollout.samples_per_prompt; k = 1 is GRPO with the population std)."""
     whiten_advantages: bool = False
-    """Whiten advantages over every valid token of the batch."""
+    """Whiten advantages over the tokens that train, (A - mean) / (std + std_eps) with std_ddof, mean and
+    std over tokens (longer responses weigh more); with a critic-free estimator these are the returns after
+    the KL penalty, which is REINFORCE++'s normalisation. Fewer than 2 tokens: left as they are; all equal: 0."""
     advantage_clip: PositiveFloat | None = None
+    """Clamp the final advantages to +-value; None: no clamp."""
     # ---- policy loss: the keys of PolicyLossKnobs, and the aggregation constant ------------
     loss_agg_norm: PositiveInt | None = None
     """The constant of seq-mean-token-sum-norm; default rollout.sampling.max_new_tokens."""
@@ -399,9 +336,12 @@ class AlgorithmConfig(PolicyLossKnobs):
     kl_reward_coef: Annotated[float, Field(ge=0)] = 0.0
     """Per-token KL penalty subtracted from the rewards (PPO / REINFORCE++ style); > 0 creates the reference."""
     kl_reward_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    """The per-token KL estimate subtracted from the token rewards when kl_reward_coef > 0
+    (``gyre.algos.kl``; clamped by kl_clamp)."""
     kl_target: PositiveFloat | None = None
     """Adaptive KL coefficient (arXiv 1909.08593) aiming at this per-token KL; None keeps it fixed."""
     kl_horizon: PositiveInt = 10000
+    """Adaptive KL (kl_target): the horizon of the proportional controller, in samples (arXiv 1909.08593)."""
     # ---- masks and shaping ------------------------------------------------------------------
     overlong_mask: bool = False
     """Truncated responses (hit max_new_tokens) leave the loss (DAPO overlong filtering)."""
@@ -411,8 +351,11 @@ class AlgorithmConfig(PolicyLossKnobs):
     """(low, high): keep a prompt's group only if low < mean reward < high; (0, 1) drops groups with no
     reward variance (DAPO's dynamic-sampling filter)."""
     mismatch: MismatchConfig = MismatchConfig()
+    """Train-inference mismatch correction: importance weights and rejection by pi_old / mu."""
     # ---- critic (estimator gae) -------------------------------------------------------------
     value_clip: PositiveFloat | None = None
+    """Clip the new values to within +-value of the old ones in the critic's loss (PPO's value clip);
+    None: no clip."""
     critic_warmup: NonNegInt = 0
     """RL steps that train only the critic before the policy starts to move."""
     old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
@@ -478,111 +421,68 @@ class AlgorithmConfig(PolicyLossKnobs):
                 or self.difficulty_mask is not None)
 
 
-class CriticConfig(ForwardLevers):
-    """The value model of PPO (algorithm.estimator gae): a value head on a copy of the backbone."""
-
-    model_path: str | None = None
-    """Where the critic's backbone comes from (a local directory or a cached Hub id, as model.path);
-    default model.path."""
-    devices: DeviceList = (0,)
-    strategy: Literal["ddp", "fsdp2"] = "ddp"
-    optimizer: OptimizerConfig = OptimizerConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
-    grad_clip: PositiveFloat | None = 1.0
-
-    @model_validator(mode="after")
-    def _no_vocabulary(self) -> CriticConfig:
-        if self.logprob_chunk_tokens is not None:
-            raise ValueError("critic.logprob_chunk_tokens: the critic outputs one value per token, not a "
-                             "distribution over the vocabulary, so there are no log-probs to chunk; remove it")
-        return self
-
-
-class ReferenceConfig(ForwardLevers):
-    devices: DeviceList = (0,)
-    micro_batch_size: PositiveInt = 16
-    """Samples per forward pass on one worker when micro_batch_tokens is unset."""
-
-
 class ValidationConfig(StrictModel):
     every: NonNegInt = 0
     """Validate every this many steps (and before the first and after the last); 0 turns it off."""
     temperature: Annotated[float, Field(ge=0)] = 0.0
+    """Sampling temperature of validation; 0 is greedy."""
     samples_per_prompt: PositiveInt = 1
+    """Samples per validation prompt (accuracy is their mean: mean@k)."""
 
 
 class CheckpointConfig(StrictModel):
     every: NonNegInt = 0
     """Save every this many steps; 0 saves only the final model."""
     keep_last: PositiveInt = 2
+    """Checkpoints kept; older ones are deleted as new ones are saved (the run's own, never a user's)."""
 
 
 class LoggingConfig(StrictModel):
     tensorboard: bool = True
+    """Write TensorBoard event files under run.output_dir/tensorboard."""
     plot: bool = True
+    """Write a PNG of the main metrics (metrics.png) at the end of the run."""
     progress: bool = True
-
-
-class SFTConfig(StrictModel):
-    """Supervised fine-tuning: the warm-up before RL (``sft_warmup``) or a standalone run (``gyre sft``).
-
-    A row is a (prompt, response) pair, trained on the response and an EOS token, or a conversation (a
-    chat in ``messages_key`` and no response column), trained on every assistant message as the
-    tokenizer's chat template writes it (its end-of-turn marker included) and on nothing else."""
-
-    train_files: list[DataSource]
-    """Files, directories, globs or {dataset: ...} entries, as for data.train_files."""
-    prompt_key: str = "prompt"
-    """The column holding a pair's prompt: a text, or a chat (a list of {"role", "content"})."""
-    response_key: str = "response"
-    """The column holding a pair's target response. A row without it is a conversation."""
-    messages_key: str = "messages"
-    """The column holding a conversation: a chat whose assistant messages are the targets (TRL's
-    conversational format); a pair row may hold its chat prompt here instead of in prompt_key."""
-    system_prompt: str | None = None
-    """A system message put before every chat that has none (gyre sft; an sft_warmup uses data.system_prompt)."""
-    chat_template_kwargs: dict[str, Any] = {}
-    """Extra arguments of apply_chat_template (gyre sft; an sft_warmup uses data.chat_template_kwargs)."""
-    steps: PositiveInt = 100
-    batch_size: PositiveInt = 32
-    """Examples per optimizer step across all ranks."""
-    micro_batch_size: PositiveInt = 32
-    """Rows per forward/backward on one rank (with packing, packed rows of several examples)."""
-    packing: bool = False
-    """Pack each step's examples into rows of up to max_tokens tokens (first-fit, longest first), each
-    example with its own positions from 0 and attending only to itself (transformers' packed-sequence
-    masks: the loss equals the unpacked one), instead of padding every example to the longest."""
-    optimizer: OptimizerConfig = OptimizerConfig(lr=1e-3)
-    scheduler: SchedulerConfig = SchedulerConfig()
-    grad_clip: PositiveFloat | None = 1.0
-    max_tokens: PositiveInt = 1024
-    """The longest example (prompt + response, or the whole conversation), in tokens; the packed row length."""
-    overlong: Literal["error", "drop"] = "error"
-    """Examples over max_tokens: error stops at load time naming the first; drop leaves them out (counted)."""
+    """Print a progress line per step."""
 
 
 class RLVRConfig(StrictModel):
     """A full RLVR run: RL on verifiable rewards with the configured algorithm, optionally after an SFT warm-up."""
 
     pipeline: Literal["rlvr"] = "rlvr"
+    """Which pipeline this config is for (RL: rlvr, with data or an environment)."""
     run: RunConfig = RunConfig()
+    """Name, output directory, seed, steps and in-run recovery."""
     cluster: ClusterConfig = ClusterConfig()
+    """The Ray cluster: an embedded local one, or an existing one by address."""
     watchdog: WatchdogConfig = WatchdogConfig()
+    """Deadlines on every remote call to a role."""
     model: ModelConfig
+    """The policy's model and tokenizer."""
     data: DataConfig | None = None
     """Prompts and answers (RLVR); a run has this or ``env``."""
     env: EnvConfig | None = None
     """An environment to act in (agentic RL); a run has this or ``data``."""
     rollout: RolloutConfig = RolloutConfig()
+    """The rollout engines and the scheduler: batch shape, sampling, asynchrony, filters."""
     policy: PolicyConfig = PolicyConfig()
+    """The policy trainer: devices, strategy, optimizer, mini-batches, LoRA, memory levers."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    """Advantage estimator, policy loss, KL and masks (or a preset)."""
     reference: ReferenceConfig = ReferenceConfig()
+    """The KL reference model's placement (used only when a KL term asks for it)."""
     critic: CriticConfig = CriticConfig()
+    """The value model's placement and optimizer (used only by critic estimators such as gae)."""
     reward: RewardConfig = RewardConfig()
+    """How responses are scored: one domain, or several routed by prompt tag."""
     validation: ValidationConfig = ValidationConfig()
+    """Held-out evaluation during the run."""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    """How often to checkpoint and how many to keep."""
     logging: LoggingConfig = LoggingConfig()
+    """TensorBoard, the metrics plot and the progress line."""
     sft_warmup: SFTConfig | None = None
+    """Supervised steps before RL (teaches the answer format); None: RL from the start."""
 
     @model_validator(mode="after")
     def _one_source(self) -> RLVRConfig:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from gyre.config.base import DeviceList, NonNegInt, StrictModel
-from gyre.config.schema import ClusterConfig, ModelConfig, SFTConfig, WatchdogConfig
+from gyre.config.schema import ClusterConfig, LoraConfig, ModelConfig, SFTConfig, WatchdogConfig
 
 
 class SFTRunSection(StrictModel):
@@ -25,12 +25,15 @@ class SFTRunSection(StrictModel):
 
 
 class SFTPolicySection(StrictModel):
-    """Where the trainer ranks run: one data-parallel rank per device."""
+    """Where the trainer ranks of gyre sft and gyre dpo run (one data-parallel rank per device), and LoRA."""
 
     devices: DeviceList = (0,)
     """Devices of the trainer ranks (GPU indices, or CPU slots)."""
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     """ddp: a whole model per rank; fsdp2: parameters, gradients and optimizer state sharded over the ranks."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight (``{}`` turns it on with its defaults); the run ends with
+    final_model/ (merged) and final_adapter/ as lora.save says."""
 
 
 class SFTLoggingSection(StrictModel):

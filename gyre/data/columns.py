@@ -18,18 +18,19 @@ from gyre.data.sources import DataError, RawRow
 from gyre.rewards.math import last_boxed
 
 Chat = list[dict[str, str]]
-_MISSING = object()
+MISSING = object()
+"""What ``lookup`` returns for a row without the column."""
 
 
 def lookup(data: dict[str, Any], key: str) -> Any:
     """``data[key]``, or for a dotted key not itself a column the value inside nested objects
-    ("reward_model.ground_truth"); ``_MISSING`` when there is none."""
+    ("reward_model.ground_truth"); ``MISSING`` when there is none."""
     if key in data:
         return data[key]
     node: Any = data
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return _MISSING
+            return MISSING
         node = node[part]
     return node
 
@@ -66,20 +67,13 @@ class ColumnMap:
         if self.prompt_template is not None:
             return self._fill_template(row)
         key, value = self._prompt_column(row)
-        if value is _MISSING:
+        if value is MISSING:
             raise self._missing(row, self.prompt_key, "prompt_key", "the prompt (or set data.prompt_template)")
-        if isinstance(value, str) and value:
-            return value
-        if isinstance(value, list) and value and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in value):
-            return [{"role": m["role"], "content": m["content"]} for m in value]
-        raise DataError(f"{row.where}: '{key}' must be a non-empty text or a chat: a non-empty list of "
-                        f"{{'role': str, 'content': str}} (got {_describe(value)})")
+        return text_or_chat(value, row.where, key)
 
     def _prompt_column(self, row: RawRow) -> tuple[str, Any]:
         value = lookup(row.data, self.prompt_key)
-        if value is _MISSING and self.prompt_key == "prompt" and "messages" in row.data:
+        if value is MISSING and self.prompt_key == "prompt" and "messages" in row.data:
             return "messages", row.data["messages"]
         return self.prompt_key, value
 
@@ -99,7 +93,7 @@ class ColumnMap:
         if self.answer_key is None:
             return ""
         value = lookup(row.data, self.answer_key)
-        if value is _MISSING or value is None:
+        if value is MISSING or value is None:
             raise self._missing(row, self.answer_key, "answer_key", "the answers")
         if isinstance(value, bool):
             raise DataError(f"{row.where}: '{self.answer_key}' must be a text, a number, or an object or list "
@@ -123,7 +117,7 @@ class ColumnMap:
         if self.tag_key is None:
             return None
         tag = lookup(row.data, self.tag_key)
-        if tag is _MISSING or tag is None:
+        if tag is MISSING or tag is None:
             return None
         if not isinstance(tag, str):
             raise DataError(f"{row.where}: '{self.tag_key}' must be a string, got {type(tag).__name__}")
@@ -138,16 +132,35 @@ class ColumnMap:
         return {k: jsonable(v) for k, v in row.data.items() if k not in used}
 
     def _missing(self, row: RawRow, column: str, key: str, what: str) -> DataError:
-        columns = ", ".join(sorted(row.data)) or "none"
-        if self.section is None:
-            return DataError(f"{row.where}: no column '{column}'; this row has columns: {columns}. Rows need a "
-                             f"'{column}' column.")
-        if key == "prompt_template":
-            fix = f"name only existing columns in {self.section}.prompt_template"
-        else:
-            fix = f"set {self.section}.{key} to the column that holds {what}"
-        return DataError(f"{row.where}: no column '{column}' ({self.section}.{key}); this row has columns: "
-                         f"{columns}. {fix[0].upper() + fix[1:]}.")
+        return missing_column(row, column, self.section, key, what)
+
+
+def text_or_chat(value: Any, where: str, key: str) -> str | Chat:
+    """``value`` (column ``key`` of the row at ``where``) as a non-empty text or a chat: a non-empty list of
+    {"role": str, "content": str} (other keys of a message are dropped); else an error naming both."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise DataError(f"{where}: '{key}' must be a non-empty text or a chat: a non-empty list of "
+                    f"{{'role': str, 'content': str}} (got {_describe(value)})")
+
+
+def missing_column(row: RawRow, column: str, section: str | None, key: str, what: str) -> DataError:
+    """The error for a row without ``column``: the columns it has, and the config key ``section.key`` that
+    names the column holding ``what`` (no key to set when ``section`` is None: a format with fixed names)."""
+    columns = ", ".join(sorted(row.data)) or "none"
+    if section is None:
+        return DataError(f"{row.where}: no column '{column}'; this row has columns: {columns}. Rows need a "
+                         f"'{column}' column.")
+    if key == "prompt_template":
+        fix = f"name only existing columns in {section}.prompt_template"
+    else:
+        fix = f"set {section}.{key} to the column that holds {what}"
+    return DataError(f"{row.where}: no column '{column}' ({section}.{key}); this row has columns: "
+                     f"{columns}. {fix[0].upper() + fix[1:]}.")
 
 
 def _answer_text(value: Any) -> str:

@@ -93,10 +93,29 @@ def pair_tokens(row: RawRow, renderer: PromptRenderer, eos_id: int, columns: SFT
     if key not in row.data and columns.messages_key in row.data:
         key = columns.messages_key  # a chat prompt in the conversation column
     reader = ColumnMap(prompt_key=key, answer_key=columns.response_key, tag_key=None, section=columns.section)
-    prompt_ids = renderer.encode(renderer.render(reader.prompt(row), row.where))
-    response = reader.answer(row)
-    response_ids = list(renderer.tokenizer(response, add_special_tokens=False)["input_ids"]) + [eos_id]
-    return prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids)
+    return completion_tokens(reader.prompt(row), reader.answer(row), renderer, eos_id, row.where)
+
+
+def completion_tokens(prompt: str | Chat, completion: str | Chat, renderer: PromptRenderer, eos_id: int,
+                      where: str) -> tuple[list[int], list[int]]:
+    """The rendered prompt (not trained), then the completion (trained): a text and EOS, or messages as the
+    chat template writes them after the prompt (their end-of-turn markers included)."""
+    prompt_text = renderer.render(prompt, where)
+    prompt_ids = renderer.encode(prompt_text)
+    if isinstance(completion, str):
+        ids = list(renderer.tokenizer(completion, add_special_tokens=False)["input_ids"]) + [eos_id]
+    else:
+        if not renderer.use_template:
+            raise DataError(f"{where}: a completion given as messages needs a tokenizer chat template, and this one "
+                            "has none; give the completion as a text, or use a tokenizer with a chat template")
+        chat = ([{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)) + completion
+        full = renderer.render_chat(chat, add_generation_prompt=False)
+        if not full.startswith(prompt_text):
+            raise DataError(f"{where}: the chat template does not write the prompt followed by the completion as "
+                            "the prompt with a generation prompt and then the completion (templates that rewrite "
+                            "earlier turns do this); give the completion as a text instead of messages")
+        ids = list(renderer.tokenizer(full[len(prompt_text):], add_special_tokens=False)["input_ids"])
+    return prompt_ids + ids, [0] * len(prompt_ids) + [1] * len(ids)
 
 
 def _chat(row: RawRow, key: str, section: str) -> Chat:

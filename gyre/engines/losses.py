@@ -5,11 +5,16 @@ autocast dtype, memory levers), is called once per micro-batch, and returns
 that micro-batch's share of the optimizer-step loss, scaled by the global denominator; it adds
 token-weighted metrics on the way. ``__call__`` takes the forward's outputs, so tests can drive the
 maths with hand-made log-probs.
+
+Every per-token input is selected on the loss mask (``where_valid``) before any arithmetic: padding may
+hold NaN or inf (a -inf reference log-prob, a NaN from the sampler), and a product with 0 would carry it
+into the loss or, as 0 * NaN, into the gradient.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,13 +28,17 @@ from gyre.algos.policy_loss import (
     PolicyLossSpec,
     PolicyLossVariant,
 )
-from gyre.algos.stats import masked_sum
+from gyre.algos.preference import PairLogps, PreferenceLossSpec, preference_loss
+from gyre.algos.stats import masked_sum, where_valid
 from gyre.algos.value import value_loss
 from gyre.engines.forward import ForwardContext, sequence_logprobs, sequence_values
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
 
-__all__ = ["OldSource", "PolicyLoss", "PolicyLossSpec", "SFTLoss", "ValueLoss"]
+if TYPE_CHECKING:
+    from gyre.data.preference import PreferenceBatch
+
+__all__ = ["DPOLoss", "OldSource", "PolicyLoss", "PolicyLossSpec", "SFTLoss", "ValueLoss"]
 
 
 @dataclass
@@ -58,15 +67,16 @@ class PolicyLoss:
         out = self._policy_terms(batch, logprobs, old, mask)
         token_loss = out.token_loss
         if batch.token_weights is not None:
-            token_loss = token_loss * batch.token_weights.to(dev)
+            token_loss = token_loss * where_valid(batch.token_weights.to(dev), mask, 1.0)
         loss = aggregate_loss(token_loss, mask, spec.loss_agg, self.denom)
         tokens = float(mask.sum())
         if spec.kl_loss_coef > 0:
-            kl = kl_straight_through(logprobs, batch.ref_logprobs.to(dev), spec.kl_loss_estimator,
-                                     spec.kl_loss_grad_estimator)
+            kl = kl_straight_through(where_valid(logprobs, mask), where_valid(batch.ref_logprobs.to(dev), mask),
+                                     spec.kl_loss_estimator, spec.kl_loss_grad_estimator, spec.kl_clamp)
             loss = loss + spec.kl_loss_coef * aggregate_loss(kl, mask, spec.loss_agg, self.denom)
             metrics.add("kl_ref", float(masked_sum(kl.detach(), mask)), tokens)
         if entropy is not None:
+            entropy = where_valid(entropy, mask)
             if spec.entropy_coef > 0:
                 loss = loss - spec.entropy_coef * aggregate_loss(entropy, mask, spec.loss_agg, self.denom)
             metrics.add("entropy", float(masked_sum(entropy.detach(), mask)), tokens)
@@ -78,7 +88,7 @@ class PolicyLoss:
         dev = lp.device
         scores = batch.scores.to(dev) if batch.scores is not None else None
         inputs = PolicyLossInputs(lp, old, batch.advantages.to(dev), mask, batch.rollout_logprobs.to(dev), scores)
-        return self.variant.loss(inputs, self.spec)
+        return self.variant.loss(inputs.on_mask(), self.spec)
 
     @torch.no_grad()
     def _metrics(self, batch: TrainBatch, out: PolicyLossOutput, old: torch.Tensor, lp: torch.Tensor,
@@ -129,7 +139,8 @@ class ValueLoss:
         if batch.values is None or batch.returns is None:
             raise ValueError("the critic trains on batch.values and batch.returns; the batch has none")
         mask = batch.response_mask.to(dev)
-        token_loss, clipped = value_loss(values, batch.values.to(dev), batch.returns.to(dev), self.clip)
+        token_loss, clipped = value_loss(where_valid(values, mask), where_valid(batch.values.to(dev), mask),
+                                         where_valid(batch.returns.to(dev), mask), self.clip)
         tokens = float(mask.sum())
         metrics.add("critic/value_loss", float(masked_sum(token_loss.detach(), mask)), tokens)
         metrics.add("critic/value_clip_frac", float(masked_sum(clipped, mask)), tokens)
@@ -151,7 +162,42 @@ class SFTLoss:
     def __call__(self, batch: TrainBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None,
                  metrics: MetricSums) -> torch.Tensor:
         mask = batch.response_mask.to(logprobs.device)
-        nll = -logprobs
+        nll = -where_valid(logprobs, mask)
         tokens = float(mask.sum())
         metrics.add("sft_loss", float(masked_sum(nll.detach(), mask)), tokens)
         return aggregate_loss(nll, mask, "token-mean", self.denom)
+
+
+@dataclass
+class DPOLoss:
+    """The mean per-pair preference loss (``gyre.algos.preference``) over every pair of the optimizer step:
+    a micro-batch of whole pairs contributes its pairs' summed loss over the step's pair count (the
+    global denominator, ``denom.sequences``), so any split into ranks and micro-batches gives the same
+    step. Metrics carry TRL's names (rewards/chosen, rewards/accuracies, ...), averaged over pairs."""
+
+    denom: LossDenominator
+    """``sequences``: the pairs of the whole optimizer step, over all ranks."""
+    spec: PreferenceLossSpec = PreferenceLossSpec()
+
+    def compute(self, model, micro: PreferenceBatch, fwd: ForwardContext, metrics: MetricSums) -> torch.Tensor:
+        lp, _ = sequence_logprobs(model, micro.rows, fwd, 1.0)
+        return self(micro, lp, metrics)
+
+    def __call__(self, batch: PreferenceBatch, logprobs: torch.Tensor, metrics: MetricSums) -> torch.Tensor:
+        """``logprobs`` [2P, L]: per-token log-probs of ``batch.rows`` (chosen rows even, rejected odd)."""
+        mask = batch.rows.response_mask.to(logprobs.device)
+        sums, lengths = where_valid(logprobs, mask).sum(dim=1), mask.sum(dim=1)
+        policy = PairLogps(sums[0::2], sums[1::2], lengths[0::2], lengths[1::2])
+        reference = None
+        if batch.ref_chosen is not None:
+            reference = PairLogps(batch.ref_chosen.to(logprobs.device), batch.ref_rejected.to(logprobs.device),
+                                  lengths[0::2], lengths[1::2])
+        out = preference_loss(policy, reference, self.spec)
+        pairs = float(len(batch))
+        for name, values in (("dpo_loss", out.losses.detach()), ("rewards/chosen", out.chosen_rewards),
+                             ("rewards/rejected", out.rejected_rewards), ("rewards/accuracies", out.accuracies),
+                             ("rewards/margins", out.margins), ("logps/chosen", policy.chosen.detach()),
+                             ("logps/rejected", policy.rejected.detach()), ("nll_loss", out.nll)):
+            if values is not None:
+                metrics.add(name, float(values.sum()), pairs)
+        return out.losses.sum() * (self.denom.dp_size / max(self.denom.sequences, 1.0))

@@ -33,6 +33,21 @@ def check_config_json(directory: Path, key: str) -> None:
                              "model config (re-save the model with save_pretrained())")
 
 
+def custom_code_files(directory: Path) -> list[str]:
+    """The Python files a model's config.json names in its ``auto_map`` (its own architecture code, which
+    transformers runs only with trust_remote_code); empty for a model transformers knows."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return []
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    if not isinstance(auto_map, dict):
+        return []
+    refs = [r for v in auto_map.values() for r in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(r, str)]
+    # "module.Class", or "repo_id--module.Class" for code kept in another repository.
+    return sorted({r.rpartition("--")[2].rpartition(".")[0] + ".py" for r in refs if "." in r})
+
+
 def check_weights(directory: Path, key: str) -> None:
     """The weight files exist and their headers agree with their sizes (sharded indexes: every shard)."""
     present = [name for name in WEIGHT_FILES if (directory / name).is_file()]

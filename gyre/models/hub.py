@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.models.checks import ModelPathError
@@ -130,3 +132,55 @@ def _cached_revisions(repo: Path) -> str:
     if snaps:
         parts.append("snapshots " + ", ".join(snaps))
     return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class HubPin:
+    """A Hub id as a run's config named it, and the cached commit it resolved to when the run started."""
+
+    repo_id: str
+    revision: str | None
+    """The revision the config asked for (None: main)."""
+    commit: str
+    """The snapshot that revision pointed to then."""
+
+
+class HubResolver:
+    """``resolve_model_path`` for every model key of a run, remembering what each Hub id resolved to
+    (``resolved``, recorded in run.json when the run starts). With ``pins`` (a resumed run's record), an id
+    the config still names the same way resolves to the commit the run started from, even if its branch
+    has moved in the cache since: a run resumes with the model, tokenizer and reference it began with."""
+
+    def __init__(self, pins: Mapping[str, HubPin] | None = None, echo: Callable[[str], None] = print):
+        self.pins = dict(pins or {})
+        self.echo = echo
+        self.resolved: dict[str, HubPin] = {}
+        """config key -> what its Hub id resolved to (keys holding local directories are left out)."""
+
+    def __call__(self, path: str, revision: str | None, key: str) -> str:
+        local = Path(path).expanduser().exists()
+        pin = self.pins.get(key)
+        if not local and pin is not None and (pin.repo_id, pin.revision) == (path, revision):
+            resolved = pinned_snapshot(pin, key)
+            self.echo(f"{key}={path}: commit {pin.commit[:12]}, the snapshot this run started from (run.json)")
+        else:
+            resolved = resolve_model_path(path, revision, key)
+        cached = cached_repo_of(resolved)
+        if not local and cached is not None:
+            self.resolved[key] = HubPin(path, revision, cached[1])
+        return resolved
+
+
+def pinned_snapshot(pin: HubPin, key: str) -> str:
+    """The cached snapshot of ``pin``'s commit; a ModelPathError saying how to get it back when it is gone."""
+    try:
+        return str(cached_snapshot(pin.repo_id, pin.commit, key))
+    except ModelPathError:
+        cache = hub_cache_dir()
+        held = _cached_revisions(_repo_dir(cache, pin.repo_id))
+        raise ModelPathError(
+            f"{key}={pin.repo_id!r}: this run started from commit {pin.commit[:12]} of {pin.repo_id} (recorded in its "
+            f"run.json), and the Hugging Face cache at {cache} no longer holds that snapshot"
+            f"{f' (it holds {held})' if held else ''}. Resume with the same model by fetching it again: "
+            f"`{download_command(pin.repo_id, pin.commit)}`; or start a new run (--overwrite) from the model the "
+            "cache holds now.") from None

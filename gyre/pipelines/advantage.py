@@ -10,7 +10,9 @@ Every formula is a pure function of ``gyre.algos``; this module only wires them 
 the state that outlives a step (running moments, the adaptive KL coefficient).
 
 Statistics (group means, batch std) are taken over every sample of the batch, masked ones included:
-masks decide which tokens train, not what a prompt's baseline is.
+masks decide which tokens train, not what a prompt's baseline is. Whitening is the exception, by
+design: it normalises the advantages (the returns, for a critic-free estimator) over the tokens that
+train, after the KL penalty, which is REINFORCE++'s global normalisation (arXiv 2501.03262).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from gyre.algos.mismatch import (
     mismatch_metrics,
     normalize_weights,
 )
-from gyre.algos.stats import RunningMoments, masked_mean, masked_whiten
+from gyre.algos.stats import RunningMoments, masked_mean, masked_whiten, where_valid
 from gyre.algos.value import explained_variance
 from gyre.config.derive import RunPlan
 from gyre.config.schema import AlgorithmConfig, MismatchConfig
@@ -120,11 +122,11 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
         metrics["critic/explained_variance"] = explained_variance(batch.values, returns, resp)
         metrics["returns/mean"] = float(masked_mean(returns, resp))
     final = resp * keep[:, None] * (token_keep if token_keep is not None else 1.0)
-    if a.whiten_advantages:
-        adv = masked_whiten(adv, final)
+    if a.whiten_advantages:  # over the tokens that train: REINFORCE++'s global normalisation of the returns
+        adv = masked_whiten(adv, final, eps=a.std_eps, ddof=a.std_ddof)
     if a.advantage_clip is not None:
         adv = adv.clamp(-a.advantage_clip, a.advantage_clip)
-    batch.advantages = adv * final
+    batch.advantages = where_valid(adv, final)
     batch.response_mask = final
     batch.scores = rows.expand(scores)
     metrics.update(_advantage_stats(batch.advantages, final))
@@ -229,7 +231,7 @@ def _kl_penalty(batch: TrainBatch, token_rewards: torch.Tensor, a: AlgorithmConf
     policy = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
     coef = state.kl.coef
     shaped, kl = kl_penalized_rewards(token_rewards, policy, batch.ref_logprobs, batch.response_mask, coef,
-                                      a.kl_reward_estimator)
+                                      a.kl_reward_estimator, a.kl_clamp)
     observed = float(masked_mean(kl, batch.response_mask))
     state.kl.update(observed, len(batch))
     metrics.update({"kl_reward/kl": observed, "kl_reward/coef": coef})

@@ -29,6 +29,8 @@ def command_config(source: ModelSource, config: str | None, overrides: Sequence[
     """The validated config; ``flags`` maps dotted keys to the flags' values (None: not given); ``needs`` is
     the data key the command reads ("data.val_files" or "data.train_files"), which must end up set."""
     raw, origin = _base(source, config)
+    if isinstance(raw.get("env"), dict):  # before the data check: such a config has no data to point at
+        raise ConfigError(agentic_refusal(origin, raw["env"], needs))
     for item in overrides:
         apply_override(raw, item)
     for key, value in flags.items():
@@ -44,10 +46,26 @@ def command_config(source: ModelSource, config: str | None, overrides: Sequence[
         raise ConfigError(f"no prompts to read: give them with --data FILE (or set {needs} in --config, or as an "
                           f"override {needs}=[FILE]); files, directories, globs and {{dataset: ...}} entries work")
     data.setdefault("train_files", data.get("val_files"))
-    if raw.get("env") is not None:
-        raise ConfigError(f"{origin} configures an environment (env:); eval and generate read prompts from data "
-                          "files: remove env (or use --config with a data section)")
+    if raw.get("env") is not None:  # set by an override
+        raise ConfigError(agentic_refusal("an env.* override", raw["env"], needs))
     return validate_config(raw, source=origin)
+
+
+def agentic_refusal(origin: str, env: Any, needs: str) -> str:
+    """Why eval and generate do not take an agentic run's config, and what scores such a model instead."""
+    env_id = env.get("id", "?") if isinstance(env, dict) else "?"
+    if needs == "data.train_files":
+        return (f"{origin} configures an environment (env: {env_id}), and gyre generate answers prompts from data "
+                "files: give --config with a data section (a gyre train config) and --data FILE to answer prompts "
+                "with this model")
+    return (f"{origin} configures an environment (env: {env_id}): its model plays episodes against environment "
+            "workers, which gyre eval does not start (it scores answers to prompts from data files). An agentic run "
+            "is scored by its own validation: every validation.every steps, and before the first and after the "
+            "last, it plays the env.val_episodes held-out seeds and logs val/* to metrics.jsonl and validation.md. "
+            "To score a model on the environment, start a one-step run from it and read its step-0 validation "
+            "(val/ at step 0 in its metrics.jsonl): gyre train CONFIG model.path=MODEL run.steps=1 validation.every=1 "
+            "sft_warmup=null run.output_dir=runs/score (a checkpoint first becomes a model with gyre export RUN --step "
+            "N --out DIR). To score it on prompts instead, give --config with a data section and --data FILE.")
 
 
 def _base(source: ModelSource, config: str | None) -> tuple[dict, str]:

@@ -99,6 +99,7 @@ def write_hf_directory(source: ModelSource, directory: Path, dtype: str, merge_a
     from gyre.models.lora import export_lora, read_marker
     from gyre.models.saving import save_hf_model
 
+    _check_remote_code(source)
     if source.kind == "checkpoint" and read_marker(source.path / "policy") is not None:
         export_lora(source.path, source.base_model, directory, merge=merge_adapter, dtype=dtype,
                     tokenizer_path=source.tokenizer_dir, trust_remote_code=source.trust_remote_code, overwrite=True)
@@ -110,6 +111,17 @@ def write_hf_directory(source: ModelSource, directory: Path, dtype: str, merge_a
         model = load_causal_lm(source.path, "float32", source.trust_remote_code)
         state = model.state_dict()
     save_hf_model(model, state, directory, dtype, source.tokenizer_dir)
+
+
+def _check_remote_code(source: ModelSource) -> None:
+    """A model whose architecture is its own code loads only when the user allows that code to run."""
+    from gyre.models.checks import custom_code_files
+
+    files = custom_code_files(source.base_model)
+    if files and not source.trust_remote_code:
+        raise ExportError(f"the model {source.base_model} defines its architecture in its own code "
+                          f"({', '.join(files)}, named by auto_map in its config.json), which runs when it loads: add "
+                          "--trust-remote-code if you trust that code")
 
 
 def read_policy_weights(directory: Path) -> dict:

@@ -18,10 +18,11 @@ from gyre.cluster.reward_pool import RewardWorkerError
 from gyre.config.derive import RunPlan, make_plan
 from gyre.config.report import format_plan, resolved_yaml
 from gyre.config.schema import RLVRConfig
+from gyre.models.hub import HubResolver
 from gyre.pipelines.interrupt import RunInterrupted, interruption_in
-from gyre.pipelines.preflight import check_code_sandboxes, load_data, preflight, resolve_paths
+from gyre.pipelines.preflight import absolute, check_code_sandboxes, load_data, preflight, resolve_paths
 from gyre.pipelines.reward_checks import RewardProbe
-from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start
+from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start, read_hub_pins
 
 
 def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], None] = print) -> RunPlan:
@@ -47,14 +48,20 @@ def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], Non
             plan = make_plan(cfg, runtime.device_kind, runtime.num_devices)
         finally:
             runtime.shutdown()
-    echo(format_plan(cfg, plan))
+    echo(format_plan(cfg, _with_warmup(plan, cfg, data)))
     return plan
 
 
 def _describe_data(cfg: RLVRConfig, data) -> str:
     """The data line ``check`` and ``train`` print: prompt counts, and the over-long ones dropped or cut."""
     return (f"data: {len(data.train)} training prompts, {len(data.val_prompts)} held-out prompts"
-            + data.overlong.describe(cfg.data.max_prompt_tokens))
+            + data.overlong.describe(cfg.data.max_prompt_tokens)
+            + (f"; SFT warm-up: {len(data.warmup.examples)} examples" if data.warmup else ""))
+
+
+def _with_warmup(plan: RunPlan, cfg: RLVRConfig, data) -> RunPlan:
+    """The plan with the SFT warm-up's steps, which sft_warmup.epochs derives from its loaded examples."""
+    return plan.with_warmup(cfg.sft_warmup, len(data.warmup.examples)) if data.warmup else plan
 
 
 def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
@@ -64,9 +71,11 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
     from gyre.cluster.runtime import resolve_address, start_ray
 
     address = resolve_address(cfg, address, echo)
-    cfg = resolve_paths(cfg)
+    # How the run starts decides how Hub ids resolve: a resumed run keeps the snapshots it started from.
+    start = decide_start(Path(absolute(str(cfg.run.output_dir))), mode)
+    hub = HubResolver(read_hub_pins(start.output_dir) if start.checkpoint else None, echo)
+    cfg = resolve_paths(cfg, hub)
     plan = preflight(cfg, address)
-    start = decide_start(cfg.run.output_dir, mode)
     with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
         data = load_data(cfg)
         if cfg.data is not None:
@@ -74,11 +83,12 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
         check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
         probe.check(data.train)
     try:
-        start = begin(start, cfg.run.name, echo)
+        start = begin(start, cfg.run.name, echo, hub.resolved)
         runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, address, plan.reward_workers)
         try:
             if address:
                 plan = make_plan(cfg, runtime.device_kind, runtime.num_devices)
+            plan = _with_warmup(plan, cfg, data)
             echo(format_plan(cfg, plan))
             return run_with_recovery(cfg, plan, data, start, echo)
         finally:
@@ -159,17 +169,13 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
 
 
 def _sft_warmup(cfg: RLVRConfig, plan: RunPlan, roles, data, logger) -> None:
-    from gyre.data.sft import SFTColumns, load_sft_examples
     from gyre.pipelines.sft import SFTTrainer, run_sft
     from gyre.tracking.progress import Progress
 
-    sft = cfg.sft_warmup
-    examples, _ = load_sft_examples(sft.train_files, data.renderer, int(data.tokenizer.eos_token_id), sft.max_tokens,
-                                    SFTColumns.from_config(sft, "sft_warmup"), sft.overlong)
     trainer = SFTTrainer(roles.policy, plan.dp_size, lambda: roles.timeshare.activate("policy"))
-    progress = Progress(sft.steps, enabled=cfg.logging.progress, description="SFT warm-up")
+    progress = Progress(data.warmup.steps, enabled=cfg.logging.progress, description="SFT warm-up")
     try:
-        run_sft(sft, examples, trainer, data.pad_id, cfg.run.seed, logger, progress)
+        run_sft(cfg.sft_warmup, data.warmup.examples, trainer, data.pad_id, cfg.run.seed, logger, progress)
     finally:
         progress.close()
 
@@ -189,7 +195,7 @@ def warm_up(cfg: RLVRConfig, target: Path, echo: Callable[[str], None] = print) 
         roles = build_roles(cfg, plan)
         logger = MetricsLogger(target.parent / "warm_start_logs", False)
         try:
-            echo(f"SFT warm-up ({cfg.sft_warmup.steps} steps), shared by every run")
+            echo(f"SFT warm-up ({data.warmup.steps} steps), shared by every run")
             _sft_warmup(cfg, plan, roles, data, logger)
             # float32: the variants continue training from it, so nothing is rounded away in between.
             roles.policy.call("save_hf", str(target), cfg.model.tokenizer_path or cfg.model.path, "float32")

@@ -43,6 +43,8 @@ class ModelSource:
     """The checkpoint's step."""
     run_config: dict | None = None
     """The run's ``resolved_config.yaml`` (raw): its model, and the data and reward sections eval reuses."""
+    remote_code: bool = False
+    """The user allows the model's own code to run (``--trust-remote-code``), whatever its run said."""
 
     @property
     def base_model(self) -> Path:
@@ -61,7 +63,9 @@ class ModelSource:
 
     @property
     def trust_remote_code(self) -> bool:
-        return bool(self.run_config and (self.run_config.get("model") or {}).get("trust_remote_code"))
+        """Load with the model's own code: asked for on the command line, or by the run's model.trust_remote_code."""
+        run = bool(self.run_config and (self.run_config.get("model") or {}).get("trust_remote_code"))
+        return self.remote_code or run
 
     def stored_dtype(self) -> str:
         """The dtype the model is stored in: a checkpoint's run saves its final model in model.save_dtype."""

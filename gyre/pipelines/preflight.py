@@ -11,18 +11,18 @@ from pathlib import Path
 from gyre.config.data_schema import DataSource
 from gyre.config.derive import RunPlan, detect_local_devices, make_plan
 from gyre.config.schema import ModelConfig, RLVRConfig
-from gyre.models.hub import resolve_model_path
+from gyre.models.hub import HubResolver
 from gyre.models.loading import check_model_dir
 from gyre.models.saving import stored_dtype
 from gyre.rewards.registry import check_functions
 
 
-def resolve_paths(cfg: RLVRConfig) -> RLVRConfig:
+def resolve_paths(cfg: RLVRConfig, hub: HubResolver | None = None) -> RLVRConfig:
     """A copy with every path absolute (actors may run in another directory or on another node), every
-    model path a local directory (Hub ids: their snapshot in the local HF cache) and model.save_dtype
-    concrete."""
+    model path a local directory (Hub ids: their snapshot in the local HF cache, through ``hub``, which
+    records them and pins a resumed run's) and model.save_dtype concrete."""
     cfg = cfg.model_copy(deep=True)
-    resolve_models(cfg)
+    resolve_models(cfg, hub or HubResolver())
     source = absolute_source
     if cfg.data is not None:
         cfg.data.train_files = [source(f) for f in cfg.data.train_files]
@@ -54,28 +54,29 @@ def absolute_source(entry: DataSource) -> DataSource:
     return entry  # a Hub id
 
 
-def resolve_models(cfg: RLVRConfig) -> None:
+def resolve_models(cfg: RLVRConfig, hub: HubResolver) -> None:
     """Turn every model path of ``cfg`` (in place) into a local directory, once, here on the driver: the
     actors load what the driver found, whichever node they run on. model.revision also selects the
     snapshot of tokenizer_path and critic.model_path when they name the same Hub id."""
     m = cfg.model
     if cfg.critic.model_path and cfg.algorithm.uses_critic:
         revision = m.revision if cfg.critic.model_path == m.path else None
-        cfg.critic.model_path = resolve_model_path(cfg.critic.model_path, revision, "critic.model_path")
+        cfg.critic.model_path = hub(cfg.critic.model_path, revision, "critic.model_path")
     for name, domain in cfg.reward.domains.items():  # the models of model roles (an endpoint judge has none)
         scorer = domain.scoring_model
         if domain.model_role == "judge":
-            scorer.model_path = resolve_model_path(scorer.model_path, None, f"reward.domains.{name}.judge.model_path")
+            scorer.model_path = hub(scorer.model_path, None, f"reward.domains.{name}.judge.model_path")
         elif domain.model_role == "reward_model":
-            scorer.path = resolve_model_path(scorer.path, None, f"reward.domains.{name}.reward_model.path")
-    resolve_policy_model(m)
+            scorer.path = hub(scorer.path, None, f"reward.domains.{name}.reward_model.path")
+    resolve_policy_model(m, hub)
 
 
-def resolve_policy_model(m: ModelConfig) -> None:
+def resolve_policy_model(m: ModelConfig, hub: HubResolver | None = None) -> None:
     """``m.path`` and ``m.tokenizer_path`` (in place) as local directories, ``m.save_dtype`` concrete."""
+    hub = hub or HubResolver()
 
     def resolve(path: str, key: str) -> str:
-        return resolve_model_path(path, m.revision if path == m.path else None, key)
+        return hub(path, m.revision if path == m.path else None, key)
 
     if m.tokenizer_path:
         m.tokenizer_path = resolve(m.tokenizer_path, "model.tokenizer_path")

@@ -11,10 +11,29 @@ from gyre.data.columns import ColumnMap
 from gyre.data.domains import DomainSampler, route_domains
 from gyre.data.prompts import OverlongCount, PromptRenderer, load_prompts
 from gyre.data.sampler import EpochSampler
+from gyre.data.sft import SFTColumns, SFTExample, load_sft_examples
 from gyre.envs.context import ContextBuilder
 from gyre.models.loading import load_tokenizer
 from gyre.seeding import derive_seed
 from gyre.types import PromptRecord
+
+
+@dataclass
+class WarmupData:
+    """The SFT warm-up's examples, tokenised and masked in the driver before any actor starts."""
+
+    examples: list[SFTExample]
+    steps: int
+    """Its optimizer steps: sft_warmup.steps, or sft_warmup.epochs passes over ``examples``."""
+
+    @classmethod
+    def load(cls, cfg: RLVRConfig, renderer: PromptRenderer, tokenizer) -> WarmupData | None:
+        sft = cfg.sft_warmup
+        if sft is None:
+            return None
+        examples, _ = load_sft_examples(sft.train_files, renderer, int(tokenizer.eos_token_id), sft.max_tokens,
+                                        SFTColumns.from_config(sft, "sft_warmup"), sft.overlong)
+        return cls(examples, sft.total_steps(len(examples)))
 
 
 @dataclass
@@ -28,6 +47,8 @@ class RunData:
     pad_id: int
     overlong: OverlongCount
     """Prompts over data.max_prompt_tokens, dropped or truncated (training and held-out together)."""
+    warmup: WarmupData | None = None
+    """The SFT warm-up's examples (sft_warmup), when the run has one."""
 
     @classmethod
     def load(cls, cfg: RLVRConfig) -> RunData:
@@ -46,7 +67,8 @@ class RunData:
             sampler = DomainSampler(train, shares, cfg.run.seed, cfg.data.shuffle)
         else:
             sampler = EpochSampler(len(train), seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        return cls(tokenizer, renderer, train, val, sampler, int(tokenizer.pad_token_id), overlong)
+        return cls(tokenizer, renderer, train, val, sampler, int(tokenizer.pad_token_id), overlong,
+                   WarmupData.load(cfg, renderer, tokenizer))
 
     def next_train_prompts(self, k: int) -> list[PromptRecord]:
         return [self.train[i] for i in self.train_sampler.take(k)]
@@ -122,6 +144,8 @@ class EnvRunData:
     train: list = field(default_factory=list)
     """No finite prompt list (empty, for the checks that read one)."""
     overlong: OverlongCount = field(default_factory=OverlongCount)
+    warmup: WarmupData | None = None
+    """The SFT warm-up's examples (sft_warmup), when the run has one."""
 
     @classmethod
     def load(cls, cfg: RLVRConfig) -> EnvRunData:
@@ -129,7 +153,8 @@ class EnvRunData:
         renderer = PromptRenderer(tokenizer, "auto")
         builder = ContextBuilder(tokenizer, renderer.use_template, cfg.env.system_prompt)
         val = EnvSeeds(cfg.run.seed, "env-val").take(cfg.env.val_episodes)
-        return cls(tokenizer, renderer, builder, EnvSeeds(cfg.run.seed), val, int(tokenizer.pad_token_id))
+        return cls(tokenizer, renderer, builder, EnvSeeds(cfg.run.seed), val, int(tokenizer.pad_token_id),
+                   warmup=WarmupData.load(cfg, renderer, tokenizer))
 
     def next_train_prompts(self, k: int) -> list[PromptRecord]:
         return self.train_sampler.take(k)

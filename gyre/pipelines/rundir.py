@@ -14,11 +14,12 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from gyre.models.hub import HubPin
 from gyre.pipelines.checkpoint import CheckpointManager, ResumeError
 
 RunMode = Literal["fresh", "resume", "auto", "overwrite"]
@@ -61,6 +62,17 @@ def read_run_id(out: Path) -> str | None:
         return None
 
 
+def read_hub_pins(out: Path) -> dict[str, HubPin]:
+    """What each model key's Hub id resolved to when the run in ``out`` started (run.json's hub_models);
+    empty for a run of local model directories, or one recorded before gyre kept this."""
+    try:
+        record = json.loads((out / "run.json").read_text()).get("hub_models") or {}
+        return {key: HubPin(str(pin["repo_id"]), pin.get("revision"), str(pin["commit"]))
+                for key, pin in record.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 def decide_start(out: Path, mode: RunMode) -> RunStart:
     """Fresh, resume or set aside, for ``mode``; raises RunDirError / ResumeError when the directory
     does not allow it. Changes nothing on disk (``begin`` carries the decision out)."""
@@ -98,8 +110,10 @@ def _resumed_run_id(out: Path, checkpoint: Path) -> str:
     return own or state.run_id or uuid.uuid4().hex[:12]
 
 
-def begin(start: RunStart, name: str, echo: Callable[[str], None] = print) -> RunStart:
-    """Carry out ``start``: move an earlier run aside, clear torn checkpoints, record the run id."""
+def begin(start: RunStart, name: str, echo: Callable[[str], None] = print,
+          hub_models: Mapping[str, HubPin] | None = None) -> RunStart:
+    """Carry out ``start``: move an earlier run aside, clear torn checkpoints, record the run id and, for a
+    new run, the commit each Hub id of its models resolved to (a resumed run keeps its first record)."""
     out = start.output_dir
     out.mkdir(parents=True, exist_ok=True)
     if start.set_aside:
@@ -113,6 +127,8 @@ def begin(start: RunStart, name: str, echo: Callable[[str], None] = print) -> Ru
         echo(f"resuming run {start.run_id} from {start.checkpoint}")
     if read_run_id(out) != start.run_id:
         record = {"run_id": start.run_id, "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        if hub_models:
+            record["hub_models"] = {key: asdict(pin) for key, pin in hub_models.items()}
         (out / "run.json").write_text(json.dumps(record, indent=1) + "\n")
     return start
 

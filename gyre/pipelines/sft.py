@@ -35,21 +35,37 @@ class SFTTrainer:
 
 def run_sft(sft: SFTConfig, examples: Sequence[SFTExample], trainer: SFTTrainer, pad_id: int, seed: int,
             logger, progress) -> dict:
-    """``sft.steps`` optimizer steps; logs each step under phase "sft"; returns the last metrics."""
-    sampler = EpochSampler(len(examples), seed=derive_seed(seed, "sft"))
-    trainer.activate()
-    trainer.policy.call("configure_optimizer", sft.optimizer, sft.scheduler, sft.steps, sft.grad_clip)
-    metrics: dict = {}
+    """``sft.total_steps`` optimizer steps (``sft.steps``, or ``sft.epochs`` passes over ``examples``); logs
+    each step under phase "sft"; returns the last metrics."""
     pack = sft.max_tokens if sft.packing else None
-    for step in range(1, sft.steps + 1):
-        start = time.perf_counter()
-        batch = sft_batch([examples[i] for i in sampler.take(sft.batch_size)], pad_id, pack, trainer.dp_size)
+
+    def step(indices: list[int]) -> tuple[list[TrainStepResult], dict]:
+        batch = sft_batch([examples[i] for i in indices], pad_id, pack, trainer.dp_size)
         tokens = float(batch.response_mask.sum())
         denom = LossDenominator(tokens=tokens, dp_size=trainer.dp_size)
         shards, _ = split_for_ranks(batch, trainer.dp_size)
         outs = trainer.policy.call_each("train_sft", [(s, denom, sft.micro_batch_size) for s in shards])
-        metrics = {**TrainStepResult.summarize(outs), "sft/trained_tokens": tokens, "sft/rows": len(batch),
-                   "time/step": time.perf_counter() - start}
-        logger.log(step, metrics, phase="sft")
-        progress.update(step, metrics)
+        return outs, {"sft/trained_tokens": tokens, "sft/rows": len(batch)}
+
+    return optimizer_steps(sft, len(examples), seed, trainer, "sft", step, logger, progress)
+
+
+def optimizer_steps(section, items: int, seed: int, trainer: SFTTrainer, phase: str,
+                    step: Callable[[list[int]], tuple[list[TrainStepResult], dict]], logger, progress) -> dict:
+    """The loop of a standalone trainer run (SFT, DPO): a fresh optimizer and schedule from ``section``
+    (its optimizer, scheduler and grad_clip) over ``section.total_steps(items)`` steps, each a call of
+    ``step`` on the indices of ``section.batch_size`` of the ``items`` (seeded epochs), which returns every
+    rank's result and the step's own metrics. Each step is logged under ``phase``; returns the last
+    step's metrics."""
+    steps = section.total_steps(items)
+    sampler = EpochSampler(items, seed=derive_seed(seed, phase))
+    trainer.activate()
+    trainer.policy.call("configure_optimizer", section.optimizer, section.scheduler, steps, section.grad_clip)
+    metrics: dict = {}
+    for n in range(1, steps + 1):
+        start = time.perf_counter()
+        outs, own = step(sampler.take(section.batch_size))
+        metrics = {**TrainStepResult.summarize(outs), **own, "time/step": time.perf_counter() - start}
+        logger.log(n, metrics, phase=phase)
+        progress.update(n, metrics)
     return metrics

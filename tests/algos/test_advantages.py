@@ -4,10 +4,10 @@ import torch
 from gyre.algos.advantages import (
     discounted_returns,
     gae_advantages,
+    group_centred_batch_std_advantages,
     group_normalized_advantages,
     normalize_rewards,
     outcome_token_rewards,
-    reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
 from gyre.algos.kl import kl_penalized_rewards
@@ -44,7 +44,8 @@ def test_dr_grpo_group_mean_no_std():
     assert torch.equal(normalize_rewards(R, "group", "none"), expected)
 
 
-def test_reinforce_pp_batch_batch():
+def test_batch_batch_scopes():
+    # ROLL's "reinforce++" configuration (the outcome over responses, not the paper's token-level returns).
     # (1 - 0.625) / 0.51755 = 0.7246; (0 - 0.625) / 0.51755 = -1.2076
     a, b = 0.7246, -1.2076
     expected = _t([[a, b, b, a], [a, a, a, b]])
@@ -69,11 +70,12 @@ def test_rloo_worked_example():
     assert torch.allclose(rloo_advantages(R), 4 / 3 * normalize_rewards(R, "group", "none"), atol=1e-6)
 
 
-def test_reinforce_pp_baseline_worked_example():
+def test_group_centred_batch_std_worked_example():
+    # REINFORCE++-baseline with its batch std over responses:
     # c = [+-0.5 ...], [0.25, 0.25, 0.25, -0.75]; mean(c) = 0, sum c^2 = 1 + 0.1875 + 0.5625 = 1.75
     # -> std ddof 1 sqrt(1.75 / 7) = 0.5 -> A = c / 0.5
     expected = _t([[1.0, -1.0, -1.0, 1.0], [0.5, 0.5, 0.5, -1.5]])
-    assert torch.allclose(reinforce_pp_baseline_advantages(R), expected, atol=1e-5)
+    assert torch.allclose(group_centred_batch_std_advantages(R), expected, atol=1e-5)
 
 
 def test_running_scope_with_only_this_batch_equals_batch_scope():
@@ -123,7 +125,7 @@ def test_group_centred_estimators_sum_to_zero_per_group(seed):
     rewards = torch.rand(16, 8, generator=torch.Generator().manual_seed(seed))
     for adv in (group_normalized_advantages(rewards), normalize_rewards(rewards, "group", "group"),
                 normalize_rewards(rewards, "group", "none"), normalize_rewards(rewards, "group", "batch"),
-                rloo_advantages(rewards), reinforce_pp_baseline_advantages(rewards)):
+                rloo_advantages(rewards), group_centred_batch_std_advantages(rewards)):
         assert torch.allclose(adv.sum(dim=1), torch.zeros(16), atol=1e-5)
 
 
@@ -133,7 +135,7 @@ def test_rejects_single_sample_groups():
     with pytest.raises(ValueError, match="G>=2"):
         rloo_advantages(torch.tensor([[1.0], [0.0]]))
     with pytest.raises(ValueError, match="G>=2"):
-        reinforce_pp_baseline_advantages(torch.tensor([[1.0], [0.0]]))
+        group_centred_batch_std_advantages(torch.tensor([[1.0], [0.0]]))
 
 
 def test_outcome_token_rewards_on_last_valid_token():

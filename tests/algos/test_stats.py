@@ -3,7 +3,9 @@ import math
 import pytest
 import torch
 
-from gyre.algos.stats import RunningMoments, masked_mean, masked_sum, masked_var, masked_whiten
+from gyre.algos.stats import RunningMoments, masked_mean, masked_sum, masked_var, masked_whiten, where_valid
+
+NAN, INF = math.nan, math.inf
 
 
 def test_masked_sum_and_mean():
@@ -44,10 +46,61 @@ def test_masked_whiten_hand_computed():
     assert torch.allclose(out[0, :3], torch.tensor([-1.22474, 0.0, 1.22474], dtype=torch.float64), atol=1e-5)
 
 
-def test_masked_whiten_skipped_below_two_entries():
-    values = torch.tensor([3.0, 9.0])
+def test_masked_whiten_below_two_entries_leaves_the_valid_one_and_zeroes_padding():
+    values = torch.tensor([3.0, NAN])
     out = masked_whiten(values, torch.tensor([1.0, 0.0]))
-    assert torch.equal(out, values)  # ROLL skips whitening: unchanged
+    assert out.tolist() == [3.0, 0.0]  # one value: no spread to measure, left as it is (ROLL skips whitening)
+    assert masked_whiten(values, torch.zeros(2)).tolist() == [0.0, 0.0]  # nothing valid: all padding
+
+
+def test_masked_whiten_equal_values_give_zero_whatever_eps():
+    # 0.1 three times: the computed std is rounding noise; (x - mean) / (noise + eps) is not 0, and 0 / 0 with
+    # eps = 0 would be NaN. All-equal valid entries whiten to 0 (to their mean with shift_mean=False).
+    values = torch.tensor([0.1, 0.1, 0.1, INF])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    for eps in (1e-6, 0.0):
+        assert masked_whiten(values, mask, eps=eps).tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert masked_whiten(values, mask, shift_mean=False).tolist() == pytest.approx([0.1, 0.1, 0.1, 0.0])
+
+
+def test_masked_whiten_divides_by_std_plus_eps():
+    # valid [0, 0.002]: mean 0.001, std (ddof 1) sqrt(2e-6) = 1.41421e-3. The convention (x - mean) / (std + eps)
+    # with eps 1e-6 gives 1e-3 / 1.41521e-3 = 0.706607; rsqrt(var + eps) would give 1e-3 / sqrt(3e-6) = 0.57735.
+    values = torch.tensor([0.0, 0.002, NAN], dtype=torch.float64)
+    out = masked_whiten(values, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), eps=1e-6)
+    assert out.tolist() == pytest.approx([-0.706607, 0.706607, 0.0], abs=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_masked_whiten_property_zero_mean_unit_std(seed):
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(4, 9, generator=g, dtype=torch.float64) * 3 + 2
+    mask = (torch.rand(4, 9, generator=g) > 0.3).double()
+    values[mask == 0] = NAN
+    out = masked_whiten(values, mask, eps=0.0, ddof=1)
+    valid = out[mask > 0]
+    assert valid.mean().item() == pytest.approx(0.0, abs=1e-12) and valid.std().item() == pytest.approx(1.0)
+    assert (out[mask == 0] == 0).all()
+
+
+def test_masked_reductions_select_padding_away():
+    # NaN and inf in padding would survive a product with the mask (NaN * 0 = NaN, inf * 0 = NaN).
+    values = torch.tensor([1.0, 2.0, 3.0, NAN, INF, -INF], requires_grad=True)
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    assert masked_sum(values, mask).item() == 6.0
+    assert masked_mean(values, mask).item() == 2.0
+    var = masked_var(values, mask)
+    assert var.item() == pytest.approx(1.0)  # deviations [-1, 0, 1]: 2 / (3 - 1)
+    (masked_sum(values, mask) + var).backward()
+    # d/dx (sum + var) = 1 + 2 (x - mean) / 2 on the valid entries; exactly 0 on padding
+    assert values.grad.tolist() == [0.0, 1.0, 2.0, 0.0, 0.0, 0.0]
+    assert where_valid(values, mask, -1.0).tolist() == [1.0, 2.0, 3.0, -1.0, -1.0, -1.0]
+
+
+def test_masked_mean_broadcasts_a_row_value_over_the_mask():
+    # [B, 1] values over a [B, T] mask: each row's value counts once per valid token: (1 * 2 + 5 * 1) / 3
+    mean = masked_mean(torch.tensor([[1.0], [5.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]]))
+    assert mean.item() == pytest.approx(7 / 3)
 
 
 def test_running_moments_hand_computed():

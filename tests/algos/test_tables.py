@@ -19,7 +19,7 @@ def test_unknown_names_list_the_valid_ones():
     assert str(err.value) == ("unknown policy loss 'ppo2'; valid names: ppo, vanilla, tis, topr, cispo, kimi15, "
                               "decoupled_ppo, clip_cov, kl_cov, gmpo, sapo")
     with pytest.raises(ValueError, match=r"^unknown advantage estimator 'grpo'; valid names: reinforce, rloo, "
-                                         r"reinforce_pp_baseline, gae, step_returns, rebn, gigpo, chunk_returns, "
+                                         r"group_centred_batch_std, gae, step_returns, rebn, gigpo, chunk_returns, "
                                          r"remax, opo, pass_at_k, gpg$"):
         ESTIMATORS.get("grpo")
     with pytest.raises(ValueError, match="unknown loss aggregation 'sum'; valid names: token-mean, "
@@ -72,7 +72,7 @@ def test_topr_row_needs_scores():
     ("gae", [[0.70711, -0.70711], [0.0, 0.0]]),        # same response-level stage as reinforce
     ("rloo", [[1.0, -1.0], [0.0, 0.0]]),               # r_i - mean of the others
     # centred [0.5, -0.5, 0, 0], batch std (ddof 1) sqrt(0.5 / 3) = 0.40825
-    ("reinforce_pp_baseline", [[1.22474, -1.22474], [0.0, 0.0]]),
+    ("group_centred_batch_std", [[1.22474, -1.22474], [0.0, 0.0]]),
     ("remax", [[0.5, -0.5], [0.0, 0.0]]),              # r - greedy reward [0.5, 1]
     ("opo", [[0.75, -0.25], [0.0, 0.0]]),              # baseline (1 x 1 + 3 x 0) / (1 + 3) = 0.25
     ("pass_at_k", [[1.0, -1.0], [0.0, 0.0]]),          # k = 1: group mean over the population std 0.5

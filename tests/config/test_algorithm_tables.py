@@ -37,7 +37,7 @@ def test_loss_spec_carries_every_key():
                  "behaviour_cap": 1.5, "clip_cov_ratio": 0.01, "clip_cov_lb": 0.5, "clip_cov_ub": 2.0,
                  "kl_cov_ratio": 0.05, "kl_cov_coef": 0.5, "gmpo_clip_low": 0.3, "gmpo_clip_high": 0.35,
                  "sapo_tau_pos": 1.5, "sapo_tau_neg": 2.5, "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.01,
-                 "kl_loss_estimator": "k1", "kl_loss_grad_estimator": "k2", "entropy_coef": 0.001}
+                 "kl_loss_estimator": "k1", "kl_loss_grad_estimator": "k2", "kl_clamp": 5.0, "entropy_coef": 0.001}
     assert set(overrides) == set(PolicyLossKnobs.model_fields) - {"ratio_level"}  # sequence needs ppo
     cfg, _ = stage(*(f"algorithm.{k}={v}" for k, v in overrides.items()))
     spec = cfg.algorithm.loss_spec(0.7, "rollout")
@@ -67,7 +67,7 @@ def test_unknown_names_are_refused_with_the_valid_ones():
                                           "'cispo', 'kimi15', 'decoupled_ppo', 'clip_cov', 'kl_cov', 'gmpo' or 'sapo'"):
         stage("algorithm.policy_loss=ppo2")
     with pytest.raises(ConfigError, match="algorithm.estimator: Input should be 'reinforce', 'rloo', "
-                                          "'reinforce_pp_baseline', 'gae', 'step_returns', 'rebn', 'gigpo', "
+                                          "'group_centred_batch_std', 'gae', 'step_returns', 'rebn', 'gigpo', "
                                           "'chunk_returns', 'remax', 'opo', 'pass_at_k' or 'gpg'"):
         stage("algorithm.estimator=grpo")
     # A spec built by hand is checked when the trainer builds its loss, before any batch.

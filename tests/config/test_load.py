@@ -130,6 +130,11 @@ def test_reward_config_errors(overrides, message):
     ("model.torch_dtype=bfloat16", "did you mean 'model.dtype'?"),
     ("ppo_mini_batch_size=16", "did you mean 'policy.mini_batch_size'? (verl: ppo_mini_batch_size; gyre counts "
                                "samples"),
+    # verl's k1 rejection bounds mu / pi_old, gyre's filter pi_old / mu: the hint says how to port a threshold.
+    ("rollout_rs_threshold=0.5_1.25", "did you mean 'algorithm.mismatch.ratio_high'? (verl: rollout_rs_threshold; "
+                                      "and ratio_low, bounds on pi_old / mu; a *_k1 threshold lo_hi bounds mu / "
+                                      "pi_old: write ratio_low=1/hi, ratio_high=1/lo. For *_k2 / *_k3 it is "
+                                      "algorithm.mismatch.divergence_max)"),
 ])
 def test_other_frameworks_names_point_at_gyres_key(override, expected):
     with pytest.raises(ConfigError) as exc:
@@ -152,11 +157,13 @@ def test_every_alias_names_a_real_key_and_no_gyre_key():
     from gyre.config.aliases import BY_NAME, BY_PATH
     from gyre.config.load import _all_paths, _valid_keys
     from gyre.config.schema import RLVRConfig
+    from gyre.config.sft_schema import SFTJobConfig
 
     def real(key: str) -> bool:
         # The single reward domain is written reward.<key>, stored as reward.domains.default.<key>.
         parts = tuple(key.replace("reward.", "reward.domains.default.", 1).split("."))
-        return parts[-1] in _valid_keys(RLVRConfig, parts[:-1])
+        schema = SFTJobConfig if parts[0] == "sft" else RLVRConfig  # gyre sft's section
+        return parts[-1] in _valid_keys(schema, parts[:-1])
 
     targets = {a.key for a in [*BY_NAME.values(), *BY_PATH.values()]}
     assert not sorted(t for t in targets if not real(t))
@@ -164,3 +171,31 @@ def test_every_alias_names_a_real_key_and_no_gyre_key():
 
     leaves = {p[-1] for p in _all_paths(RLVRConfig) + _all_paths(DomainConfig)}
     assert not sorted(set(BY_NAME) & leaves)  # an alias must not shadow a gyre key written in the wrong place
+
+
+def test_standalone_runs_map_trl_names_to_their_own_sections():
+    from gyre.config.aliases import BY_PIPELINE
+    from gyre.config.dpo_schema import DPOJobConfig
+    from gyre.config.load import _all_paths, _valid_keys
+    from gyre.config.sft_schema import SFTJobConfig
+
+    schemas = {"sft": SFTJobConfig, "dpo": DPOJobConfig}
+    for pipeline, table in BY_PIPELINE.items():
+        schema = schemas[pipeline]
+        for name, alias in table.items():
+            parts = tuple(alias.key.split("."))
+            assert parts[-1] in _valid_keys(schema, parts[:-1]), (pipeline, name)
+            # A name that is also a key of the schema may only point at that key (written in the wrong place).
+            same = [".".join(p) for p in _all_paths(schema) if p[-1] == name]
+            assert not same or same == [alias.key], (pipeline, name)
+    base = ["model.path=m", "dpo.train_files=[t]"]
+    for override, expected in [("beta=0.1", "did you mean 'dpo.beta'? (TRL: beta)"),
+                               ("dpo.learning_rate=1e-6", "did you mean 'dpo.optimizer.lr'? (TRL: learning_rate)"),
+                               ("dpo.per_device_train_batch_size=2", "did you mean 'dpo.micro_batch_size'? (TRL: "
+                                                                     "per_device_train_batch_size; pairs per"),
+                               ("dpo.max_prompt_length=512", "did you mean 'dpo.max_tokens'?")]:
+        with pytest.raises(ConfigError) as exc:
+            load_config(None, base + [override], schema=DPOJobConfig)
+        assert expected in str(exc.value)
+    with pytest.raises(ConfigError, match=r"did you mean 'sft.optimizer.lr'\? \(TRL: learning_rate\)"):
+        load_config(None, ["model.path=m", "sft.train_files=[t]", "sft.learning_rate=1e-5"], schema=SFTJobConfig)

@@ -44,6 +44,14 @@ def test_shorthand_and_overrides():
     assert "clip_high" in report and "(overridden: 0.32)" in report
 
 
+def test_the_renamed_estimator_says_where_its_two_meanings_went():
+    with pytest.raises(ConfigError, match="algorithm.estimator=reinforce_pp_baseline was renamed "
+                                          "group_centred_batch_std .*algorithm.preset=reinforce_pp_baseline"):
+        cfg_for("algorithm.estimator=reinforce_pp_baseline", "algorithm.norm_mean=none", "algorithm.norm_std=none")
+    cfg = cfg_for("algorithm.estimator=group_centred_batch_std", "algorithm.norm_mean=none", "algorithm.norm_std=none")
+    assert cfg.algorithm.advantage_estimator.groups
+
+
 def test_unknown_preset_names_the_closest():
     with pytest.raises(ConfigError, match="unknown algorithm preset 'lite_pp'; did you mean 'lite_ppo'"):
         cfg_for("algorithm.preset=lite_pp")

@@ -19,15 +19,18 @@ def test_there_are_shipped_configs():
 def test_shipped_config_loads_and_plans(path):
     import yaml
 
-    if yaml.safe_load(path.read_text()).get("pipeline") == "sft":  # a standalone SFT run (gyre sft)
-        from gyre.config.derive import make_sft_plan
+    pipeline = yaml.safe_load(path.read_text()).get("pipeline")
+    if pipeline in ("sft", "dpo"):  # a standalone SFT or DPO run (gyre sft, gyre dpo)
+        from gyre.config.derive import make_dpo_plan, make_sft_plan
+        from gyre.config.dpo_schema import DPOJobConfig
         from gyre.config.sft_schema import SFTJobConfig
 
-        cfg = load_config(path, schema=SFTJobConfig)
-        assert "placement: policy on GPUs" in make_sft_plan(cfg, "cuda", 1 + max(cfg.policy.devices)).describe()
+        schema, make = (SFTJobConfig, make_sft_plan) if pipeline == "sft" else (DPOJobConfig, make_dpo_plan)
+        cfg = load_config(path, schema=schema)
+        assert "placement: policy on GPUs" in make(cfg, "cuda", 1 + max(cfg.policy.devices), 1000).describe()
         from gyre.config import validate_config
 
-        assert validate_config(yaml.safe_load(resolved_yaml(cfg)), schema=SFTJobConfig) == cfg
+        assert validate_config(yaml.safe_load(resolved_yaml(cfg)), schema=schema) == cfg
         return
     cfg = load_config(path)
     devices = 1 + max(max(d) for d in (cfg.policy.devices, cfg.rollout.devices, cfg.reference.devices,

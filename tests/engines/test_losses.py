@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from gyre.algos import LossDenominator
+from gyre.algos import POLICY_LOSSES, LossDenominator
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.tracking.sums import MetricSums
 from gyre.types import TrainBatch
@@ -147,3 +147,40 @@ def test_gspo_sequence_ratio_in_the_step_loss():
     assert loss.item() == pytest.approx(-math.sqrt(0.75), abs=1e-6)
     loss.backward()
     assert lp.grad[0, 1:].tolist() == pytest.approx([-math.sqrt(0.75) / 2] * 2, abs=1e-6)
+
+
+def _fill_prompt(b: TrainBatch, fill: float) -> TrainBatch:
+    """The batch with every per-token field's off-mask entry (the prompt position) set to ``fill``."""
+    for name in ("advantages", "rollout_logprobs", "old_logprobs", "ref_logprobs", "token_weights", "values",
+                 "returns"):
+        value = getattr(b, name).clone()
+        value[0, 0] = fill
+        setattr(b, name, value)
+    return b
+
+
+@pytest.mark.parametrize("variant", POLICY_LOSSES.names)
+def test_nan_padding_reaches_neither_the_step_loss_nor_its_gradient(variant):
+    # Padding may hold NaN (a sampler's missing log-prob) or -inf (a reference log-prob of a masked token);
+    # every input is selected on the mask, so the loss and the gradient equal those of a clean batch.
+    spec = PolicyLossSpec(policy_loss=variant, kl_loss_coef=0.1, entropy_coef=0.01)
+    results = []
+    for fill in (0.0, math.nan, -math.inf, math.inf):
+        b = batch()
+        b.scores, b.ref_logprobs = torch.tensor([0.0]), torch.tensor([[0.0, -0.7, -2.5]])
+        b.token_weights, b.values, b.returns = torch.ones(1, 3), torch.zeros(1, 3), torch.tensor([[0.0, 1.0, 0.5]])
+        b = _fill_prompt(b, fill)
+        lp = current().detach()
+        lp[0, 0] = fill
+        lp.requires_grad_(True)
+        entropy = torch.tensor([[fill, 2.0, 1.0]], requires_grad=True)
+        values = torch.tensor([[fill, 0.5, 1.0]], requires_grad=True)
+        loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, entropy, MetricSums())
+        loss = loss + ValueLoss(LossDenominator(tokens=2), clip=0.2)(b, values, MetricSums())
+        loss = loss + SFTLoss(LossDenominator(tokens=2))(b, lp, None, MetricSums())
+        loss.backward()
+        grads = torch.cat([lp.grad, entropy.grad, values.grad])
+        assert math.isfinite(loss.item()) and torch.isfinite(grads).all() and (grads[:, 0] == 0).all(), fill
+        results.append((loss.item(), grads))
+    for loss, grads in results[1:]:
+        assert loss == pytest.approx(results[0][0], abs=1e-6) and torch.allclose(grads, results[0][1], atol=1e-6)

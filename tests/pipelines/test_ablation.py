@@ -23,6 +23,14 @@ def test_variant_config_starts_from_the_shared_model(tmp_path):
     assert cfg.algorithm.preset == "ppo" and cfg.algorithm.clip_high == 0.2 and cfg.critic.optimizer.lr == 0.001
 
 
+@pytest.mark.parametrize("preset", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_the_reinforce_pp_presets_are_ablation_variants(tmp_path, preset):
+    # The quickstart's base (GRPO-like, groups of 8) takes either preset; the paper's normalisation is on.
+    base = load_config("gyre/recipes/quickstart.yaml", ["data.train_files=[t.jsonl]"])
+    cfg = variant_config(base, Variant.parse(preset), seed=0, steps=5, model="warm", out=tmp_path / "x")
+    assert cfg.algorithm.whiten_advantages and cfg.algorithm.norm_std == "none" and cfg.algorithm.kl_reward_coef > 0
+
+
 def test_summary_table():
     results = [RunResult("grpo", 0, [(0, 0.1), (10, 0.5)], 1.0), RunResult("grpo", 1, [(0, 0.1), (10, 0.7)], 1.0)]
     table = summary_table(results)

@@ -113,3 +113,39 @@ def test_mismatch_filter_drops_tokens_and_weights_the_rest():
     assert batch.token_weights[0, 3].item() == pytest.approx(1.2)
     batch, _, _ = run(cfg, plan, samples, 2, batch, keep=keep)
     assert batch.response_mask[0].tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
+def test_reinforce_pp_normalises_the_returns_over_tokens_after_the_kl_penalty():
+    # REINFORCE++ (arXiv 2501.03262), one sample per prompt, beta 0.1 (the preset's 0.01 overridden for
+    # visible numbers), k1 KL per token:
+    # A: score 1, 2 tokens, k1 [0.2, -0.1] -> r' = [-0.02, 1 + 0.01] -> returns [0.99, 1.01]
+    # B: score 0, 3 tokens, k1 [0.1, 0.3, -0.2] -> r' = [-0.01, -0.03, 0.02] -> returns [-0.02, -0.01, 0.02]
+    # over the 5 tokens: mean 1.99 / 5 = 0.398, deviations [0.592, 0.612, -0.418, -0.408, -0.378],
+    # population variance 1.20908 / 5 = 0.241816, std 0.491748 -> deviation / (std + 1e-6).
+    cfg, plan = stage("algorithm.preset=reinforce_pp", "algorithm.kl_reward_coef=0.1", n=1)
+    samples = [sample(0, 0, 1.0, 2), sample(1, 0, 0.0, 3)]
+    batch = to_batch(samples, 0)
+    batch.old_logprobs = torch.full((2, 5), -1.0)
+    batch.ref_logprobs = batch.old_logprobs - torch.tensor([[0.0, 0.0, 0.2, -0.1, 0.0], [0.0, 0.0, 0.1, 0.3, -0.2]])
+    batch, metrics, _ = run(cfg, plan, samples, 1, batch)
+    assert batch.advantages[0, 2:4].tolist() == pytest.approx([1.20387, 1.24454], abs=1e-5)
+    assert batch.advantages[1, 2:5].tolist() == pytest.approx([-0.85003, -0.82969, -0.76868], abs=1e-5)
+    assert batch.advantages[0, 4] == 0 and metrics["advantages/mean"] == pytest.approx(0.0, abs=1e-6)
+    # The former preset's order (outcome normalised over responses, then the KL penalty, returns not
+    # normalised) stays reachable by its scopes: scores [1, 0] over responses, (1 - 0.5) / 0.70711 (ddof 1)
+    # = 0.70711 on A's last token, then r' = [-0.02, 0.70711 + 0.01] and returns [0.69711, 0.71711].
+    cfg, plan = stage("algorithm.preset=reinforce_pp", "algorithm.kl_reward_coef=0.1", "algorithm.norm_mean=batch",
+                      "algorithm.norm_std=batch", "algorithm.whiten_advantages=false", "algorithm.std_ddof=1", n=1)
+    batch, _, _ = run(cfg, plan, samples, 1, batch)
+    assert batch.advantages[0, 2:4].tolist() == pytest.approx([0.70711 - 0.02 + 0.01, 0.70711 + 0.01], abs=1e-5)
+
+
+def test_reinforce_pp_baseline_centres_on_the_group_then_normalises_over_tokens():
+    # Group of 2: scores [1, 0], mean 0.5 -> [0.5, -0.5]; lengths 2 and 1, no KL (beta 0 for the arithmetic):
+    # returns [0.5, 0.5] and [-0.5]; over 3 tokens mean 1/6, deviations [1/3, 1/3, -2/3], population
+    # variance 2/9, std 0.471405 -> [0.70711, 0.70711, -1.41421]. The longer sample weighs twice.
+    cfg, plan = stage("algorithm.preset=reinforce_pp_baseline", "algorithm.kl_reward_coef=0")
+    samples = [sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 1)]
+    batch, _, _ = run(cfg, plan, samples, 2)
+    assert batch.advantages[0, 2:4].tolist() == pytest.approx([0.70711, 0.70711], abs=1e-5)
+    assert batch.advantages[1, 2].item() == pytest.approx(-1.41421, abs=1e-5)

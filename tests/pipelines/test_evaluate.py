@@ -100,3 +100,38 @@ def test_what_eval_needs_is_asked_for(tiny_model_dir, arithmetic_data, tmp_path)
         evaluate_model(cfg, source, EvalOptions(tmp_path / "e", ks=(1, 4)), echo=QUIET)
     with pytest.raises(ConfigError, match="unknown key 'validation.n'"):
         command_config(source, None, ["validation.n=4"], {"data.val_files": [str(data)]}, needs="data.val_files")
+
+
+def test_an_agentic_run_is_refused_with_what_scores_it_instead(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """An agentic run's model plays environment episodes, which eval does not run: eval and generate refuse its
+    config (the run's own, --config, or an env override) in one paragraph, naming the run that scores it."""
+    import shutil
+
+    from gyre.cli import main
+    from gyre.config import load_config
+    from gyre.config.report import resolved_yaml
+    from gyre.recipes import recipe_path
+
+    monkeypatch.chdir(tmp_path)  # where eval would write by default
+    run = tmp_path / "agentic"
+    run.mkdir()
+    recipe = recipe_path("agentic_quickstart")
+    base = [f"model.path={tiny_model_dir}", f"run.output_dir={run}", f"sft_warmup.train_files=[{tmp_path / 'x.jsonl'}]"]
+    (run / "resolved_config.yaml").write_text(resolved_yaml(load_config(recipe, base)))
+    shutil.copytree(tiny_model_dir, run / "final_model")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+1=", "ground_truth": "2"}\n')
+    for argv in (["eval", str(run)], ["eval", str(run), "--data", str(prompts)],
+                 ["eval", str(tiny_model_dir), "--config", str(recipe), "--data", str(prompts)],
+                 ["eval", str(tiny_model_dir), "--data", str(prompts), "env.id=gyre:guess_number"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "configures an environment (env: gyre:guess_number)" in err, argv
+        assert "is scored by its own validation" in err and "gyre train CONFIG model.path=MODEL run.steps=1" in err
+    assert main(["generate", str(run), "--data", str(prompts), "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert "give --config with a data section" in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "eval").exists()
+    # The run the message suggests is a valid config.
+    suggested = load_config(recipe, [*base, f"model.path={run / 'final_model'}", "run.steps=1", "validation.every=1",
+                                     "sft_warmup=null", f"run.output_dir={tmp_path / 'score'}"])
+    assert suggested.sft_warmup is None and suggested.validation.every == 1

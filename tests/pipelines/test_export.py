@@ -65,3 +65,52 @@ def test_a_checkpoint_becomes_a_temporary_model_for_eval(trained_run):
     with loadable_model(source) as directory:
         assert directory.parent == trained_run and (directory / "config.json").is_file()
     assert not directory.exists()
+
+
+MODELING = '''from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class WalkConfig(LlamaConfig):
+    model_type = "walk_llama"
+
+
+class WalkForCausalLM(LlamaForCausalLM):
+    config_class = WalkConfig
+'''
+
+
+@pytest.fixture
+def remote_code_model(tiny_model_dir, tmp_path, monkeypatch):
+    """The tiny model as an architecture of its own code (auto_map), the way custom Hub models ship; transformers
+    copies such code into its modules cache, here a temporary one."""
+    import shutil
+
+    import transformers.dynamic_module_utils as dynamic
+
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    model = shutil.copytree(tiny_model_dir, tmp_path / "walk_model")
+    (model / "modeling_walk.py").write_text(MODELING)
+    config = json.loads((model / "config.json").read_text())
+    config.update(model_type="walk_llama", auto_map={"AutoConfig": "modeling_walk.WalkConfig",
+                                                     "AutoModelForCausalLM": "modeling_walk.WalkForCausalLM"})
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_a_model_of_its_own_code_exports_only_with_trust_remote_code(remote_code_model, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from gyre.cli import main
+
+    out = tmp_path / "exported"
+    assert main(["export", str(remote_code_model), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "its own code (modeling_walk.py, named by auto_map" in err and "add --trust-remote-code" in err
+    assert not out.exists()
+    assert main(["export", str(remote_code_model), "--out", str(out), "--trust-remote-code",
+                 "--dtype", "bfloat16"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)  # its code was saved beside it
+    assert type(model).__name__ == "WalkForCausalLM" and model.dtype == torch.bfloat16
+    source, exported = weights(remote_code_model), weights(out)
+    assert source.keys() == exported.keys()
+    assert all(torch.equal(source[k].to(torch.bfloat16), exported[k]) for k in source)

@@ -13,7 +13,7 @@ from gyre.cli import main
 from gyre.config import load_config
 from gyre.pipelines import launch
 from tests.hub_cache import cache_model
-from tests.models.test_hub import MAIN, user_model
+from tests.models.test_hub import MAIN, V2, user_model
 
 REWARD = Path(__file__).with_name("reward_fns.py")
 
@@ -62,19 +62,37 @@ def _empty_config(tmp_path: Path) -> Path:
     return path
 
 
-def test_training_from_a_hub_id_saves_the_input_dtype_and_tokenizer(ray_local, cache, arithmetic_data, tmp_path,
-                                                                     monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache[0]))
-    cfg = load_config(None, run_args(tmp_path, arithmetic_data, "model.attn_implementation=eager"))
-    summary = launch.train(cfg, echo=lambda s: None)
+def test_a_hub_id_run_saves_the_input_dtype_and_resumes_with_its_first_snapshot(ray_local, cache, tiny_model_dir,
+                                                                               arithmetic_data, tmp_path, monkeypatch,
+                                                                               capsys):
+    """The run records the commit main pointed to; main then moves to another snapshot (a float32 model), and
+    the resumed run still loads the first (bfloat16) one; once the cache loses it, resuming is refused."""
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    first = cache_model(hub, "org/tiny", cache[1], MAIN)
+    args = run_args(tmp_path, arithmetic_data, "model.attn_implementation=eager", "checkpoint.every=1")
+    launch.train(load_config(None, args), echo=lambda s: None)
+    run = tmp_path / "run"
+    assert json.loads((run / "run.json").read_text())["hub_models"] == {
+        "model.path": {"repo_id": "org/tiny", "revision": None, "commit": MAIN}}
+    cache_model(hub, "org/tiny", tiny_model_dir, V2)  # main moves on
+    lines = []
+    summary = launch.train(load_config(None, [*args, "run.steps=2"]), mode="resume", echo=lines.append)
+    assert f"model.path=org/tiny: commit {MAIN[:12]}, the snapshot this run started from (run.json)" in lines
+    assert not any("config differs" in line for line in lines)
+    resolved = yaml.safe_load((run / "resolved_config.yaml").read_text())
+    assert resolved["model"]["path"] == str(first) and resolved["model"]["save_dtype"] == "bfloat16"
     out = Path(summary.final_model)
-    resolved = yaml.safe_load((tmp_path / "run" / "resolved_config.yaml").read_text())
-    assert resolved["model"]["path"] == str(cache[0] / "models--org--tiny" / "snapshots" / MAIN)
     from safetensors import safe_open
 
     with safe_open(out / "model.safetensors", "pt") as f:
         assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.bfloat16"}
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
-    user = cache[1]
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        assert (out / name).read_bytes() == (user / name).read_bytes(), name
+        assert (out / name).read_bytes() == (cache[1] / name).read_bytes(), name
+    # The first snapshot leaves the cache: resuming stops before Ray, saying how to get it back.
+    first.rename(first.with_name("gone"))
+    assert main(["train", str(_empty_config(tmp_path)), *args, "run.steps=3", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"this run started from commit {MAIN[:12]} of org/tiny" in err and "no longer holds that snapshot" in err
+    assert f"`hf download org/tiny --revision {MAIN}`" in err

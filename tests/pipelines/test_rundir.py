@@ -128,3 +128,18 @@ def test_an_ablation_directory_is_refused_resumed_or_set_aside(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["data"] and "moved" in messages[0]
     aside = next(tmp_path.glob("ablation.old-*"))
     assert sorted(p.name for p in aside.iterdir()) == ["ablation.md", "grpo"]
+
+
+def test_a_new_run_records_its_hub_snapshots_and_a_resumed_one_keeps_them(tmp_path):
+    from gyre.models.hub import HubPin
+    from gyre.pipelines.rundir import read_hub_pins
+
+    out = tmp_path / "run"
+    pins = {"model.path": HubPin("org/tiny", "v2", "b" * 40)}
+    start = begin(decide_start(out, "fresh"), "t", [].append, pins)
+    assert read_hub_pins(out) == pins
+    _checkpoint(out, 1, start.run_id)
+    begin(decide_start(out, "resume"), "t", [].append, {"model.path": HubPin("org/tiny", "v2", "c" * 40)})
+    assert read_hub_pins(out) == pins  # the record of the run's start, not of the resume
+    (out / "run.json").write_text(json.dumps({"run_id": start.run_id}))  # a run recorded before hub_models
+    assert read_hub_pins(out) == {} and read_hub_pins(tmp_path / "none") == {}

@@ -28,20 +28,22 @@ def conversations(path, n=12):
     return path
 
 
-def sft_config(tmp_path, model, *extra):
+def sft_config(tmp_path, model, *extra, length="sft.steps=6"):
     return load_config(None, [f"run.output_dir={tmp_path / 'sft'}", f"model.path={model}",
-                              f"sft.train_files=[{conversations(tmp_path / 'chat.jsonl')}]", "sft.steps=6",
+                              f"sft.train_files=[{conversations(tmp_path / 'chat.jsonl')}]", length,
                               "sft.batch_size=6", "sft.micro_batch_size=2", "sft.packing=true", "sft.max_tokens=128",
                               "sft.optimizer.lr=0.01", "policy.devices=[0,1]", "logging.progress=false",
                               "logging.tensorboard=false", *extra], schema=SFTJobConfig)
 
 
 def test_chat_sft_over_two_ranks_saves_a_model_and_its_metrics(ray_local, chat_model, tmp_path):
-    cfg = sft_config(tmp_path, chat_model)
+    cfg = sft_config(tmp_path, chat_model, length="sft.epochs=3")  # 3 passes over 12 examples, 6 a step: 6 steps
     lines = []
     summary = train_sft(cfg, echo=lines.append)
     out = tmp_path / "sft"
-    assert "data: 12 examples" in lines[0] and "placement: policy on CPU slots [0, 1]" in "\n".join(lines)
+    assert "data: 12 examples" in lines[0]
+    assert ("placement: policy on CPU slots [0, 1] (2 data-parallel ranks); 6 optimizer steps (3 epoch(s) of 12 "
+            "examples, 6 per step)") in lines
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6] and {r["phase"] for r in records} == {"sft"}
     # 6 conversations of 4 trained tokens each ("N</s>" twice; 2-digit sums add one) packed into fewer rows.
@@ -56,12 +58,30 @@ def test_chat_sft_over_two_ranks_saves_a_model_and_its_metrics(ray_local, chat_m
 
 
 def test_sft_configs_are_strict(chat_model, tmp_path):
-    with pytest.raises(ConfigError, match="unknown key 'sft.num_train_epochs'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'sft.num_train_epochs'; did you mean 'sft.epochs'\? \(TRL"):
         sft_config(tmp_path, chat_model, "sft.num_train_epochs=3")
+    with pytest.raises(ConfigError, match="sft: steps=6 and epochs=2 both set the length of the SFT run; remove one"):
+        sft_config(tmp_path, chat_model, "sft.epochs=2")
     from gyre.config.derive import make_sft_plan
 
     cfg = sft_config(tmp_path, chat_model, "sft.packing=false", "sft.batch_size=5")
     with pytest.raises(ConfigError, match="sft.batch_size=5 must be divisible by the 2 policy devices"):
-        make_sft_plan(cfg, "cpu", 2)
+        make_sft_plan(cfg, "cpu", 2, 12)
     with pytest.raises(ConfigError, match="impossible placement"):
-        make_sft_plan(sft_config(tmp_path, chat_model, "policy.devices=[0,3]"), "cpu", 2)
+        make_sft_plan(sft_config(tmp_path, chat_model, "policy.devices=[0,3]"), "cpu", 2, 12)
+
+
+@pytest.mark.parametrize("length, examples, steps", [
+    ({}, 12, 100),                          # neither given: 100 steps
+    ({"steps": 7}, 12, 7),                  # steps whatever the data
+    ({"epochs": 2}, 12, 6),                 # 2 x 12 / 4 = 6
+    ({"epochs": 1.5}, 10, 4),               # 1.5 x 10 / 4 = 3.75: rounded up, the last pass partly
+    ({"epochs": 0.1}, 10, 1),               # at least one step
+])
+def test_epochs_derive_the_steps(length, examples, steps):
+    from gyre.config.schema import SFTConfig
+
+    sft = SFTConfig(train_files=["x.jsonl"], batch_size=4, **length)
+    assert sft.total_steps(examples) == steps
+    described = sft.describe_length(examples)
+    assert described.startswith(f"{steps} optimizer steps") and ("epoch(s)" in described) == ("epochs" in length)
