@@ -76,9 +76,11 @@ def _algorithm_lines(cfg: RLVRConfig, plan: RunPlan) -> list[str]:
     if a.advantage_estimator.greedy:
         lines.append("  greedy baseline      + 1 greedy sample per prompt (temperature 0), scored, used as the "
                      "baseline, never trained")
+    ratio = f"{a.ratio_level} ratio" if a.loss_variant.has_ratio else "no ratio"
     knobs = ", ".join(f"{k}={getattr(a, k)}" for k in a.loss_variant.knobs)
-    lines.append(f"  policy loss          {a.policy_loss} ({a.ratio_level} ratio{'; ' + knobs if knobs else ''}), "
-                 f"aggregated {a.loss_agg}" + (f" / {plan.loss_agg_norm}" if plan.loss_agg_norm else ""))
+    how = ratio + (f"; {knobs}" if knobs else "")
+    lines.append(f"  policy loss          {a.policy_loss} ({how}), aggregated {a.loss_agg}"
+                 + (f" / {plan.loss_agg_norm}" if plan.loss_agg_norm else ""))
     if a.kl_loss_coef > 0:
         grad = a.kl_loss_grad_estimator
         lines.append(f"  KL loss              {a.kl_loss_coef:g} x {a.kl_loss_estimator}"

@@ -22,6 +22,7 @@ def test_check_shows_what_the_named_knobs_turn_on():
     text = report("algorithm=remax")
     assert "advantages           remax" in text
     assert "greedy baseline      + 1 greedy sample per prompt (temperature 0), scored, used as the baseline" in text
+    assert "policy loss          vanilla (no ratio), aggregated token-mean" in text
     assert "policy loss          clip_cov (token ratio; clip_low=1.0, clip_high=1.0, clip_cov_ratio=0.0002, " \
            "clip_cov_lb=1.0, clip_cov_ub=5.0), aggregated token-mean" in report("algorithm=clip_cov")
     assert "sapo_tau_pos=1.0, sapo_tau_neg=1.05" in report("algorithm=sapo")
