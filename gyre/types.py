@@ -245,6 +245,9 @@ class Trajectory:
 
 GroupStatus = Literal["admitted", "committed", "aborted"]
 
+GREEDY_SAMPLE = -1
+"""Sample index of a group's greedy response (ReMax's baseline): no sampled stream has it."""
+
 
 @dataclass
 class Group:
@@ -267,6 +270,9 @@ class Group:
     status: GroupStatus = "admitted"
     admitted_for: int = 0
     """The training step it was admitted for (under lockstep asynchrony, the batch it trains in)."""
+    greedy: Trajectory | None = None
+    """The prompt's greedy response (temperature 0, sample index ``GREEDY_SAMPLE``), when the estimator's
+    baseline needs it (ReMax): scored like the others, never among ``trajectories``, never trained."""
 
     @property
     def complete(self) -> bool:
@@ -276,21 +282,23 @@ class Group:
     def to_dict(self) -> dict:
         """Plain data (lists, numbers, strings) for a checkpoint: ``from_dict`` gives the group back exactly."""
         out = dataclasses.asdict(self)
-        for t in out["trajectories"]:
+        for t in [*out["trajectories"], *([out["greedy"]] if out["greedy"] else [])]:
             del t["prompt"]  # the group's own
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Group:
         prompt = PromptRecord(**data["prompt"])
-        trajectories = []
-        for t in data["trajectories"]:
+
+        def trajectory(t: dict) -> Trajectory:
             reward = RewardResult(**t["reward"]) if t["reward"] is not None else None
             segments = [Segment(**s) for s in t["segments"]]
             turns = [TurnRecord(**turn) for turn in t.get("turns", [])]
-            trajectories.append(Trajectory(prompt, t["sample_index"], segments, t["response_text"],
-                                           t["finish_reason"], reward, t["status"], turns, t.get("window")))
-        return cls(**{**data, "prompt": prompt, "trajectories": trajectories})
+            return Trajectory(prompt, t["sample_index"], segments, t["response_text"], t["finish_reason"], reward,
+                              t["status"], turns, t.get("window"))
+        greedy = data.get("greedy")
+        return cls(**{**data, "prompt": prompt, "trajectories": [trajectory(t) for t in data["trajectories"]],
+                      "greedy": trajectory(greedy) if greedy else None})
 
 
 @dataclass

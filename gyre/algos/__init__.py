@@ -1,11 +1,13 @@
 """Algorithm maths as pure tensor functions (torch and numpy only; no Ray or transformers).
 
 Shapes use B for samples, T for padded response tokens, N for prompt groups of G samples each.
-Modules: ``advantages`` (estimators and reward normalisation; the ``ESTIMATORS`` table), ``agentic``
-(multi-turn credit: step returns, ReBN, GiGPO, IPA chunk returns), ``policy_loss``
-(PPO and its variants; the ``POLICY_LOSSES`` table and ``PolicyLossSpec``), ``tables`` (the ``Registry``
-behind both), ``preference`` (pairwise losses: DPO, IPO, SLiC hinge, robust DPO, SimPO, RPO), ``aggregation``
-(loss modes with global denominators), ``kl``, ``masks``, ``mismatch`` (train-inference correction), ``value``
+Modules: ``advantages`` (estimators and reward normalisation; the ``ESTIMATORS`` table), ``baselines``
+(ReMax, OPO, the pass@k advantage, GPG's scale), ``agentic`` (multi-turn credit: step returns, ReBN, GiGPO,
+IPA chunk returns), ``policy_loss`` (PPO and its variants; the ``POLICY_LOSSES`` table and
+``PolicyLossSpec``), ``loss_variants`` (Clip-Cov, KL-Cov, GMPO, SAPO), ``loss_output`` (what every loss
+returns), ``tables`` (the ``Registry`` behind the tables), ``preference`` (pairwise losses: DPO, IPO, SLiC
+hinge, robust DPO, SimPO, RPO), ``aggregation`` (loss modes with global denominators; ``AGGREGATIONS``),
+``kl`` (estimators, straight-through), ``masks``, ``mismatch`` (train-inference correction), ``value``
 (critic loss), ``stats`` and ``pass_at_k`` (evaluation over k samples).
 """
 

@@ -12,6 +12,8 @@ Papers:
 - GAE: Schulman et al. (arXiv 1506.02438).
 - Multi-turn estimators (step-level returns, ReBN, GiGPO, IPA chunk returns): ``gyre.algos.agentic``, listed
   in the table below.
+- Baselines that read more than the rewards (ReMax's greedy response, OPO's lengths, the pass@k advantage,
+  GPG's scale): ``gyre.algos.baselines``, listed in the table below.
 
 ``normalize_rewards`` chooses the mean scope and the std scope independently (ROLL ``norm_mean_type`` /
 ``norm_std_type``); the named estimators are scope pairs:
@@ -39,6 +41,13 @@ from typing import Literal, Protocol
 import torch
 
 from gyre.algos.agentic import TurnBatch, TurnSpec, chunk_returns, gigpo_advantages, rebn_advantages, turn_returns
+from gyre.algos.baselines import (
+    BaselineContext,
+    gpg_alpha,
+    opo_advantages,
+    pass_at_k_advantages,
+    remax_advantages,
+)
 from gyre.algos.stats import RunningMoments
 from gyre.algos.tables import Registry
 
@@ -244,10 +253,11 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
 
 class Baseline(Protocol):
     """Response-level rewards [N, G] -> baselined (and scaled) rewards [N, G]; every estimator takes the
-    normalisation scopes, eps, ddof and running moments, and uses what it needs."""
+    normalisation scopes, eps, ddof, running moments and the ``BaselineContext`` (lengths, greedy rewards,
+    k), and uses what it needs."""
 
     def __call__(self, rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
-                 running: RunningMoments | None = None) -> torch.Tensor: ...
+                 running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor: ...
 
 
 class TokenEstimator(Protocol):
@@ -283,20 +293,60 @@ class AdvantageEstimator:
     turns: TurnEstimator | None = None
     """Turn level, instead of ``advantages``: credit per model turn of multi-turn trajectories (every
     trajectory of the batch must have turns; no token-level KL penalty)."""
+    greedy: bool = False
+    """The baseline is each prompt's greedy response (ReMax): the rollout generates one per prompt at
+    temperature 0 beside the group and scores it; it sets the baseline and never trains."""
 
     def __post_init__(self) -> None:
         if (self.advantages is None) == (self.turns is None):
             raise ValueError("an advantage estimator has a token-level stage or a turn-level stage, exactly one")
 
 
+def _scoped(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
+            running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
+    return normalize_rewards(rewards, mean_scope, std_scope, eps, ddof, running)
+
+
 def _rloo_baseline(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
-                   running: RunningMoments | None = None) -> torch.Tensor:
+                   running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
     return rloo_advantages(rewards)
 
 
 def _group_centred_batch_std(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float,
-                             ddof: int, running: RunningMoments | None = None) -> torch.Tensor:
+                             ddof: int, running: RunningMoments | None = None,
+                             context: BaselineContext | None = None) -> torch.Tensor:
     return group_centred_batch_std_advantages(rewards, eps, ddof)
+
+
+def _needs(context: BaselineContext | None, estimator: str, field: str | None = None) -> BaselineContext:
+    """The context, checked to hold ``field``: the advantage stage fills it from the groups."""
+    if context is None or (field is not None and getattr(context, field) is None):
+        raise ValueError(f"estimator {estimator} needs a BaselineContext" + (f" with {field}" if field else ""))
+    return context
+
+
+def _remax(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
+           running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
+    return remax_advantages(rewards, _needs(context, "remax", "greedy").greedy)
+
+
+def _opo(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
+         running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
+    return opo_advantages(rewards, _needs(context, "opo", "lengths").lengths)
+
+
+def _pass_at_k(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
+               running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
+    return pass_at_k_advantages(rewards, _needs(context, "pass_at_k").pass_k, eps)
+
+
+def gpg_advantages(rewards: torch.Tensor, mean_scope: NormScope = "group", std_scope: NormScope = "none",
+                   eps: float = 1e-6, ddof: int = 1, running: RunningMoments | None = None,
+                   context: BaselineContext | None = None) -> torch.Tensor:
+    """GPG (arXiv 2504.02546): ``A = alpha * (r - M) / F_norm``, the scopes' normalisation times
+    ``alpha = B / (B - M)`` (``gyre.algos.baselines.gpg_alpha``). The paper's best setting is group mean and
+    ``F_norm = 1`` (std scope none); std scope group is its ``F_norm = std`` variant."""
+    return normalize_rewards(rewards, mean_scope, std_scope, eps, ddof, running) * gpg_alpha(rewards)
 
 
 def _returns(token_rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor, gamma: float,
@@ -324,18 +374,23 @@ def _chunk_returns(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
 
 
 ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", {
-    "reinforce": AdvantageEstimator(normalize_rewards, _returns, scoped=True, groups=False, critic=False),
+    "reinforce": AdvantageEstimator(_scoped, _returns, scoped=True, groups=False, critic=False),
     "rloo": AdvantageEstimator(_rloo_baseline, _returns, scoped=False, groups=True, critic=False),
     "group_centred_batch_std": AdvantageEstimator(_group_centred_batch_std, _returns, scoped=False, groups=True,
                                                   critic=False),
-    "gae": AdvantageEstimator(normalize_rewards, gae_advantages, scoped=True, groups=False, critic=True),
+    "gae": AdvantageEstimator(_scoped, gae_advantages, scoped=True, groups=False, critic=True),
     # Multi-turn: normalize_rewards with both scopes none (unscoped rows) leaves the scores as they are.
-    "step_returns": AdvantageEstimator(normalize_rewards, None, scoped=False, groups=False, critic=False,
+    "step_returns": AdvantageEstimator(_scoped, None, scoped=False, groups=False, critic=False,
                                        turns=_step_returns),
-    "rebn": AdvantageEstimator(normalize_rewards, None, scoped=False, groups=False, critic=False, turns=_rebn),
-    "gigpo": AdvantageEstimator(normalize_rewards, None, scoped=True, groups=True, critic=False, turns=_gigpo),
-    "chunk_returns": AdvantageEstimator(normalize_rewards, None, scoped=True, groups=False, critic=False,
+    "rebn": AdvantageEstimator(_scoped, None, scoped=False, groups=False, critic=False, turns=_rebn),
+    "gigpo": AdvantageEstimator(_scoped, None, scoped=True, groups=True, critic=False, turns=_gigpo),
+    "chunk_returns": AdvantageEstimator(_scoped, None, scoped=True, groups=False, critic=False,
                                         turns=_chunk_returns),
+    # Baselines of gyre.algos.baselines: the greedy response, the lengths, pass@k, GPG's scale.
+    "remax": AdvantageEstimator(_remax, _returns, scoped=False, groups=False, critic=False, greedy=True),
+    "opo": AdvantageEstimator(_opo, _returns, scoped=False, groups=True, critic=False),
+    "pass_at_k": AdvantageEstimator(_pass_at_k, _returns, scoped=False, groups=True, critic=False),
+    "gpg": AdvantageEstimator(gpg_advantages, _returns, scoped=True, groups=True, critic=False),
 })
 """The advantage estimators by config name (``algorithm.estimator``): reinforce (the normalised outcome
 reward as returns; GRPO, Dr.GRPO and Lite PPO are its scope pairs, and REINFORCE++ with whitened
@@ -343,5 +398,7 @@ advantages), rloo, group_centred_batch_std (REINFORCE++-baseline's response-leve
 with a critic); for multi-turn trajectories, credit per model turn: step_returns (discounted returns of
 the turn rewards), rebn (those returns normalised over the batch's turns), gigpo (the normalised
 episode return plus a step level over anchor states) and chunk_returns (IPA: the normalised outcome
-discounted back from the last turn). A new estimator is a function with one of the signatures above and a
+discounted back from the last turn); remax (the greedy response's reward as baseline), opo (the
+length-weighted group mean), pass_at_k (the best-of-k advantage) and gpg (the scoped normalisation times
+GPG's alpha). A new estimator is a function with one of the signatures above and a
 row here; the config accepts the name from this table."""

@@ -4,7 +4,9 @@ Modes (ROLL ``loss_agg_mode``), with l the per-token loss, m the mask, len_i = s
 - ``token-mean``: sum m*l / N_tok (DAPO arXiv 2503.14476, Lite PPO arXiv 2508.08221);
 - ``seq-mean-token-sum``: sum m*l / N_seq;
 - ``seq-mean-token-mean``: sum_i (sum_t m*l / len_i) / N_seq (original GRPO, arXiv 2402.03300; ROLL default);
-- ``seq-mean-token-sum-norm``: sum m*l / (N_seq * norm_length) (Dr.GRPO, arXiv 2503.20783).
+- ``seq-mean-token-sum-norm``: sum m*l / (N_seq * norm_length) (Dr.GRPO, arXiv 2503.20783);
+- ``token-sum``: sum m*l, no normaliser (verl's and SkyRL's sum reduction; the loss, and so the gradient,
+  grows with the number of tokens in the step, so the learning rate must be set with the batch's size in mind).
 Deviation: ROLL's ``seq-mean-token-sum-norm`` divides by the padded length T; gyre takes the constant explicitly
 (``norm_length``), because T depends on how a batch was padded or packed.
 
@@ -23,8 +25,9 @@ from typing import Literal
 import torch
 
 from gyre.algos.stats import masked_sum, where_valid
+from gyre.algos.tables import Registry
 
-AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum"]
 
 
 @dataclass(frozen=True)
@@ -70,22 +73,46 @@ def aggregate_loss(token_values: torch.Tensor, mask: torch.Tensor, mode: AggMode
         token_values: [B, T] per-token loss; off-mask entries may hold anything (NaN, inf): they are
             selected away, never multiplied by 0, so they reach neither the loss nor its gradient.
         mask: [B, T] 1 for tokens that count.
-        mode: one of ``AggMode`` (see the module docstring).
+        mode: a name of ``AGGREGATIONS`` (see the module docstring).
         denom: global counts for the optimizer step this micro-batch belongs to.
     """
-    # Empty step batches give 0, not NaN: the denominators are clamped at 1.
-    scale = denom.dp_size
-    if mode == "token-mean":
-        return masked_sum(token_values, mask) * (scale / max(denom.tokens, 1.0))
-    seqs = max(denom.sequences, 1.0)
-    if mode == "seq-mean-token-sum":
-        return masked_sum(token_values, mask) * (scale / seqs)
-    if mode == "seq-mean-token-mean":
-        valid = mask > 0
-        per_seq = where_valid(token_values, valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1)  # len 0 rows: 0
-        return per_seq.sum() * (scale / seqs)
-    if mode == "seq-mean-token-sum-norm":
-        if denom.norm_length is None:
-            raise ValueError("seq-mean-token-sum-norm needs LossDenominator.norm_length (the normalising constant)")
-        return masked_sum(token_values, mask) * (scale / (seqs * denom.norm_length))
-    raise ValueError(f"unknown loss aggregation {mode!r}")
+    return AGGREGATIONS.get(mode)(token_values, mask, denom)
+
+
+# Each share is scaled up by dp_size, because the backend averages over the ranks. Empty step batches give
+# 0, not NaN: every denominator is clamped at 1.
+
+
+def _token_mean(values: torch.Tensor, mask: torch.Tensor, denom: LossDenominator) -> torch.Tensor:
+    return masked_sum(values, mask) * (denom.dp_size / max(denom.tokens, 1.0))
+
+
+def _seq_mean_token_sum(values: torch.Tensor, mask: torch.Tensor, denom: LossDenominator) -> torch.Tensor:
+    return masked_sum(values, mask) * (denom.dp_size / max(denom.sequences, 1.0))
+
+
+def _seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor, denom: LossDenominator) -> torch.Tensor:
+    valid = mask > 0
+    per_seq = where_valid(values, valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1)  # len 0 rows: 0
+    return per_seq.sum() * (denom.dp_size / max(denom.sequences, 1.0))
+
+
+def _seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, denom: LossDenominator) -> torch.Tensor:
+    if denom.norm_length is None:
+        raise ValueError("seq-mean-token-sum-norm needs LossDenominator.norm_length (the normalising constant)")
+    return masked_sum(values, mask) * (denom.dp_size / (max(denom.sequences, 1.0) * denom.norm_length))
+
+
+def _token_sum(values: torch.Tensor, mask: torch.Tensor, denom: LossDenominator) -> torch.Tensor:
+    return masked_sum(values, mask) * denom.dp_size
+
+
+AGGREGATIONS: Registry = Registry("loss aggregation", {
+    "token-mean": _token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+    "token-sum": _token_sum,
+})
+"""The aggregation modes by config name (``algorithm.loss_agg``): ``(token_values, mask, denom)`` -> this
+micro-batch's share of the step's loss. ``AggMode`` lists the same names for the type checker."""

@@ -13,6 +13,12 @@ was a constant plus d, whose gradient +1 pushed the token further from the refer
 the bound (k3 = 10 near d = -2.6) value and gradient grew to e^20. ``clamp=None`` keeps the exact
 estimate, which overflows to inf below d of about -88 in float32.
 
+Straight-through estimators (``kl_straight_through``): the value of one estimator with the gradient of
+another, ``v + g - sg(g)``. Used as a loss on tokens sampled from pi, the estimators' gradients differ from
+their values' meaning: k2's, ``d * grad log pi``, is the gradient of KL(pi || pi_ref) in expectation, while
+k1's has expectation 0 and k3's, ``(1 - pi_ref / pi) grad log pi``, is that of KL(pi_ref || pi). verl's "k1+"
+/ "k3+" loss types (``kl_penalty`` in its core_algos) are k1 / k3 in value with k2's gradient.
+
 Reward penalty ``r_t <- r_t - coef * KL_t`` (PPO / REINFORCE++ style, ROLL ``add_token_level_kl``).
 Adaptive coefficient: Ziegler et al., "Fine-Tuning Language Models from Human Preferences" (arXiv 1909.08593),
 ``e = clip(KL_obs / KL_target - 1, -0.2, 0.2)``, ``coef <- coef * (1 + e * n_steps / horizon)``.
@@ -64,6 +70,27 @@ def _k3(d: torch.Tensor, clamp: float | None) -> torch.Tensor:
     if clamp is not None:
         d = d.clamp(min=-min(clamp + 1.0, 80.0))
     return torch.expm1(-d) + d
+
+
+def kl_straight_through(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, value: KLKind = "k3",
+                        grad: KLKind | None = "k2", clamp: float | None = KL_CLAMP) -> torch.Tensor:
+    """Per-token KL estimate with the value of estimator ``value`` and the gradient of ``grad``.
+
+    ``v + g - sg(g)`` in value is v (g - sg(g) is exactly 0) and in gradient is g's; ``grad`` None (or equal to
+    ``value``) is the plain ``kl_estimate``. Both estimates are clamped by ``clamp`` (``kl_estimate``): a token
+    whose ``grad`` estimate is beyond the bound gets gradient 0.
+
+    Args:
+        logprobs: [B, T] log pi_theta of the sampled tokens (with gradient).
+        ref_logprobs: [B, T] reference log-probs.
+        value, grad: estimator names (k1, abs, k2, k3).
+        clamp: the bound of both estimates; None: exact.
+    """
+    shown = kl_estimate(logprobs, ref_logprobs, value, clamp)
+    if grad is None or grad == value:
+        return shown
+    steer = kl_estimate(logprobs, ref_logprobs, grad, clamp)
+    return shown.detach() + steer - steer.detach()
 
 
 def kl_penalized_rewards(token_rewards: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,

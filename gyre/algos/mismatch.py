@@ -13,6 +13,19 @@ Direction: every weight, ratio and ratio bound here is pi_old / mu, the trainer 
 and verl's ``rollout_is`` direction). verl's k1 rejection (``rollout_rs: token_k1`` and the ``seq_*_k1``
 modes) bounds the inverse, mu / pi_old: its thresholds [lo, hi] are [1 / hi, 1 / lo] here.
 
+Two more corrections from verl's rollout correction (``verl/trainer/ppo/rollout_corr_helper.py``,
+``docs/algo/rollout_corr.md``):
+
+- batch-normalised weights (``normalize_weights``, verl ``rollout_is_batch_normalize``): the truncated weights
+  divided by their mean over the batch's units (tokens; segments; rows for the geometric and sequence
+  levels), so their mean is 1 and the loss keeps its scale whatever the mismatch;
+- rejection by divergence (``divergence_filter``, verl ``rollout_rs`` ``token_k2``, ``seq_sum_k3``, ...): with
+  tokens sampled from mu and ``delta = log pi_old - log mu``, k2 = delta^2 / 2 and k3 = exp(delta) - 1 - delta
+  estimate KL(mu || pi_old) per token (Schulman's estimators with mu as the sampling distribution; k3 is
+  unbiased and >= 0). A token, or a whole row by the sum, mean or max of its tokens' estimates, leaves the
+  loss when the estimate exceeds a threshold: one bound (the estimates are >= 0), where the ratio filter
+  needs two.
+
 Source: ROLL ``train_infer_correction`` (code, no paper). Related: Yao et al. 2025 (blog, truncated
 ``pi_train / pi_infer``); IPA's chunk mismatch mask ("Let It Flow", arXiv 2512.24873) is the segment level here.
 
@@ -30,6 +43,8 @@ import math
 from typing import Literal
 
 import torch
+
+from gyre.algos.tables import Registry
 
 MismatchLevel = Literal["token", "segment", "geometric", "sequence"]
 _LEVELS = ("token", "segment", "geometric", "sequence")
@@ -191,3 +206,93 @@ def mismatch_metrics(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tenso
         "mismatch/prob_diff_token": _masked(torch.exp(old) - torch.exp(behaviour), valid).sum() / n_tokens,
     }
     return {k: float(v) for k, v in out.items()}
+
+
+def normalize_weights(weights: torch.Tensor, mask: torch.Tensor, level: MismatchLevel,
+                      segments: torch.Tensor | None = None) -> torch.Tensor:
+    """Importance weights divided by their mean over the batch's units, so that mean is 1 (verl
+    ``rollout_is_batch_normalize``; applied after truncation, which it keeps in proportion).
+
+    The units are those the weight was built for: tokens at token level, segments at segment level, rows at
+    geometric and sequence level (each row one weight, however long).
+
+    Args:
+        weights: [B, T] importance weights (``importance_weights``), constant over each unit.
+        mask: [B, T] the tokens they apply to. level, segments: as :func:`importance_weights`.
+
+    Returns:
+        [B, T] detached; 1.0 where mask = 0, and unchanged weights when the mean is not positive.
+    """
+    valid = mask > 0
+    w = _masked(weights.detach(), valid)
+    if level == "token":
+        mean = w.sum() / valid.sum().clamp(min=1)
+    elif level == "segment" and segments is not None:
+        _, unit_means, counts = _segment_reduce(w, valid, segments)
+        mean = _masked(unit_means, counts > 0).sum() / (counts > 0).sum().clamp(min=1)
+    elif level in ("segment", "geometric", "sequence"):
+        rows = valid.any(dim=-1)
+        per_row = w.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)
+        mean = _masked(per_row, rows).sum() / rows.sum().clamp(min=1)
+    else:
+        raise ValueError(f"unknown mismatch level {level!r}; use one of {_LEVELS}")
+    scaled = w / torch.where(mean > 0, mean, torch.ones_like(mean))
+    return torch.where(valid, scaled, torch.ones_like(scaled))
+
+
+def _k2(delta: torch.Tensor) -> torch.Tensor:
+    return 0.5 * delta.square()
+
+
+def _k3(delta: torch.Tensor) -> torch.Tensor:
+    # expm1 keeps the small values exact (no 1 - 1 cancellation); a huge delta overflows to inf, which
+    # exceeds every threshold: the token is rejected, as it should be.
+    return torch.expm1(delta) - delta
+
+
+DIVERGENCES: Registry = Registry("mismatch divergence", {
+    "k2": _k2,
+    "k3": _k3,
+})
+"""Per-token estimates of KL(mu || pi_old) from ``delta = log pi_old - log mu`` on tokens sampled from mu:
+``delta [B, T] -> estimate [B, T]``."""
+
+
+def _row_max(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    top = torch.where(valid, values, torch.full_like(values, -torch.inf)).amax(dim=-1, keepdim=True)
+    return torch.where(valid.any(dim=-1, keepdim=True), top, torch.zeros_like(top))
+
+
+DIVERGENCE_LEVELS: Registry = Registry("divergence level", {
+    "token": lambda values, valid: values,
+    "sequence_sum": lambda values, valid: _masked(values, valid).sum(dim=-1, keepdim=True),
+    "sequence_mean": lambda values, valid: (_masked(values, valid).sum(dim=-1, keepdim=True)
+                                            / valid.sum(dim=-1, keepdim=True).clamp(min=1)),
+    "sequence_max": _row_max,
+})
+"""How per-token divergences become the statistic a token is judged by: its own (token), or its row's sum,
+mean or max (verl ``seq_sum``, ``seq_mean``, ``seq_max``), shared by every token of the row:
+``(per-token values [B, T], valid [B, T]) -> [B, T] or [B, 1]``."""
+
+
+def divergence_filter(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                      kind: str = "k3", level: str = "token", threshold: float = 0.01) -> torch.Tensor:
+    """Keep-mask rejecting tokens (or whole rows) whose divergence estimate exceeds ``threshold``.
+
+    Args:
+        old_logprobs: [B, T] log pi_old (trainer). behaviour_logprobs: [B, T] log mu (sampler).
+        mask: [B, T] loss mask.
+        kind: a name of ``DIVERGENCES`` (k2, k3).
+        level: a name of ``DIVERGENCE_LEVELS`` (token, sequence_sum, sequence_mean, sequence_max).
+        threshold: the largest estimate kept (> 0).
+
+    Returns:
+        [B, T] float keep-mask (old_logprobs' dtype); always 0 where mask = 0.
+    """
+    if threshold <= 0:
+        raise ValueError(f"the divergence threshold must be > 0 (got {threshold})")
+    valid = mask > 0
+    delta = _masked(old_logprobs.detach() - behaviour_logprobs.detach(), valid)
+    per_token = _masked(DIVERGENCES.get(kind)(delta), valid)
+    stat = DIVERGENCE_LEVELS.get(level)(per_token, valid).expand_as(per_token)
+    return (valid & (stat <= threshold)).to(old_logprobs.dtype)

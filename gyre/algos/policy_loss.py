@@ -22,6 +22,8 @@ Papers:
 - CISPO: MiniMax-M1 (arXiv 2506.13585); ROLL's docstring cites 2503.14286, which is TOPR's number.
 - Kimi k1.5 (arXiv 2501.12599).
 - Decoupled PPO: Hilton et al. (arXiv 2110.00641); AReaL (arXiv 2505.24298).
+- Clip-Cov and KL-Cov (arXiv 2505.22617), GMPO (arXiv 2507.20673), SAPO (arXiv 2511.20347): in
+  ``gyre.algos.loss_variants``, listed in the table below.
 """
 
 from __future__ import annotations
@@ -34,38 +36,14 @@ import torch
 
 from gyre.algos.aggregation import AggMode
 from gyre.algos.kl import KL_CLAMP, KLKind
+from gyre.algos.loss_output import PolicyLossOutput
+from gyre.algos.loss_output import flag as _flag
+from gyre.algos.loss_output import zeros as _zeros
+from gyre.algos.loss_variants import clip_cov_loss, gmpo_loss, kl_cov_loss, sapo_loss
 from gyre.algos.stats import where_valid
 from gyre.algos.tables import Registry, knob, run_field
 
 RatioLevel = Literal["token", "sequence"]
-
-
-@dataclass
-class PolicyLossOutput:
-    """Per-token results, all [B, T]; aggregate ``token_loss`` with ``aggregate_loss``."""
-
-    token_loss: torch.Tensor
-    """Per-token loss, already 0 (with zero gradient) where the variant masks a token out."""
-    ratio: torch.Tensor
-    """Detached ratio the variant used: token ratio; broadcast sequence ratio for GSPO; proximal ratio for
-    decoupled PPO."""
-    clipped_low: torch.Tensor
-    """1.0 where the lower bound limits the gradient (PPO: rho < 1 - eps_low and A < 0, gradient 0 there;
-    IS-weight variants: the weight is truncated from below)."""
-    clipped_high: torch.Tensor
-    """1.0 where the upper bound limits the gradient (PPO: rho > 1 + eps_high and A > 0, or the dual-clip cap
-    rho > c with A < 0; IS-weight variants: the weight is truncated from above)."""
-    dropped: torch.Tensor | None = None
-    """1.0 where the variant's own mask removed the token (CISPO unified mask); None if the variant never drops."""
-
-
-def _flag(condition: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Bool condition -> float flag [B, T] in ``like``'s dtype and shape (advantages may broadcast)."""
-    return condition.expand_as(like).to(like.dtype)
-
-
-def _zeros(like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(like, dtype=like.dtype).detach()
 
 
 def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -317,6 +295,8 @@ class PolicyLossVariant:
     """Compares the trainer's pi_old with the sampler's log-probs, so pi_old must be recomputed."""
     has_ratio: bool = True
     """False for a loss without importance ratio: correct only on-policy (the config warns otherwise)."""
+    knobs: tuple[str, ...] = ()
+    """The ``PolicyLossSpec`` fields it reads besides the shared ones (``gyre check`` shows their values)."""
 
 
 def _ppo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
@@ -352,14 +332,37 @@ def _decoupled_ppo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
                               s.clip_high, s.behaviour_cap)
 
 
+def _clip_cov(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return clip_cov_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.clip_low, s.clip_high, s.clip_cov_ratio,
+                         s.clip_cov_lb, s.clip_cov_ub)
+
+
+def _kl_cov(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return kl_cov_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.kl_cov_ratio, s.kl_cov_coef)
+
+
+def _gmpo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return gmpo_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.gmpo_clip_low, s.gmpo_clip_high)
+
+
+def _sapo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
+    return sapo_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.sapo_tau_pos, s.sapo_tau_neg)
+
+
+_CLIP = ("clip_low", "clip_high")
+
 POLICY_LOSSES: Registry[PolicyLossVariant] = Registry("policy loss", {
-    "ppo": PolicyLossVariant(_ppo, sequence_ratio=True),
+    "ppo": PolicyLossVariant(_ppo, sequence_ratio=True, knobs=(*_CLIP, "dual_clip_c")),
     "vanilla": PolicyLossVariant(_vanilla, has_ratio=False),
-    "tis": PolicyLossVariant(_tis),
-    "topr": PolicyLossVariant(_topr),
-    "cispo": PolicyLossVariant(_cispo),
-    "kimi15": PolicyLossVariant(_kimi15),
-    "decoupled_ppo": PolicyLossVariant(_decoupled_ppo, uses_behaviour=True),
+    "tis": PolicyLossVariant(_tis, knobs=("tis_low", "tis_high")),
+    "topr": PolicyLossVariant(_topr, knobs=("topr_positive_weight", "topr_negative_weight")),
+    "cispo": PolicyLossVariant(_cispo, knobs=("cispo_low", "cispo_high", "cispo_unified_mask")),
+    "kimi15": PolicyLossVariant(_kimi15, knobs=("kimi15_tau",)),
+    "decoupled_ppo": PolicyLossVariant(_decoupled_ppo, uses_behaviour=True, knobs=(*_CLIP, "behaviour_cap")),
+    "clip_cov": PolicyLossVariant(_clip_cov, knobs=(*_CLIP, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
+    "kl_cov": PolicyLossVariant(_kl_cov, knobs=("kl_cov_ratio", "kl_cov_coef")),
+    "gmpo": PolicyLossVariant(_gmpo, knobs=("gmpo_clip_low", "gmpo_clip_high")),
+    "sapo": PolicyLossVariant(_sapo, knobs=("sapo_tau_pos", "sapo_tau_neg")),
 })
 """The policy losses by config name (``algorithm.policy_loss``). A new loss is a function above, an
 adapter ``(PolicyLossInputs, PolicyLossSpec) -> PolicyLossOutput`` and a row here (plus a ``knob`` in
@@ -383,8 +386,9 @@ class PolicyLossSpec:
     """The variant: a name of ``POLICY_LOSSES``."""
     ratio_level: RatioLevel = "token"
     """sequence: GSPO's length-normalised sequence ratio (ppo loss only)."""
-    clip_low: float = knob(0.2, ge=0, lt=1)
-    """eps_low of the trust region (ppo, decoupled_ppo)."""
+    clip_low: float = knob(0.2, ge=0, le=1)
+    """eps_low of the trust region (ppo, decoupled_ppo, clip_cov); 1 leaves the ratio unbounded below (Clip-Cov's
+    recipe)."""
     clip_high: float = knob(0.2, ge=0)
     """eps_high of the trust region (ppo, decoupled_ppo); DAPO's clip-higher raises it."""
     dual_clip_c: float | None = knob(3.0, gt=1)
@@ -408,12 +412,36 @@ class PolicyLossSpec:
     """kimi15: weight of the squared log-ratio proximity term."""
     behaviour_cap: float | None = knob(None, gt=0)
     """decoupled_ppo: truncate the weight pi_prox / mu at this value."""
+    clip_cov_ratio: float = knob(2e-4, gt=0, le=1)
+    """clip_cov: share r of the valid tokens detached, drawn among those whose covariance of log-prob and
+    advantage lies in (clip_cov_lb, clip_cov_ub) (verl's name; the authors' 2e-4)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower end omega_low of the covariance band (the authors' 1)."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper end omega_high of the covariance band (the authors' 5)."""
+    kl_cov_ratio: float = knob(2e-3, gt=0, le=1)
+    """kl_cov: share k of the valid tokens, those of largest covariance, that get the KL penalty (the
+    authors' 2e-3 for 7B models, 2e-4 for 32B; verl's name, whose default is 2e-4)."""
+    kl_cov_coef: float = knob(1.0, ge=0)
+    """kl_cov: weight beta of the penalty |log pi_theta - log pi_old| (verl's ppo_kl_coef; the authors' 1)."""
+    gmpo_clip_low: float = knob(0.4, ge=0)
+    """gmpo: the token log-ratio is clipped from below at -gmpo_clip_low (the paper's 0.4: ratio e^-0.4)."""
+    gmpo_clip_high: float = knob(0.4, ge=0)
+    """gmpo: the token log-ratio is clipped from above at gmpo_clip_high (the paper's 0.4: ratio e^0.4)."""
+    sapo_tau_pos: float = knob(1.0, gt=0)
+    """sapo: temperature of the soft gate where A > 0 (the paper's 1.0; verl's tau_pos)."""
+    sapo_tau_neg: float = knob(1.05, gt=0)
+    """sapo: temperature of the soft gate where A <= 0 (the paper's 1.05: negative tokens decay faster)."""
     loss_agg: AggMode = "token-mean"
     """How token losses become the step loss (``gyre.algos.aggregation``)."""
     kl_loss_coef: float = knob(0.0, ge=0)
     """KL-to-reference loss term (GRPO style); > 0 creates the reference role."""
     kl_loss_estimator: KLKind = "k3"
-    """The KL estimator of that term."""
+    """The KL estimator of that term (its value)."""
+    kl_loss_grad_estimator: KLKind | None = None
+    """Straight-through KL: the term keeps kl_loss_estimator's value and takes this estimator's gradient
+    (verl's "k1+" / "k3+" are k2 here: the gradient of KL(pi || pi_ref) in expectation); None: the value's
+    own."""
     kl_clamp: float | None = knob(KL_CLAMP, gt=0, le=1e6)
     """Every per-token KL estimate, of the KL loss and of the KL reward penalty, any estimator, is clamped
     to [-kl_clamp, kl_clamp] (verl's low_var_kl clamps k3 to [-10, 10]); a clamped token's KL gradient is 0,

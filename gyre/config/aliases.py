@@ -112,6 +112,12 @@ BY_NAME: dict[str, Alias] = {
     "default_local_dir": Alias("run.output_dir", "verl"),
     "experiment_name": Alias("run.name", "verl"),
     "max_actor_ckpt_to_keep": Alias("checkpoint.keep_last", "verl"),
+    "loss_mode": Alias("algorithm.policy_loss", "verl", "verl's geo_mean is gmpo; its gpg loss is vanilla"),
+    "tau_pos": Alias("algorithm.sapo_tau_pos", "verl"),
+    "tau_neg": Alias("algorithm.sapo_tau_neg", "verl"),
+    "ppo_kl_coef": Alias("algorithm.kl_cov_coef", "verl"),
+    "k_percent": Alias("algorithm.kl_cov_ratio", "Entropy-Mechanism-of-RL", "a share, not a percentage: 0.2 is 0.002"),
+    "rollout_is_batch_normalize": Alias("algorithm.mismatch.normalize_weights", "verl"),
     # OpenRLHF (command-line flags)
     "n_samples_per_prompt": Alias(_SAMPLES, "OpenRLHF"),
     "rollout_batch_size": Alias("rollout.prompts_per_step", "OpenRLHF, ROLL", _PROMPTS_NOTE),
@@ -163,10 +169,12 @@ BY_NAME: dict[str, Alias] = {
     "rollout_is": Alias("algorithm.mismatch.weight", "verl", "token, segment, geometric or sequence"),
     "rollout_is_threshold": Alias("algorithm.mismatch.upper_bound", "verl", "the same ratio, pi_old / mu"),
     "rollout_rs": Alias("algorithm.mismatch.filter", "verl",
-                        "gyre bounds pi_old / mu; verl's *_k1 modes bound mu / pi_old"),
+                        "gyre bounds pi_old / mu; verl's *_k1 modes bound mu / pi_old. The *_k2 / *_k3 modes are "
+                        "algorithm.mismatch.divergence: seq_mean_k3 is divergence=k3, divergence_level=sequence_mean"),
     "rollout_rs_threshold": Alias("algorithm.mismatch.ratio_high", "verl",
                                   "and ratio_low, bounds on pi_old / mu; a *_k1 threshold lo_hi bounds "
-                                  "mu / pi_old: write ratio_low=1/hi, ratio_high=1/lo"),
+                                  "mu / pi_old: write ratio_low=1/hi, ratio_high=1/lo. For *_k2 / *_k3 it is "
+                                  "algorithm.mismatch.divergence_max"),
     "rollout_rs_threshold_lower": Alias("algorithm.mismatch.ratio_low", "verl", "a bound on pi_old / mu"),
     # ROLL (the reference design)
     "num_return_sequences_in_group": Alias(_SAMPLES, "ROLL"),

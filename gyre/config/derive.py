@@ -143,6 +143,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     _check_groups(cfg)
     _check_turns(cfg, notes)
     _check_critics(cfg, notes)
+    _check_baselines(cfg)
     rollout_batch = cfg.rollout.prompts_per_step * n
     mini = cfg.policy.mini_batch_size or rollout_batch
     if rollout_batch % mini:
@@ -322,6 +323,24 @@ def _check_groups(cfg: RLVRConfig) -> None:
                           "(greedy decoding suits validation.temperature)")
 
 
+def _check_baselines(cfg: RLVRConfig) -> None:
+    """Estimators that need more of the rollout than the group: pass@k's k samples, ReMax's greedy response."""
+    a, r = cfg.algorithm, cfg.rollout
+    if a.estimator == "pass_at_k" and a.pass_k > r.samples_per_prompt:
+        raise ConfigError(f"algorithm.pass_k={a.pass_k} draws subsets of {a.pass_k} samples of each prompt, but "
+                          f"rollout.samples_per_prompt={r.samples_per_prompt}; set pass_k <= samples_per_prompt")
+    if not a.advantage_estimator.greedy:
+        return
+    if cfg.env is not None:
+        raise ConfigError(f"algorithm.estimator={a.estimator} takes each prompt's greedy response as its baseline, "
+                          "which the rollout generates for prompts, not for environment episodes; choose another "
+                          "estimator (e.g. algorithm=grpo or rloo) for an environment")
+    if r.sampling.temperature == 0:
+        raise ConfigError(f"rollout.sampling.temperature=0 makes every sample the greedy response, so "
+                          f"algorithm.estimator={a.estimator} (greedy baseline) gives every advantage 0; use a "
+                          "temperature > 0")
+
+
 def _response_budget(cfg: RLVRConfig) -> int:
     """Most new tokens one response may have: a multi-turn row's model turns share the turn budget."""
     if cfg.env is None:
@@ -365,6 +384,11 @@ def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> 
     if gigpo_keys and a.estimator != "gigpo":
         notes.append(f"{', '.join('algorithm.' + k for k in gigpo_keys)}: no effect, estimator={a.estimator} "
                      "is not gigpo")
+    if "pass_k" in a.model_fields_set and a.estimator != "pass_at_k":
+        notes.append(f"algorithm.pass_k: no effect, estimator={a.estimator} is not pass_at_k")
+    if a.estimator == "opo" and steps_per_batch > 1:
+        notes.append(f"estimator=opo derives its baseline for exact on-policy training (one optimizer step per "
+                     f"rollout batch); this run takes {steps_per_batch} (policy.mini_batch_size, policy.epochs)")
     if not a.uses_critic and (a.value_clip is not None or a.critic_warmup):
         notes.append(f"algorithm.value_clip / critic_warmup have no effect: estimator={a.estimator} has no critic")
     if a.critic_warmup >= cfg.run.steps and a.uses_critic:

@@ -39,6 +39,25 @@ expansion against its paper's list. Sources, with the deviations we chose:
   Machines, "On-Policy Distillation", 2025): each token's advantage is -(log pi_student - log pi_teacher)
   of its sampled token, discount 0, no task reward, no baseline; PPO clip without dual clip, token-mean.
   The teacher's model is ``teacher.model_path``.
+- remax: ReMax (arXiv 2310.10505), Algorithm 1: REINFORCE (vanilla loss, token-mean) with each prompt's greedy
+  response's reward as the baseline; the authors' scripts (liziniu/ReMax, step3 run_llama2_7b.sh): k1 KL
+  penalty 0.05 in the reward, reward clip 5 (on r - r_greedy). Deviation: those scripts give each token its
+  own KL term plus the reward discounted by gamma 0.99; gyre's returns (gamma 1) add up the KL penalties of
+  the tokens after it.
+- opo: OPO (arXiv 2505.23585; verl docs/algo/opo.md): the length-weighted group mean as baseline, no std,
+  no KL, no entropy bonus, the PPO loss without dual clip. Its exact on-policy training (one optimizer step
+  per rollout batch) is the policy section's mini-batch: the plan notes it when a run takes more.
+- gpg: GPG (arXiv 2504.02546; the authors' README table and GPGTrainer): group mean, F_norm = 1 (norm_std
+  none), alpha = B / (B - M), the plain policy gradient -A log pi averaged over tokens, no KL. The authors'
+  resampling up to a valid share beta_th is rollout.dynamic_sampling.
+- clip_cov / kl_cov: "The Entropy Mechanism of RL for Reasoning LMs" (arXiv 2505.22617), the authors'
+  recipes (PRIME-RL/Entropy-Mechanism-of-RL, recipe/dapo/7b_clip_cov.sh and 7b_kl_cov.sh): GRPO advantages,
+  token-mean, no KL; Clip-Cov with clip ratio 1 (both sides), r = 2e-4, band (1, 5); KL-Cov with k = 2e-3
+  (their 7B value; 2e-4 for 32B), beta = 1. Their DAPO group filter is the difficulty mask (0, 1), as in dapo.
+- gmpo: GMPO (arXiv 2507.20673; verl examples/gmpo_trainer): GRPO advantages, log-ratio clip 0.4 on both
+  sides, a sequence-level mean (seq-mean-token-mean), no KL.
+- sapo: SAPO (arXiv 2511.20347; verl examples/sapo_trainer): GRPO advantages, tau_pos 1.0, tau_neg 1.05,
+  seq-mean-token-mean, no KL.
 """
 
 from __future__ import annotations
@@ -86,6 +105,22 @@ PRESETS: dict[str, dict[str, Any]] = {
              "topr_positive_weight": 1.0, "topr_negative_weight": 1.0, "loss_agg": "token-mean"},
     "opd": {"estimator": "reinforce", "norm_mean": "none", "norm_std": "none", "gamma": 0.0, "policy_loss": "ppo",
             "dual_clip_c": None, "loss_agg": "token-mean", "distill_coef": 1.0, "distill_mode": "pure"},
+    "remax": {"estimator": "remax", "norm_mean": "none", "norm_std": "none", "policy_loss": "vanilla",
+              "loss_agg": "token-mean", "kl_reward_coef": 0.05, "kl_reward_estimator": "k1", "reward_clip": 5.0},
+    "opo": {"estimator": "opo", "norm_mean": "none", "norm_std": "none", "policy_loss": "ppo", **_NO_DUAL_CLIP,
+            "loss_agg": "token-mean", "kl_loss_coef": 0.0, "entropy_coef": 0.0},
+    "gpg": {"estimator": "gpg", "norm_mean": "group", "norm_std": "none", "policy_loss": "vanilla",
+            "loss_agg": "token-mean", "kl_loss_coef": 0.0},
+    "clip_cov": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "clip_cov",
+                 "clip_low": 1.0, "clip_high": 1.0, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
+                 "loss_agg": "token-mean", "kl_loss_coef": 0.0, "difficulty_mask": (0.0, 1.0)},
+    "kl_cov": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "kl_cov",
+               "kl_cov_ratio": 2e-3, "kl_cov_coef": 1.0, "loss_agg": "token-mean", "kl_loss_coef": 0.0,
+               "difficulty_mask": (0.0, 1.0)},
+    "gmpo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "gmpo",
+             "gmpo_clip_low": 0.4, "gmpo_clip_high": 0.4, "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.0},
+    "sapo": {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "sapo",
+             "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.0},
 }
 PRESETS["asyppo"] = {**PRESETS["ppo"], "value_aggregation": "mean", "critic_data_division": "group_response_split",
                      "adv_mask_low_pct": 0.2, "entropy_filter_high_pct": 0.2, "entropy_coef": 0.001}
@@ -184,6 +219,12 @@ def algorithm_problems(a) -> list[str]:
     if a.credit.fai_far < a.credit.fai_near:
         problems.append(f"algorithm.credit.fai_far={a.credit.fai_far} < fai_near={a.credit.fai_near}: FAI would "
                         "average over no tokens; fai_far must be >= fai_near")
+    if a.clip_cov_lb >= a.clip_cov_ub:
+        problems.append(f"algorithm.clip_cov_lb={a.clip_cov_lb:g} must be below clip_cov_ub={a.clip_cov_ub:g}: "
+                        "Clip-Cov draws the tokens it detaches from the covariances strictly between them")
+    if a.kl_loss_grad_estimator is not None and a.kl_loss_coef == 0:
+        problems.append("algorithm.kl_loss_grad_estimator sets the gradient of the KL loss, which is off; set "
+                        "algorithm.kl_loss_coef > 0")
     if a.difficulty_mask is not None and a.difficulty_mask[0] >= a.difficulty_mask[1]:
         problems.append(f"algorithm.difficulty_mask {list(a.difficulty_mask)} keeps nothing: low must be < high")
     return problems

@@ -58,21 +58,50 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
     ]
     if cfg.policy.lora is not None:
         lines.append(_lora_line(cfg))
-    a = cfg.algorithm
-    lines.append(f"  advantages           {a.estimator}, rewards normalised by mean {a.norm_mean} / std {a.norm_std}"
-                 + (", whitened" if a.whiten_advantages else "")
-                 + (f"; credit {a.credit.strategy} (gamma {a.credit.gamma_amp:g} on the top {a.credit.top_q:.0%})"
-                    if a.credit.strategy != "none" else ""))
-    lines.append(f"  policy loss          {a.policy_loss} ({a.ratio_level} ratio), aggregated {a.loss_agg}"
-                 + (f" / {plan.loss_agg_norm}" if plan.loss_agg_norm else ""))
+    lines += _algorithm_lines(cfg, plan)
     if plan.overlong_cache_tokens:
         lines.append(f"  overlong penalty     L_max {cfg.rollout.sampling.max_new_tokens}, L_cache "
                      f"{plan.overlong_cache_tokens} tokens")
     lines += _memory_lines(cfg, plan)
-    lines += preset_report(a)
+    lines += preset_report(cfg.algorithm)
     lines += preset_sections_report(cfg)
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def _algorithm_lines(cfg: RLVRConfig, plan: RunPlan) -> list[str]:
+    """The estimator, the policy loss with the knobs its variant reads, the KL loss and the mismatch correction."""
+    a = cfg.algorithm
+    estimator = a.estimator + (f" (k={a.pass_k})" if a.estimator == "pass_at_k" else "")
+    lines = [f"  advantages           {estimator}, rewards normalised by mean {a.norm_mean} / std {a.norm_std}"
+             + (", whitened" if a.whiten_advantages else "")
+             + (f"; credit {a.credit.strategy} (gamma {a.credit.gamma_amp:g} on the top {a.credit.top_q:.0%})"
+                if a.credit.strategy != "none" else "")]
+    if a.advantage_estimator.greedy:
+        lines.append("  greedy baseline      + 1 greedy sample per prompt (temperature 0), scored, used as the "
+                     "baseline, never trained")
+    ratio = f"{a.ratio_level} ratio" if a.loss_variant.has_ratio else "no ratio"
+    knobs = ", ".join(f"{k}={getattr(a, k)}" for k in a.loss_variant.knobs)
+    how = ratio + (f"; {knobs}" if knobs else "")
+    lines.append(f"  policy loss          {a.policy_loss} ({how}), aggregated {a.loss_agg}"
+                 + (f" / {plan.loss_agg_norm}" if plan.loss_agg_norm else ""))
+    if a.kl_loss_coef > 0:
+        grad = a.kl_loss_grad_estimator
+        lines.append(f"  KL loss              {a.kl_loss_coef:g} x {a.kl_loss_estimator}"
+                     + (f" in value, {grad} in gradient (straight-through)" if grad and grad != a.kl_loss_estimator
+                        else ""))
+    m = a.mismatch
+    if m.enabled:
+        parts = []
+        if m.weight != "none":
+            parts.append(f"{m.weight} weights <= {m.upper_bound:g}" + (", batch-normalised" if m.normalize_weights
+                                                                       else ""))
+        if m.filter != "none":
+            parts.append(f"{m.filter} ratio filter [{m.ratio_low:g}, {m.ratio_high:g}]")
+        if m.divergence != "none":
+            parts.append(f"{m.divergence} divergence rejection, {m.divergence_level} <= {m.divergence_max:g}")
+        lines.append(f"  mismatch             {'; '.join(parts)}")
+    return lines
 
 
 def _model_line(cfg: RLVRConfig) -> str:

@@ -17,6 +17,7 @@ from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator
 from gyre.algos.agentic import TurnSpec
 from gyre.algos.attention_credit import CreditSpec
 from gyre.algos.distill import DistillMode
+from gyre.algos.mismatch import DIVERGENCE_LEVELS, DIVERGENCES
 from gyre.algos.policy_loss import POLICY_LOSSES, OldSource, PolicyLossSpec, PolicyLossVariant
 from gyre.config.base import (
     DeviceList,
@@ -244,10 +245,28 @@ class MismatchConfig(StrictModel):
     """Optional bounds on p_old - p_mu as well (the diff filter)."""
     diff_high: float | None = None
     """Upper bound on p_old - p_mu (the diff filter); None: no upper bound."""
+    normalize_weights: bool = False
+    """Divide the importance weights by their mean over the batch's units (tokens; segments; rows at the
+    geometric and sequence levels) after truncation, so they average 1 (verl's rollout_is_batch_normalize)."""
+    divergence: Literal[("none", *DIVERGENCES.names)] = "none"
+    """Reject tokens or rows whose estimate of KL(mu || pi_old) exceeds divergence_max: k2 = d^2 / 2 or
+    k3 = exp(d) - 1 - d per token, d = log pi_old - log mu (verl's rollout_rs *_k2 / *_k3); none turns it off."""
+    divergence_level: Literal[DIVERGENCE_LEVELS.names] = "sequence_mean"
+    """What a token is judged by: its own estimate (token), or its row's sum, mean or max of them
+    (sequence_sum, sequence_mean, sequence_max: the whole row stays or leaves; verl's seq_sum, seq_mean, seq_max)."""
+    divergence_max: PositiveFloat = 0.01
+    """The largest divergence kept (verl's decoupled_k3_rs: seq_mean_k3 at 0.01)."""
 
     @property
     def enabled(self) -> bool:
-        return self.weight != "none" or self.filter != "none"
+        return self.weight != "none" or self.filter != "none" or self.divergence != "none"
+
+    @model_validator(mode="after")
+    def _weights_to_normalize(self) -> MismatchConfig:
+        if self.normalize_weights and self.weight == "none":
+            raise ValueError("algorithm.mismatch.normalize_weights normalises the importance weights, which are off; "
+                             "set algorithm.mismatch.weight (token, segment, geometric or sequence)")
+        return self
 
 
 PolicyLossKnobs = section_from_spec(
@@ -269,8 +288,9 @@ class AlgorithmConfig(PolicyLossKnobs):
     kl_loss_estimator, entropy_coef) come from ``PolicyLossKnobs``."""
 
     preset: str | None = None
-    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr,
-    asyppo, opd (``gyre.config.presets``: each sets the knobs of its paper; asyppo also sets critic.num_critics)."""
+    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr, remax,
+    opo, gpg, clip_cov, kl_cov, gmpo, sapo, asyppo, opd (``gyre.config.presets``: each sets the knobs of its
+    paper; asyppo also sets critic.num_critics)."""
     # ---- advantages -------------------------------------------------------------------------
     estimator: Literal[ESTIMATORS.names] = "reinforce"
     """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
@@ -282,7 +302,12 @@ class AlgorithmConfig(PolicyLossKnobs):
     baseline (norm scopes none); rebn: those returns normalised over every turn of the batch (GEM; scopes
     none); gigpo: the episode return normalised by the scopes (group/group is GiGPO, group/none its
     std-free variant) plus a step level over turns that saw the same state (the gigpo_* keys); chunk_returns
-    (IPA): the normalised episode return discounted back from the last turn, gamma^(turns after) * R."""
+    (IPA): the normalised episode return discounted back from the last turn, gamma^(turns after) * R.
+    Baselines that read more than the rewards (``gyre.algos.baselines``): remax: each prompt's greedy
+    response's reward (the rollout adds one greedy sample per prompt, scored, never trained; scopes none);
+    opo: the length-weighted group mean (scopes none); pass_at_k: how much a response raises its group's
+    best-of-pass_k reward, over that reward's std (scopes none); gpg: the scoped normalisation (group
+    mean, std group or none) times B / (B - M), M the samples of groups with equal rewards."""
     norm_mean: NormScope = "group"
     """Scope of the mean subtracted from rewards: group (per prompt), batch, running (per tag) or none."""
     norm_std: NormScope = "group"
@@ -305,6 +330,9 @@ class AlgorithmConfig(PolicyLossKnobs):
     gigpo_step_weight: Annotated[float, Field(ge=0)] = 1.0
     """gigpo: weight w_S of the step-level advantage (ROLL ``step_reward_weight``; the paper's omega). The
     step level divides by its anchor group's std (std_eps, std_ddof) unless norm_std is none."""
+    pass_k: PositiveInt = 4
+    """pass_at_k: k, the subset size whose best reward the advantage raises (at most
+    rollout.samples_per_prompt; k = 1 is GRPO with the population std)."""
     whiten_advantages: bool = False
     """Whiten advantages over the tokens that train, (A - mean) / (std + std_eps) with std_ddof, mean and
     std over tokens (longer responses weigh more); with a critic-free estimator these are the returns after

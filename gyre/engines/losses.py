@@ -20,7 +20,7 @@ import torch
 
 from gyre.algos.aggregation import AggMode, LossDenominator, aggregate_loss
 from gyre.algos.distill import distill_loss_tokens, reverse_kl_tokens
-from gyre.algos.kl import kl_estimate
+from gyre.algos.kl import kl_estimate, kl_straight_through
 from gyre.algos.policy_loss import (
     POLICY_LOSSES,
     OldSource,
@@ -72,8 +72,8 @@ class PolicyLoss:
         loss = aggregate_loss(token_loss, mask, spec.loss_agg, self.denom)
         tokens = float(mask.sum())
         if spec.kl_loss_coef > 0:
-            kl = kl_estimate(where_valid(logprobs, mask), where_valid(batch.ref_logprobs.to(dev), mask),
-                             spec.kl_loss_estimator, spec.kl_clamp)
+            kl = kl_straight_through(where_valid(logprobs, mask), where_valid(batch.ref_logprobs.to(dev), mask),
+                                     spec.kl_loss_estimator, spec.kl_loss_grad_estimator, spec.kl_clamp)
             loss = loss + spec.kl_loss_coef * aggregate_loss(kl, mask, spec.loss_agg, self.denom)
             metrics.add("kl_ref", float(masked_sum(kl.detach(), mask)), tokens)
         if spec.distill_loss_coef > 0:
@@ -121,6 +121,8 @@ class PolicyLoss:
         add("clip_frac", out.clipped_low + out.clipped_high)
         if out.dropped is not None:
             add("dropped_frac", out.dropped)
+        if out.penalised is not None:
+            add("penalised_frac", out.penalised)
         add("approx_kl", kl_estimate(old, lp, "k3"))
         add("ratio_mean", out.ratio)
         add("ratio_abs_dev", (out.ratio - 1.0).abs())

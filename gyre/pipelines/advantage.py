@@ -25,10 +25,17 @@ from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator, outcome_token_
 from gyre.algos.agentic import TurnBatch
 from gyre.algos.asyppo import aggregate_values, critic_rows, disagreement_masks
 from gyre.algos.attention_credit import apply_credit
+from gyre.algos.baselines import BaselineContext
 from gyre.algos.distill import distill_advantages, reverse_kl_tokens
 from gyre.algos.kl import AdaptiveKLController, kl_penalized_rewards
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
-from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
+from gyre.algos.mismatch import (
+    divergence_filter,
+    importance_weights,
+    mismatch_filter,
+    mismatch_metrics,
+    normalize_weights,
+)
 from gyre.algos.stats import RunningMoments, masked_mean, masked_whiten, where_valid
 from gyre.algos.value import explained_variance
 from gyre.config.derive import RunPlan
@@ -63,20 +70,28 @@ class AlgorithmState:
 
 
 def correct_mismatch(batch: TrainBatch, m: MismatchConfig) -> tuple[torch.Tensor, dict]:
-    """Train-inference mismatch: importance weights into ``batch.token_weights`` and a keep-mask [B, L] of
-    the tokens the filter leaves in the loss. Needs recomputed old log-probs."""
+    """Train-inference mismatch: a keep-mask [B, L] of the tokens the ratio and divergence filters leave in
+    the loss, and importance weights into ``batch.token_weights`` (normalised over those tokens when asked).
+    Needs recomputed old log-probs."""
     mask = batch.response_mask
     keep = torch.ones_like(mask)
     if batch.old_logprobs is None:
         return keep, {}
-    metrics = mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, mask)
-    if m.weight != "none":
-        batch.token_weights = importance_weights(batch.old_logprobs, batch.rollout_logprobs, mask, m.weight,
-                                                 m.upper_bound)
+    old, behaviour = batch.old_logprobs, batch.rollout_logprobs
+    metrics = mismatch_metrics(old, behaviour, mask)
     if m.filter != "none":
-        keep = mismatch_filter(batch.old_logprobs, batch.rollout_logprobs, mask, m.filter, m.ratio_low,
-                               m.ratio_high, m.diff_low, m.diff_high)
+        keep = mismatch_filter(old, behaviour, mask, m.filter, m.ratio_low, m.ratio_high, m.diff_low, m.diff_high)
+    if m.divergence != "none":
+        close = divergence_filter(old, behaviour, mask, m.divergence, m.divergence_level, m.divergence_max)
+        metrics["mismatch/divergence_rejected_frac"] = float(1 - masked_mean(close, mask))
+        keep = keep * close
+    if m.filter != "none" or m.divergence != "none":
         metrics["mismatch/filtered_frac"] = float(1 - masked_mean(keep, mask))
+    if m.weight != "none":
+        weights = importance_weights(old, behaviour, mask, m.weight, m.upper_bound)
+        if m.normalize_weights:
+            weights = normalize_weights(weights, mask * keep, m.weight)
+        batch.token_weights = weights
     return keep, metrics
 
 
@@ -96,7 +111,8 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
         scores = raw + penalty
         metrics["reward/overlong_penalty"] = float(penalty.mean())
     keep = rows.expand(_sample_keep(raw, truncated, a, layout, metrics))
-    rewards = _response_rewards(scores, groups, a, state, layout)
+    context = _baseline_context(groups, layout, a, plan, state, max_new_tokens, metrics)
+    rewards = _response_rewards(scores, groups, a, state, layout, context)
     if a.reward_clip is not None:
         rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
     resp = batch.response_mask
@@ -198,13 +214,35 @@ def _sample_keep(raw: torch.Tensor, truncated: torch.Tensor, a: AlgorithmConfig,
     return keep
 
 
+def _baseline_context(groups: list[Group], layout: GroupLayout, a: AlgorithmConfig, plan: RunPlan,
+                      state: AlgorithmState, max_new_tokens: int, metrics: dict) -> BaselineContext:
+    """What baselines read besides the rewards: each response's model tokens (OPO), each prompt's greedy
+    response's reward, shaped like the samples' (ReMax), and k (pass@k)."""
+    lengths = torch.tensor([sum(len(s.token_ids) for s in t.segments if s.trainable)
+                            for g in groups for t in g.trajectories])
+    greedy = None
+    if state.estimator.greedy:
+        missing = [g.group_id for g in groups if g.greedy is None or g.greedy.reward is None]
+        if missing:
+            raise ValueError(f"algorithm.estimator={a.estimator} takes each prompt's greedy response as its baseline, "
+                             f"but {len(missing)} group(s) have no scored one (e.g. {missing[0]}); the rollout "
+                             "generates it when the run's schedule asks for it (rlvr.schedule_spec)")
+        baselines = [g.greedy for g in groups]
+        greedy = torch.tensor([t.reward.score for t in baselines], dtype=torch.float32)
+        if plan.overlong_cache_tokens:
+            greedy = greedy + soft_overlong_penalty(_model_lengths(baselines), max_new_tokens,
+                                                    plan.overlong_cache_tokens)
+        metrics["reward/greedy_mean"] = float(greedy.mean())
+    return BaselineContext(layout.gather(lengths), greedy, a.pass_k)
+
+
 def _response_rewards(scores: torch.Tensor, groups: list[Group], a: AlgorithmConfig, state: AlgorithmState,
-                      layout: GroupLayout) -> torch.Tensor:
+                      layout: GroupLayout, context: BaselineContext) -> torch.Tensor:
     """Response-level rewards after the estimator's baseline / normalisation, [B]."""
     rows = layout.gather(scores)
     baseline = state.estimator.baseline
     if "running" not in (a.norm_mean, a.norm_std):
-        return layout.scatter(baseline(rows, a.norm_mean, a.norm_std, a.std_eps, a.std_ddof))
+        return layout.scatter(baseline(rows, a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, context=context))
     # Running moments are kept per tag (domain): the trajectories of one group share its prompt's tag.
     tags = [g.prompt.tag or "default" for g in groups]
     out = torch.zeros_like(rows)
@@ -212,7 +250,7 @@ def _response_rewards(scores: torch.Tensor, groups: list[Group], a: AlgorithmCon
         idx = torch.tensor([i for i, t in enumerate(tags) if t == tag])
         moments = state.running.setdefault(tag, RunningMoments())
         moments.update(rows[idx])
-        out[idx] = baseline(rows[idx], a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, moments)
+        out[idx] = baseline(rows[idx], a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, moments, context.rows(idx))
     return layout.scatter(out)
 
 

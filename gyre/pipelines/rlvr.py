@@ -271,6 +271,7 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
         tail=TailSpec(tail.eta_prompts, tail.eta_samples) if tail else None,
         extra_samples=cfg.env.extra_samples if cfg.env is not None else 0,
         restart_stale=cfg.env is not None and cfg.env.stale_episodes == "restart",
+        greedy=cfg.algorithm.advantage_estimator.greedy,
         lockstep=r.async_ratio > 0 and r.async_mode == "lockstep")
 
 

@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from gyre.algos.advantages import ESTIMATORS
+from gyre.algos.aggregation import AGGREGATIONS, AggMode
+from gyre.algos.baselines import BaselineContext
+from gyre.algos.mismatch import DIVERGENCE_LEVELS, DIVERGENCES
 from gyre.algos.policy_loss import POLICY_LOSSES, PolicyLossInputs, PolicyLossSpec
 from gyre.algos.tables import Registry
 
@@ -14,10 +17,16 @@ def test_unknown_names_list_the_valid_ones():
     with pytest.raises(ValueError) as err:
         POLICY_LOSSES.get("ppo2")
     assert str(err.value) == ("unknown policy loss 'ppo2'; valid names: ppo, vanilla, tis, topr, cispo, kimi15, "
-                              "decoupled_ppo")
+                              "decoupled_ppo, clip_cov, kl_cov, gmpo, sapo")
     with pytest.raises(ValueError, match=r"^unknown advantage estimator 'grpo'; valid names: reinforce, rloo, "
-                                         r"group_centred_batch_std, gae, step_returns, rebn, gigpo, chunk_returns$"):
+                                         r"group_centred_batch_std, gae, step_returns, rebn, gigpo, chunk_returns, "
+                                         r"remax, opo, pass_at_k, gpg$"):
         ESTIMATORS.get("grpo")
+    with pytest.raises(ValueError, match="unknown loss aggregation 'sum'; valid names: token-mean, "
+                                         "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm, token-sum"):
+        AGGREGATIONS.get("sum")
+    assert DIVERGENCES.names == ("k2", "k3")
+    assert DIVERGENCE_LEVELS.names == ("token", "sequence_sum", "sequence_mean", "sequence_max")
     with pytest.raises(ValueError, match="unknown thing None; valid names: a"):
         Registry("thing", {"a": 1}).get(None)
 
@@ -25,7 +34,8 @@ def test_unknown_names_list_the_valid_ones():
 # One token: rho = pi / pi_old = 1.5, A = +1, pi_old / mu = 2, a sample with reward 0 (TOPR's negative set).
 # Every knob is off its default, so a row that drops or swaps one gets a different number.
 SPEC = PolicyLossSpec(clip_low=0.1, clip_high=0.3, dual_clip_c=None, tis_high=0.9, topr_negative_weight=0.5,
-                      cispo_low=0.2, cispo_high=0.25, kimi15_tau=0.4, behaviour_cap=1.5)
+                      cispo_low=0.2, cispo_high=0.25, kimi15_tau=0.4, behaviour_cap=1.5, kl_cov_coef=0.7,
+                      gmpo_clip_high=0.3, sapo_tau_pos=2.0)
 LN = math.log(1.5)
 
 
@@ -37,6 +47,10 @@ LN = math.log(1.5)
     ("cispo", -1.25 * LN),                 # -clip(rho, 0.8, 1.25) A log pi
     ("kimi15", -LN + 0.5 * 0.4 * LN ** 2),  # -A log pi + tau/2 (log rho)^2
     ("decoupled_ppo", -1.5 * 1.3),         # min(pi_old / mu = 2, cap 1.5) x the PPO term -1.3
+    ("clip_cov", -1.3),                    # PPO's clip; a lone token has covariance 0, outside the band
+    ("kl_cov", -1.5 + 0.7 * LN),           # the one token is the top k: -rho A + beta |log rho|
+    ("gmpo", -math.exp(0.3)),              # log rho 0.405 clipped at 0.3 (A > 0): -A exp(0.3)
+    ("sapo", -2 / (1 + math.exp(-1.0))),   # -sigmoid(tau (rho - 1)) 4 / tau A, tau 2: -2 sigmoid(1)
 ])
 def test_each_policy_loss_row_uses_its_knobs(name, expected):
     inputs = PolicyLossInputs(logprobs=torch.tensor([[LN]], requires_grad=True), old_logprobs=torch.zeros(1, 1),
@@ -59,11 +73,28 @@ def test_topr_row_needs_scores():
     ("rloo", [[1.0, -1.0], [0.0, 0.0]]),               # r_i - mean of the others
     # centred [0.5, -0.5, 0, 0], batch std (ddof 1) sqrt(0.5 / 3) = 0.40825
     ("group_centred_batch_std", [[1.22474, -1.22474], [0.0, 0.0]]),
+    ("remax", [[0.5, -0.5], [0.0, 0.0]]),              # r - greedy reward [0.5, 1]
+    ("opo", [[0.75, -0.25], [0.0, 0.0]]),              # baseline (1 x 1 + 3 x 0) / (1 + 3) = 0.25
+    ("pass_at_k", [[1.0, -1.0], [0.0, 0.0]]),          # k = 1: group mean over the population std 0.5
+    ("gpg", [[1.41421, -1.41421], [0.0, 0.0]]),        # the group/group scopes x alpha = 4 samples / 2 varied
 ])
 def test_each_estimator_baseline(name, expected):
     rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    got = ESTIMATORS.get(name).baseline(rewards, "group", "group", 1e-6, 1)
+    context = BaselineContext(lengths=torch.tensor([[1, 3], [2, 2]]), greedy=torch.tensor([0.5, 1.0]), pass_k=1)
+    got = ESTIMATORS.get(name).baseline(rewards, "group", "group", 1e-6, 1, context=context)
     assert got.tolist() == [pytest.approx(row, abs=1e-4) for row in expected]
+
+
+def test_context_baselines_say_what_they_miss():
+    rewards = torch.tensor([[1.0, 0.0]])
+    with pytest.raises(ValueError, match="estimator remax needs a BaselineContext with greedy"):
+        ESTIMATORS.get("remax").baseline(rewards, "none", "none", 1e-6, 1, context=BaselineContext())
+    with pytest.raises(ValueError, match="estimator opo needs a BaselineContext with lengths"):
+        ESTIMATORS.get("opo").baseline(rewards, "none", "none", 1e-6, 1)
+
+
+def test_aggregation_table_matches_the_mode_type():
+    assert AGGREGATIONS.names == AggMode.__args__
 
 
 def test_token_estimators_returns_and_gae():

@@ -34,8 +34,10 @@ def test_loss_spec_carries_every_key():
     overrides = {"policy_loss": "decoupled_ppo", "clip_low": 0.1, "clip_high": 0.3, "dual_clip_c": 2.0,
                  "tis_low": 0.1, "tis_high": 0.9, "topr_positive_weight": 0.7, "topr_negative_weight": 0.5,
                  "cispo_low": 0.2, "cispo_high": 0.25, "cispo_unified_mask": True, "kimi15_tau": 0.4,
-                 "behaviour_cap": 1.5, "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.01,
-                 "kl_loss_estimator": "k1", "kl_clamp": 5.0, "entropy_coef": 0.001}
+                 "behaviour_cap": 1.5, "clip_cov_ratio": 0.01, "clip_cov_lb": 0.5, "clip_cov_ub": 2.0,
+                 "kl_cov_ratio": 0.05, "kl_cov_coef": 0.5, "gmpo_clip_low": 0.3, "gmpo_clip_high": 0.35,
+                 "sapo_tau_pos": 1.5, "sapo_tau_neg": 2.5, "loss_agg": "seq-mean-token-mean", "kl_loss_coef": 0.01,
+                 "kl_loss_estimator": "k1", "kl_loss_grad_estimator": "k2", "kl_clamp": 5.0, "entropy_coef": 0.001}
     assert set(overrides) == set(PolicyLossKnobs.model_fields) - {"ratio_level"}  # sequence needs ppo
     cfg, _ = stage(*(f"algorithm.{k}={v}" for k, v in overrides.items()))
     spec = cfg.algorithm.loss_spec(0.7, "rollout")
@@ -44,7 +46,7 @@ def test_loss_spec_carries_every_key():
 
 def two_token_batch() -> TrainBatch:
     return TrainBatch(input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
-                      response_mask=torch.tensor([[0.0, 1.0, 1.0]]), advantages=torch.tensor([[0.0, 1.0, -1.0]]),
+                      response_mask=torch.tensor([[0.0, 1.0, 1.0]]), advantages=torch.tensor([[0.0, 1.0, -0.5]]),
                       rollout_logprobs=torch.tensor([[0.0, -1.1, -2.2]]),
                       old_logprobs=torch.tensor([[0.0, -1.0, -2.0]]), ref_logprobs=None, scores=torch.tensor([1.0]))
 
@@ -62,11 +64,11 @@ def test_every_policy_loss_is_reachable_from_config(name):
 
 def test_unknown_names_are_refused_with_the_valid_ones():
     with pytest.raises(ConfigError, match="algorithm.policy_loss: Input should be 'ppo', 'vanilla', 'tis', 'topr', "
-                                          "'cispo', 'kimi15' or 'decoupled_ppo'"):
+                                          "'cispo', 'kimi15', 'decoupled_ppo', 'clip_cov', 'kl_cov', 'gmpo' or 'sapo'"):
         stage("algorithm.policy_loss=ppo2")
     with pytest.raises(ConfigError, match="algorithm.estimator: Input should be 'reinforce', 'rloo', "
-                                          "'group_centred_batch_std', 'gae', 'step_returns', 'rebn', 'gigpo' or "
-                                          "'chunk_returns'"):
+                                          "'group_centred_batch_std', 'gae', 'step_returns', 'rebn', 'gigpo', "
+                                          "'chunk_returns', 'remax', 'opo', 'pass_at_k' or 'gpg'"):
         stage("algorithm.estimator=grpo")
     # A spec built by hand is checked when the trainer builds its loss, before any batch.
     with pytest.raises(ValueError, match="unknown policy loss 'ppo2'; valid names: ppo, vanilla"):
@@ -81,14 +83,18 @@ TURN_LEVEL = [n for n in ESTIMATORS.names if ESTIMATORS.get(n).turns is not None
 def test_every_estimator_is_reachable_from_config(name):
     entry = ESTIMATORS.get(name)
     scopes = [] if entry.scoped else ["algorithm.norm_mean=none", "algorithm.norm_std=none"]
-    cfg, plan = stage(f"algorithm.estimator={name}", *scopes)
+    # pass_k=1: with G = 2, k = 2 puts both samples in the one subset, which gives every sample 0.
+    cfg, plan = stage(f"algorithm.estimator={name}", "algorithm.pass_k=1", *scopes)
     assert plan.use_critic == entry.critic
     state = AlgorithmState.create(cfg.algorithm)
     assert state.estimator is entry
     samples = [sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 2)]
     batch = to_batch(samples, 0)
     batch.values = torch.zeros_like(batch.response_mask) if entry.critic else None
-    estimate_advantages(batch, groups_of(samples), cfg.algorithm, plan, state, cfg.rollout.sampling.max_new_tokens)
+    groups = groups_of(samples)
+    if entry.greedy:  # ReMax: the prompt's greedy response scored 0.5
+        groups[0].greedy = sample(0, -1, 0.5, 2)
+    estimate_advantages(batch, groups, cfg.algorithm, plan, state, cfg.rollout.sampling.max_new_tokens)
     # Sample 0 scored 1, sample 1 scored 0: every estimator gives the first a positive advantage.
     assert batch.advantages[0].sum() > 0 > batch.advantages[1].sum()
     assert (batch.returns is not None) == entry.critic

@@ -133,7 +133,8 @@ def test_reward_config_errors(overrides, message):
     # verl's k1 rejection bounds mu / pi_old, gyre's filter pi_old / mu: the hint says how to port a threshold.
     ("rollout_rs_threshold=0.5_1.25", "did you mean 'algorithm.mismatch.ratio_high'? (verl: rollout_rs_threshold; "
                                       "and ratio_low, bounds on pi_old / mu; a *_k1 threshold lo_hi bounds mu / "
-                                      "pi_old: write ratio_low=1/hi, ratio_high=1/lo)"),
+                                      "pi_old: write ratio_low=1/hi, ratio_high=1/lo. For *_k2 / *_k3 it is "
+                                      "algorithm.mismatch.divergence_max)"),
 ])
 def test_other_frameworks_names_point_at_gyres_key(override, expected):
     with pytest.raises(ConfigError) as exc:

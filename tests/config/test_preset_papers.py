@@ -107,6 +107,53 @@ PAPERS = {
         {"estimator": "reinforce", "norm_mean": "none", "norm_std": "none", "gamma": 0.0, **PPO_CLIP,
          "loss_agg": "token-mean", "distill_coef": 1.0, "distill_mode": "pure"},
         ["the coefficient multiplies the advantage in pure mode too (ROLL leaves it out there); at 1 they agree"]),
+    "remax": Paper(
+        "ReMax, arXiv 2310.10505, Algorithm 1: REINFORCE with the greedy response's reward as baseline; the "
+        "authors' scripts (liziniu/ReMax, step3 run_llama2_7b.sh): k1 KL penalty 0.05 in the reward, reward clip 5, "
+        "token-mean loss",
+        {"estimator": "remax", "norm_mean": "none", "norm_std": "none", "policy_loss": "vanilla",
+         "loss_agg": "token-mean", "kl_reward_coef": 0.05, "kl_reward_estimator": "k1", "reward_clip": 5.0,
+         "kl_loss_coef": 0.0, "gamma": 1.0, "whiten_advantages": False},
+        ["the scripts discount the reward by gamma 0.99 and give each token only its own KL term; gyre's returns "
+         "(gamma 1) add up the KL penalties of the tokens after it"]),
+    "opo": Paper(
+        "OPO, arXiv 2505.23585 (verl docs/algo/opo.md): length-weighted group mean, no std, exact on-policy PPO "
+        "loss, no KL, no entropy bonus",
+        {"estimator": "opo", "norm_mean": "none", "norm_std": "none", **PPO_CLIP, "loss_agg": "token-mean", **NO_KL,
+         "entropy_coef": 0.0, "whiten_advantages": False},
+        ["exact on-policy training is the policy section's mini-batch; the plan notes a run that takes more than "
+         "one optimizer step per rollout batch"]),
+    "gpg": Paper(
+        "GPG, arXiv 2504.02546 (the authors' README table, GPGTrainer): group mean, F_norm = 1, "
+        "alpha = B / (B - M), -A log pi averaged over tokens, no KL",
+        {"estimator": "gpg", "norm_mean": "group", "norm_std": "none", "policy_loss": "vanilla",
+         "loss_agg": "token-mean", **NO_KL, "whiten_advantages": False},
+        ["the authors' resampling until a share beta_th of the samples is valid is rollout.dynamic_sampling"]),
+    "clip_cov": Paper(
+        "The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617; recipe/dapo/7b_clip_cov.sh: GRPO "
+        "advantages, clip ratio 1, r = 2e-4, covariance band (1, 5), token-mean, no KL, DAPO's group filter",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "clip_cov",
+         "clip_low": 1.0, "clip_high": 1.0, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
+         "loss_agg": "token-mean", **NO_KL, "difficulty_mask": (0.0, 1.0)},
+        ["the group filter masks zero-variance groups (difficulty_mask); refilling is rollout.dynamic_sampling",
+         "the covariance is taken over each micro-batch, as in the authors' code"]),
+    "kl_cov": Paper(
+        "The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617; recipe/dapo/7b_kl_cov.sh: GRPO "
+        "advantages, k = 0.2% (k_percent 0.2), beta 1, token-mean, no KL loss, DAPO's group filter",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "kl_cov",
+         "kl_cov_ratio": 2e-3, "kl_cov_coef": 1.0, "loss_agg": "token-mean", **NO_KL,
+         "difficulty_mask": (0.0, 1.0)},
+        ["k is the 7B recipe's; the 32B recipe uses 2e-4 (verl's default)"]),
+    "gmpo": Paper(
+        "GMPO, arXiv 2507.20673 (verl examples/gmpo_trainer): geometric mean of the token objectives, log-ratio "
+        "clip 0.4 on both sides, sequence-level mean, GRPO advantages, no KL",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "gmpo",
+         "gmpo_clip_low": 0.4, "gmpo_clip_high": 0.4, "loss_agg": "seq-mean-token-mean", **NO_KL}),
+    "sapo": Paper(
+        "SAPO, arXiv 2511.20347 (verl examples/sapo_trainer): soft gate sigmoid(tau (rho - 1)) 4 / tau, tau_pos "
+        "1.0, tau_neg 1.05, sequence-level mean, GRPO advantages, no KL",
+        {"estimator": "reinforce", "norm_mean": "group", "norm_std": "group", "policy_loss": "sapo",
+         "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "loss_agg": "seq-mean-token-mean", **NO_KL}),
 }
 
 

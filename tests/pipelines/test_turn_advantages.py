@@ -192,7 +192,7 @@ def test_a_single_turn_batch_is_refused_by_turn_estimators():
     groups = [group("p0", sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 2))]
     with pytest.raises(ValueError, match=r"estimator=rebn assigns credit to the turns of multi-turn episodes, but 2 "
                                          r"of 2 trajectories have no turns \(e.g. p0#0.*\(reinforce, rloo, "
-                                         r"group_centred_batch_std, gae\)"):
+                                         r"group_centred_batch_std, gae, remax, opo, pass_at_k, gpg\)"):
         advantages(groups, estimator="rebn", norm_mean="none", norm_std="none")
 
 
