@@ -44,6 +44,7 @@ bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/rollout_schedules.py
 	$(BIN)/python bench/agentic_async.py
 	$(BIN)/python bench/memory_levers.py
+	$(BIN)/python bench/attention_credit.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -5,10 +5,13 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from gyre.config import load_config
 from gyre.pipelines import launch
 
 
+@pytest.mark.slow  # make test-all; the attention pass and the stage are tested without Ray
 def test_coupled_credit_scales_a_share_of_the_tokens(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     reward = Path(__file__).with_name("reward_fns.py")
     cfg = load_config(None, [

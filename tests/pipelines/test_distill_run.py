@@ -38,6 +38,7 @@ def train_records(cfg) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["step"] > 0]
 
 
+@pytest.mark.slow  # make test-all; the distill loss, stage and teacher config are tested without Ray
 def test_pure_distillation_moves_the_student_towards_the_teacher(ray_local, tiny_model_dir, teacher_dir,
                                                                    arithmetic_data, tmp_path):
     cfg = distill_config(tmp_path, tiny_model_dir, teacher_dir, arithmetic_data, "run.steps=3",

@@ -62,6 +62,7 @@ def _empty_config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # make test-all; the README walkthrough test trains a Hub id run by default
 def test_a_hub_id_run_saves_the_input_dtype_and_resumes_with_its_first_snapshot(ray_local, cache, tiny_model_dir,
                                                                                arithmetic_data, tmp_path, monkeypatch,
                                                                                capsys):

@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 from gyre.config import load_config
 from gyre.pipelines import launch
 
@@ -20,6 +22,7 @@ def _data(tmp_path):
     return _write(tmp_path / "train.jsonl", rows), _write(tmp_path / "val.jsonl", rows[:3] + rows[20:22] + rows[26:28])
 
 
+@pytest.mark.slow  # make test-all; each domain's scoring is tested through the reward pool
 def test_math_code_and_judge_domains_in_one_run(ray_local, tiny_model_dir, tmp_path):
     train, val = _data(tmp_path)
     cfg = load_config(None, [

@@ -4,6 +4,7 @@ scores it, and a Ray run uses it as the baseline without training on it."""
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from gyre.cluster.group import RoleGroup
@@ -57,6 +58,7 @@ def test_engines_generate_and_score_the_greedy_response(tiny_model_dir):
         [[t.response_ids for t in g.trajectories] for g in second]
 
 
+@pytest.mark.slow  # make test-all; the greedy sample's lifecycle is tested in the scheduler without Ray
 def test_a_remax_run_baselines_on_the_greedy_response_and_trains_only_the_samples(ray_local, tiny_model_dir,
                                                                                    arithmetic_data, tmp_path):
     reward = Path(__file__).with_name("reward_fns.py")

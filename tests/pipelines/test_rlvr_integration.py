@@ -138,7 +138,8 @@ def test_ppo_with_a_critic_role_warms_up_checkpoints_and_resumes(ray_local, tiny
     assert [r["step"] for r in records] == [1, 2, 3, 4] and math.isfinite(records[-1]["critic/value_loss"])
 
 
-@pytest.mark.parametrize("samples", ["trajectory", "step"])
+# The step-sample variant runs in make test-all (step rows are tested token by token in tests/envs).
+@pytest.mark.parametrize("samples", ["trajectory", pytest.param("step", marks=pytest.mark.slow)])
 def test_an_agentic_run_plays_environments_turn_by_turn(ray_local, tiny_model_dir, tmp_path, samples):
     """A multi-turn run on a built-in game: environment workers host the games, episodes are sampled
     turn by turn, the episode return is the reward, and validation plays fixed seeds. Step-level samples
