@@ -88,10 +88,13 @@ class OverlongCount:
         return OverlongCount(self.dropped + other.dropped, self.truncated + other.truncated)
 
     def describe(self, max_tokens: int) -> str:
-        """" (3 dropped, 1 truncated to its last 512 tokens: longer than data.max_prompt_tokens)", or ""."""
+        """" (3 dropped, 1 truncated to its last 512 tokens: longer than data.max_prompt_tokens=512)", or
+        " (none longer than data.max_prompt_tokens=512)": the count is always stated, zero included."""
         parts = [f"{self.dropped} dropped"] * bool(self.dropped) + \
             [f"{self.truncated} truncated to their last {max_tokens} tokens"] * bool(self.truncated)
-        return f" ({', '.join(parts)}: longer than data.max_prompt_tokens={max_tokens})" if parts else ""
+        if not parts:
+            return f" (none longer than data.max_prompt_tokens={max_tokens})"
+        return f" ({', '.join(parts)}: longer than data.max_prompt_tokens={max_tokens})"
 
 
 def load_prompts(sources: Iterable[DataSource], renderer: PromptRenderer, max_prompt_tokens: int,

@@ -23,6 +23,7 @@ from gyre.pipelines.interrupt import RunInterrupted, interruption_in
 from gyre.pipelines.preflight import absolute, check_code_sandboxes, load_data, preflight, resolve_paths
 from gyre.pipelines.reward_checks import RewardProbe
 from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start, read_hub_pins
+from gyre.tracking.driver_log import DriverLog
 
 
 def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], None] = print) -> RunPlan:
@@ -67,9 +68,22 @@ def _with_warmup(plan: RunPlan, cfg: RLVRConfig, data) -> RunPlan:
 def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
           echo: Callable[[str], None] = print):
     """Run a whole RLVR training job; returns its RunSummary. ``mode`` says what to do with a run
-    already in ``run.output_dir`` (see ``rundir.RunMode``)."""
+    already in ``run.output_dir`` (see ``rundir.RunMode``). What the driver prints, a line per step and
+    the traceback of an error that ends the run are kept in ``driver.log`` in the run directory."""
+    log = DriverLog(echo)
+    try:
+        return _train(cfg, address, mode, log)
+    except BaseException as exc:
+        log.error(exc)
+        raise
+    finally:
+        log.close()
+
+
+def _train(cfg: RLVRConfig, address: str | None, mode: RunMode, log: DriverLog):
     from gyre.cluster.runtime import resolve_address, start_ray
 
+    echo = log.echo
     address = resolve_address(cfg, address, echo)
     # How the run starts decides how Hub ids resolve: a resumed run keeps the snapshots it started from.
     start = decide_start(Path(absolute(str(cfg.run.output_dir))), mode)
@@ -84,6 +98,7 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
         probe.check(data.train)
     try:
         start = begin(start, cfg.run.name, echo, hub.resolved)
+        log.attach(start.output_dir, resumed=start.checkpoint is not None)
         runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, address, plan.reward_workers)
         try:
             if address:
@@ -159,7 +174,7 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
         pipeline.recoveries = recoveries
         summary = pipeline.run(resume_from=latest, echo=echo)
         if cfg.logging.plot:
-            plot_run(out / "metrics.jsonl", out / "reward_accuracy.png", title=cfg.run.name)
+            plot_run(out / "metrics.jsonl", out / "metrics.png", title=cfg.run.name)
         return summary
     finally:
         if logger is not None:

@@ -27,8 +27,10 @@ RunMode = Literal["fresh", "resume", "auto", "overwrite"]
 auto: resume when a checkpoint exists, else start fresh (an earlier run's files are set aside);
 overwrite: set an earlier run's files aside and start fresh."""
 
-RUN_FILES = ("run.json", "resolved_config.yaml", "metrics.jsonl", "metrics.tmp", "tensorboard", "checkpoints",
-             "final_model", "validation.md", "reward_accuracy.png")
+RUN_FILES = ("run.json", "run_info.json", "resolved_config.yaml", "driver.log", "metrics.jsonl", "metrics.tmp",
+             "timeline.jsonl", "generations", "tensorboard", "wandb", "mlruns", "trackio", "checkpoints", "final_model",
+             "validation.md", "metrics.png", "report.html",
+             "reward_accuracy.png")  # the plot's earlier name: older runs are still recognised
 """Everything a run writes into its output directory."""
 
 

@@ -150,6 +150,7 @@ def trainer_session(cfg, plan, description: str) -> Iterator[TrainerSession]:
 
     from gyre.cluster.placement import create_placement
     from gyre.config.report import resolved_yaml
+    from gyre.tracking.driver_log import DriverLog
     from gyre.tracking.logger import MetricsLogger
     from gyre.tracking.progress import Progress
 
@@ -158,10 +159,16 @@ def trainer_session(cfg, plan, description: str) -> Iterator[TrainerSession]:
     placement = create_placement(plan)
     logger = MetricsLogger(out, cfg.logging.tensorboard)
     progress = Progress(plan.steps, enabled=cfg.logging.progress, description=description)
+    log = DriverLog(lambda message: None)  # a line per step in driver.log, as for RL runs
+    log.attach(out, resumed=False)
     session = TrainerSession(cfg, plan, placement, logger, progress)
     try:
         yield session
+    except BaseException as exc:
+        log.error(exc)
+        raise
     finally:
+        log.close()
         progress.close()
         logger.close()
         for group in session.groups:

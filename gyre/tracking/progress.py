@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
+
+_log = logging.getLogger("gyre.progress")  # driver.log keeps a line per step (tracking/driver_log.py)
 
 
 class Progress:
@@ -26,6 +29,7 @@ class Progress:
 
     def update(self, step: int, metrics: dict) -> None:
         info = self._info = _summary(metrics)
+        _log.info("step %d/%d %s", step, self.total, info)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, info=info)
         elif self._plain:
@@ -37,9 +41,11 @@ class Progress:
         beat = f"waiting {elapsed:.0f} s on {what}{usual_text}"
         if self._bar is not None:
             self._bar.update(self._task, info=f"{self._info}  [{beat}]")
-        elif self._plain and time.monotonic() - self._last_beat > 30.0:
+        if time.monotonic() - self._last_beat > 30.0:  # a line every 30 s at most, in the log and a plain terminal
             self._last_beat = time.monotonic()
-            print(beat, file=sys.stderr, flush=True)
+            _log.info(beat)
+            if self._plain:
+                print(beat, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -91,6 +91,7 @@ def test_overlong_prompts_follow_the_policy(tmp_path, renderer):
     assert len(records[0].prompt_ids) == 10 and records[0].prompt_text == "ghijklmnop"
     assert records[0].question == "abcdefghijklmnop"  # rewards still read the whole question
     assert "1 truncated to their last 10 tokens" in overlong.describe(10)
+    assert OverlongCount().describe(10) == " (none longer than data.max_prompt_tokens=10)"  # zero is said too
 
     with pytest.raises(DataError, match=r"1 prompt\(s\) longer than data.max_prompt_tokens=10, e.g. .*a.jsonl:1 "
                                         r"\(16 tokens\); raise data.max_prompt_tokens, or set data.overlong_prompts"):

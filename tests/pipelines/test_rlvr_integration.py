@@ -59,7 +59,11 @@ def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_p
     assert train[-1]["ratio_mean"] != 1.0 and train[-1]["kl_ref"] > 0
     assert records[0]["step"] == 0 and "val/accuracy" in records[0]  # validation before training
     assert "val/accuracy" in train[1] and "val/accuracy" in train[2]
-    assert summary.final_model is not None and (out / "reward_accuracy.png").stat().st_size > 0
+    assert summary.final_model is not None and (out / "metrics.png").stat().st_size > 0
+    # driver.log keeps the data line (said before the run directory was decided) and a line per step.
+    log = (out / "driver.log").read_text()
+    assert f"({truncated} truncated" in log and "placement" in log
+    assert all(f"step {n}/3 reward=" in log for n in (1, 2, 3))
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(summary.final_model).config.vocab_size > 0

@@ -1,7 +1,9 @@
 import json
 
+import pytest
+
 from gyre.tracking.logger import MetricsLogger, read_metrics
-from gyre.tracking.plot import plot_run
+from gyre.tracking.plot import ema, plot_run, smoothing_weight
 
 
 def test_resume_drops_records_after_the_checkpoint(tmp_path):
@@ -44,3 +46,10 @@ def test_plot_is_written(tmp_path):
     log.close()
     png = plot_run(tmp_path / "metrics.jsonl", tmp_path / "p.png", title="t")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_smoothing_is_a_debiased_ema():
+    # w = 0.5: s1 = 0.5 * 1 = 0.5, / (1 - 0.5) = 1; s2 = 0.5 * 0.5 + 0.5 * 3 = 1.75, / (1 - 0.25) = 7/3.
+    assert ema([1.0, 3.0], 0.5) == pytest.approx([1.0, 7 / 3])
+    assert ema([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # no pull towards 0 at the start
+    assert smoothing_weight(5) == 0.0 and smoothing_weight(100) == pytest.approx(0.9)
