@@ -55,6 +55,6 @@ def trained_run(ray_local, tiny_model_dir, arithmetic_data, tmp_path_factory):
         "rollout.samples_per_prompt=2", "rollout.sampling.max_new_tokens=3", "policy.micro_batch_size=2",
         "policy.optimizer.lr=0.01", "validation.every=1", "checkpoint.every=1", "checkpoint.keep_last=3",
         "reward.type=function", f"reward.function={reward}:digit_fraction", "logging.progress=false",
-        "logging.tensorboard=false", "logging.plot=false"])
+        "logging.trackers=[]", "logging.plot=false", "logging.generations_every=1", "logging.generations_samples=3"])
     launch.train(cfg, echo=lambda s: None)
     return out

@@ -137,6 +137,7 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
     from gyre.pipelines.roles import build_roles
     from gyre.tracking.logger import MetricsLogger
     from gyre.tracking.plot import plot_run
+    from gyre.tracking.trackers import TrackerRun
 
     out = Path(cfg.run.output_dir)
     (out / "resolved_config.yaml").write_text(resolved_yaml(cfg))
@@ -146,8 +147,8 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
     logger = None
     try:
         resume_step = checkpoints.load_state(latest).step if latest else None
-        logger = MetricsLogger(out, cfg.logging.tensorboard, resume_step=resume_step,
-                               restart=recoveries > 0 and latest is None)
+        logger = MetricsLogger(out, TrackerRun.from_config(cfg.logging, cfg.run.name, start.run_id), resume_step,
+                               restart=recoveries > 0 and latest is None, config=cfg.model_dump(mode="json"))
         if cfg.sft_warmup is not None and latest is None:
             _sft_warmup(cfg, plan, roles, data, logger)
         p = cfg.policy
@@ -193,7 +194,7 @@ def warm_up(cfg: RLVRConfig, target: Path, echo: Callable[[str], None] = print) 
     runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, None, plan.reward_workers)
     try:
         roles = build_roles(cfg, plan)
-        logger = MetricsLogger(target.parent / "warm_start_logs", False)
+        logger = MetricsLogger(target.parent / "warm_start_logs")
         try:
             echo(f"SFT warm-up ({data.warmup.steps} steps), shared by every run")
             _sft_warmup(cfg, plan, roles, data, logger)
