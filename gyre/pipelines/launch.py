@@ -23,6 +23,7 @@ from gyre.pipelines.interrupt import RunInterrupted, interruption_in
 from gyre.pipelines.preflight import absolute, check_code_sandboxes, load_data, preflight, resolve_paths
 from gyre.pipelines.reward_checks import RewardProbe
 from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start, read_hub_pins
+from gyre.tracking.trackers import TrackerRun
 
 
 def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], None] = print) -> RunPlan:
@@ -90,6 +91,7 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
                 plan = make_plan(cfg, runtime.device_kind, runtime.num_devices)
             plan = _with_warmup(plan, cfg, data)
             echo(format_plan(cfg, plan))
+            echo(TrackerRun.from_config(cfg.logging, cfg.run.name, start.run_id).describe(start.output_dir))
             return run_with_recovery(cfg, plan, data, start, echo)
         finally:
             runtime.shutdown()
@@ -137,7 +139,6 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
     from gyre.pipelines.roles import build_roles
     from gyre.tracking.logger import MetricsLogger
     from gyre.tracking.plot import plot_run
-    from gyre.tracking.trackers import TrackerRun
 
     out = Path(cfg.run.output_dir)
     (out / "resolved_config.yaml").write_text(resolved_yaml(cfg))

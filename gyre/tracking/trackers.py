@@ -45,6 +45,18 @@ class TrackerRun:
         return cls(tuple(logging.trackers), name, run_id, logging.project, logging.wandb_mode,
                    logging.mlflow_tracking_uri)
 
+    def describe(self, out: Path) -> str:
+        """One line for the start of a run: where each tracker writes and how to look at it."""
+        where = {"tensorboard": f"tensorboard --logdir {out / 'tensorboard'}",
+                 "wandb": f"W&B project {self.project}, " + (
+                     f"offline in {out / 'wandb'} (upload: wandb sync {out / 'wandb'}/offline-run-*)"
+                     if self.wandb_mode == "offline" else "online"),
+                 "mlflow": f"MLflow experiment {self.project} at {mlflow_uri(self, out)}",
+                 "trackio": f"trackio project {self.project} in {trackio_dir(out)} "
+                            f"(TRACKIO_DIR={trackio_dir(out)} trackio show --project {self.project})"}
+        shown = "; ".join(where[name] for name in self.trackers)
+        return f"metrics: {out / 'metrics.jsonl'}" + (f"; trackers: {shown}" if shown else "")
+
 
 class Tracker(Protocol):
     """What the metrics logger needs of a tracker."""
@@ -202,6 +214,9 @@ class WandbTracker:
 
     def close(self) -> None:
         self._run.finish()
+        # End W&B's service process too: a run reopened in this process (in-run recovery) with the same id
+        # while the old service still holds it can write nothing (seen with wandb 0.31 offline).
+        self._wandb.teardown()
 
 
 _MLFLOW_KEY = re.compile(r"[^\w\-. /]")
@@ -212,14 +227,13 @@ _MLFLOW_PARAM_CHARS = 6000
 class MlflowTracker:
     """An MLflow run in experiment ``project``, tagged with gyre's run id (a resume continues it). The
     default store is a local file store in run_dir/mlflow: mlflow-skinny has no database backend without
-    SQLAlchemy, and MLflow 3 refuses file stores unless MLFLOW_ALLOW_FILE_STORE is set (set here, for the
-    run directory's own store only). Tables are JSON artifacts ({"columns", "data"}: what log_table writes,
-    without needing pandas)."""
+    SQLAlchemy, and MLflow 3 refuses file stores unless MLFLOW_ALLOW_FILE_STORE is set (set here when the
+    store is a file store, which the config chose). Tables are JSON artifacts ({"columns", "data"}: what
+    log_table writes, without needing pandas)."""
 
     def __init__(self, run: TrackerRun, out: Path, resumed: bool):
-        uri = run.mlflow_tracking_uri
-        if uri is None:
-            uri = (out / "mlflow").resolve().as_uri()
+        uri = mlflow_uri(run, out)
+        if uri.startswith("file:") or "://" not in uri:  # a file store, chosen on purpose: MLflow 3 wants consent
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow import MlflowClient
 
@@ -264,6 +278,16 @@ class MlflowTracker:
         self._client.set_terminated(self.run_id)
 
 
+def mlflow_uri(run: TrackerRun, out: Path) -> str:
+    """logging.mlflow_tracking_uri, else the run directory's own file store."""
+    return run.mlflow_tracking_uri or (out / "mlflow").resolve().as_uri()
+
+
+def trackio_dir(out: Path) -> str:
+    """Where trackio keeps its database: TRACKIO_DIR when the user set it, else run_dir/trackio."""
+    return os.environ.get("TRACKIO_DIR") or str((out / "trackio").resolve())
+
+
 class TrackioTracker:
     """A trackio run named run.name in project ``project``. trackio reads its data directory from
     TRACKIO_DIR once, when it is first imported: gyre points it at run_dir/trackio unless the user set
@@ -271,7 +295,7 @@ class TrackioTracker:
 
     def __init__(self, run: TrackerRun, out: Path, resumed: bool):
         if "trackio" not in sys.modules:
-            os.environ.setdefault("TRACKIO_DIR", str((out / "trackio").resolve()))
+            os.environ["TRACKIO_DIR"] = trackio_dir(out)
         import trackio
 
         self._trackio, self._run_info = trackio, run

@@ -144,3 +144,20 @@ def test_a_grpo_run_writes_its_generations(trained_run):
     val = [json.loads(line) for line in (out / "val_step_2.jsonl").read_text().splitlines()]
     assert len(val) == 3 and all(r["split"] == "val" and r["advantage"] is None and r["weight_version"] == 2
                                  for r in val)
+    _the_trackers_got_the_tables(trained_run)
+
+
+def _the_trackers_got_the_tables(run_dir):
+    """The run logged to every tracker: its tables are where each library put them."""
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard" / "rl"), size_guidance={"tensors": 0}).Reload()
+    assert [e.step for e in events.Tensors("generations/text_summary")] == [1, 2]
+    assert [e.step for e in events.Tensors("val/generations/text_summary")] == [0, 1, 2]
+    client = MlflowClient(tracking_uri=(run_dir / "mlflow").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("gyre").experiment_id])
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "generations")} == \
+        {"generations/step_1.json", "generations/step_2.json"}
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")] == [0, 1, 2]
+    assert len(list(run_dir.glob("wandb/offline-run-*/files/media/table/generations_*.table.json"))) == 2

@@ -138,6 +138,15 @@ def test_trackio_database_in_the_run_directory(tmp_path, monkeypatch):
     assert config["algorithm.estimator"] == "grpo" and config["run.steps"] == 3
 
 
+def test_the_start_of_a_run_says_where_each_tracker_writes(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRACKIO_DIR", raising=False)
+    line = TrackerRun(("tensorboard", "wandb", "mlflow", "trackio"), "n", project="p").describe(tmp_path)
+    assert f"tensorboard --logdir {tmp_path / 'tensorboard'}" in line
+    assert f"W&B project p, offline in {tmp_path / 'wandb'}" in line
+    assert f"MLflow experiment p at {(tmp_path / 'mlflow').as_uri()}" in line and "trackio project p in" in line
+    assert TrackerRun((), "n").describe(tmp_path) == f"metrics: {tmp_path / 'metrics.jsonl'}"
+
+
 def test_flatten_and_markdown_table():
     assert flatten({"a": {"b": 1, "c": {}}, "d": [1]}) == {"a.b": 1, "a.c": {}, "d": [1]}
     assert markdown_table([{"x": "a|b", "y": None}]) == "| x | y |\n|---|---|\n| a\\|b | null |"
