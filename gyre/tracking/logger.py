@@ -33,8 +33,8 @@ class MetricsLogger:
         self.path = self.dir / "metrics.jsonl"
         if resume_step is not None or restart:
             self._truncate_after(_BEFORE_EVERYTHING if restart else resume_step)
-        self._fh = self.path.open("a")
         self.trackers = open_trackers(trackers, self.dir, resume_step, restart) if trackers else []
+        self._fh = self.path.open("a")
         if config is not None:
             for tracker in self.trackers:
                 tracker.log_config(config)

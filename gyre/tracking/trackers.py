@@ -88,11 +88,26 @@ def open_trackers(run: TrackerRun, out: Path, resume_step: int | None, restart: 
     return opened
 
 
+class TrackerError(RuntimeError):
+    """A selected tracker could not start (not logged in, a server out of reach)."""
+
+
+_HINTS = {"wandb": "with logging.wandb_mode=online, log in first (wandb login, or WANDB_API_KEY), or use "
+                   "logging.wandb_mode=offline and upload later with wandb sync",
+          "mlflow": "check logging.mlflow_tracking_uri (null: a local store in the run directory)",
+          "trackio": "check TRACKIO_DIR, or leave it unset (the run directory's trackio/ is used)",
+          "tensorboard": "check that the run directory is writable"}
+
+
 def _open(name: str, run: TrackerRun, out: Path, resume_step: int | None, restart: bool) -> Tracker:
-    if name == "tensorboard":
-        return TensorBoardTracker(out, resume_step, restart)
     makers = {"wandb": WandbTracker, "mlflow": MlflowTracker, "trackio": TrackioTracker}
-    return makers[name](run, out, resume_step is not None or restart)
+    try:
+        if name == "tensorboard":
+            return TensorBoardTracker(out, resume_step, restart)
+        return makers[name](run, out, resume_step is not None or restart)
+    except Exception as exc:  # noqa: BLE001 - each library fails its own way; the message names it
+        raise TrackerError(f"logging.trackers: {name} could not start ({type(exc).__name__}: {exc}). "
+                           f"{_HINTS[name].capitalize()}; or remove {name} from logging.trackers.") from exc
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gyre.tracking.logger import MetricsLogger, read_metrics
-from gyre.tracking.trackers import TrackerRun, flatten, markdown_table
+from gyre.tracking.trackers import TrackerError, TrackerRun, flatten, markdown_table
 
 CONFIG = {"run": {"name": "tiny", "steps": 3}, "algorithm": {"clip_low": 0.2, "estimator": "grpo"}, "tags": [1, 2]}
 ROWS = [{"step": 2, "split": "train", "prompt": "1+1=", "response": "2 | two", "reward": 1.0, "turns": None},
@@ -145,6 +145,12 @@ def test_the_start_of_a_run_says_where_each_tracker_writes(tmp_path, monkeypatch
     assert f"W&B project p, offline in {tmp_path / 'wandb'}" in line
     assert f"MLflow experiment p at {(tmp_path / 'mlflow').as_uri()}" in line and "trackio project p in" in line
     assert TrackerRun((), "n").describe(tmp_path) == f"metrics: {tmp_path / 'metrics.jsonl'}"
+
+
+def test_a_tracker_that_cannot_start_names_itself_and_the_fix(tmp_path):
+    (tmp_path / "mlflow").write_text("a file where the store's directory should be")
+    with pytest.raises(TrackerError, match=r"logging.trackers: mlflow could not start .*mlflow_tracking_uri"):
+        MetricsLogger(tmp_path, TrackerRun(("tensorboard", "mlflow"), "n"))
 
 
 def test_flatten_and_markdown_table():
