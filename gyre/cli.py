@@ -196,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     from gyre.pipelines.rundir import RunDirError
     from gyre.rewards.base import RewardSpecError
     from gyre.rewards.sandbox import SandboxUnavailable
+    from gyre.tracking.trackers import TrackerError
 
     # Bad input is reported in one paragraph; anything else is a bug and keeps its traceback.
     user_errors = (ConfigError, DataError, ModelPathError, RewardSpecError, ResumeError, RunDirError, ClusterError,
-                   RewardFailureError, SandboxUnavailable, EnvError, ExportError, OutputExistsError)
+                   RewardFailureError, SandboxUnavailable, EnvError, ExportError, OutputExistsError, TrackerError)
     if args.command in ("init-model", "init-data"):
         user_errors += (ValueError,)
     try:

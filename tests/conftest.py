@@ -40,7 +40,8 @@ def ray_local():
 def trained_run(ray_local, tiny_model_dir, arithmetic_data, tmp_path_factory):
     """A finished 2-step GRPO run (two FSDP2 ranks, so its checkpoints are sharded; a rollout engine beside
     them; a function reward) that validated greedily before and after each step and checkpointed after
-    each: what eval, export and generate read."""
+    each, logging to every tracker and writing generations at every step: what eval, export, generate and
+    the generation tests read."""
     from pathlib import Path
 
     from gyre.config import load_config
@@ -55,6 +56,7 @@ def trained_run(ray_local, tiny_model_dir, arithmetic_data, tmp_path_factory):
         "rollout.samples_per_prompt=2", "rollout.sampling.max_new_tokens=3", "policy.micro_batch_size=2",
         "policy.optimizer.lr=0.01", "validation.every=1", "checkpoint.every=1", "checkpoint.keep_last=3",
         "reward.type=function", f"reward.function={reward}:digit_fraction", "logging.progress=false",
-        "logging.tensorboard=false", "logging.plot=false"])
+        "logging.trackers=[tensorboard,wandb,mlflow,trackio]", "logging.plot=false", "logging.generations_every=1",
+        "logging.generations_samples=3"])
     launch.train(cfg, echo=lambda s: None)
     return out

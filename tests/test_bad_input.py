@@ -80,7 +80,7 @@ def env(tmp_path_factory, tiny_model_dir, arithmetic_data):
                     "sampling": {"max_new_tokens": 3}},
         "policy": {"devices": [0], "micro_batch_size": 4},
         "reward": {"type": "function", "function": f"{rewards}:exact"},
-        "logging": {"progress": False, "tensorboard": False, "plot": False},
+        "logging": {"progress": False, "trackers": [], "plot": False},
         "cluster": {"cpu_slots": 2},
     }))
     return Env(root, Path(tiny_model_dir), config, rewards)

@@ -22,7 +22,7 @@ HEADING = "## Walkthrough: a cached Hub model and your own Parquet file"
 COMMIT = "c0ffee" + "0" * 34
 SMALL = ["run.steps=2", "checkpoint.every=1", "run.max_restarts=0", "rollout.prompts_per_step=2",
          "rollout.samples_per_prompt=2", "rollout.sampling.max_new_tokens=4", "policy.micro_batch_size=4",
-         "cluster.cpu_slots=2", "logging.progress=false", "logging.tensorboard=false", "logging.plot=false"]
+         "cluster.cpu_slots=2", "logging.progress=false", "logging.trackers=[]", "logging.plot=false"]
 """What the test changes in the README's config: a 2-step run of tiny batches, checkpointed every step."""
 EXPORT_STEP = "1"
 """The checkpoint the README's export names is one of the 2-step run's (its first, not its final model)."""

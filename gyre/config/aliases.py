@@ -16,7 +16,7 @@ class Alias:
     key: str
     """gyre's key, as a user writes it (the single reward domain in its short form, reward.*)."""
     origin: str
-    """Whose name this is: TRL, verl, OpenRLHF or ROLL."""
+    """Whose name this is: TRL, verl, OpenRLHF or ROLL (or an earlier gyre, for a key it replaced)."""
     note: str = ""
     """How gyre's key differs, when it does."""
 
@@ -45,6 +45,10 @@ BY_PATH: dict[str, Alias] = {
     "sft.max_steps": Alias("sft.steps", "TRL"),
     "sft_warmup.num_train_epochs": Alias("sft_warmup.epochs", "TRL"),
     "sft_warmup.max_steps": Alias("sft_warmup.steps", "TRL"),
+    # gyre's own keys that were replaced
+    "logging.tensorboard": Alias("logging.trackers", "earlier gyre",
+                                 "logging.trackers=[tensorboard] writes TensorBoard, logging.trackers=[] nothing but "
+                                 "metrics.jsonl"),
 }
 
 # Matched against the last part of the unknown key's path, wherever it was written.
@@ -84,6 +88,7 @@ BY_NAME: dict[str, Alias] = {
     "model_name_or_path": Alias("model.path", "TRL"),
     "model_revision": Alias("model.revision", "TRL"),
     "padding_free": Alias("policy.remove_padding", "TRL", "remove_padding=pack"),
+    "report_to": Alias("logging.trackers", "TRL", "a list of tensorboard, wandb, mlflow, trackio"),
     # verl (leaf names under actor_rollout_ref, algorithm, trainer)
     "ppo_mini_batch_size": Alias("policy.mini_batch_size", "verl", _MINI_NOTE + "; verl counts prompts"),
     "ppo_micro_batch_size_per_gpu": Alias("policy.micro_batch_size", "verl", _MICRO_NOTE),

@@ -30,6 +30,7 @@ from gyre.config.base import (
 )
 from gyre.config.data_schema import DataConfig
 from gyre.config.env_schema import EnvConfig
+from gyre.config.logging_schema import LoggingConfig
 from gyre.config.presets import algorithm_problems, expand_preset, expand_preset_sections
 from gyre.config.reward_schema import RewardConfig
 from gyre.config.train_schema import (  # noqa: F401 - the trainer sections, importable from here too
@@ -486,15 +487,6 @@ class CheckpointConfig(StrictModel):
     """Checkpoints kept; older ones are deleted as new ones are saved (the run's own, never a user's)."""
 
 
-class LoggingConfig(StrictModel):
-    tensorboard: bool = True
-    """Write TensorBoard event files under run.output_dir/tensorboard."""
-    plot: bool = True
-    """Write a PNG of the main metrics (metrics.png) at the end of the run."""
-    progress: bool = True
-    """Print a progress line per step."""
-
-
 class RLVRConfig(StrictModel):
     """A full RLVR run: RL on verifiable rewards with the configured algorithm, optionally after an SFT warm-up."""
 
@@ -531,7 +523,7 @@ class RLVRConfig(StrictModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     """How often to checkpoint and how many to keep."""
     logging: LoggingConfig = LoggingConfig()
-    """TensorBoard, the metrics plot and the progress line."""
+    """Experiment trackers, generation samples, the metrics plot and the progress line."""
     sft_warmup: SFTConfig | None = None
     """Supervised steps before RL (teaches the answer format); None: RL from the start."""
 

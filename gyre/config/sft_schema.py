@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from gyre.config.base import DeviceList, NonNegInt, PositiveInt, StrictModel
+from gyre.config.logging_schema import SFTLoggingSection
 from gyre.config.schema import ClusterConfig, LoraConfig, ModelConfig, SFTConfig, WatchdogConfig
 from gyre.engines.microbatch import MemoryLevers, RemovePadding
 
@@ -51,13 +52,6 @@ class SFTPolicySection(StrictModel):
         return MemoryLevers(None, self.remove_padding, self.logprob_chunk_tokens)
 
 
-class SFTLoggingSection(StrictModel):
-    tensorboard: bool = True
-    """Write TensorBoard event files under run.output_dir/tensorboard."""
-    progress: bool = True
-    """Print a progress line per step."""
-
-
 class SFTJobConfig(StrictModel):
     """A standalone SFT run: the policy trainer on chat or (prompt, response) data, then its final model."""
 
@@ -76,4 +70,4 @@ class SFTJobConfig(StrictModel):
     sft: SFTConfig
     """The data, steps and batch sizes (the section an RL run's sft_warmup takes)."""
     logging: SFTLoggingSection = SFTLoggingSection()
-    """TensorBoard and progress output."""
+    """Experiment trackers and progress output."""

@@ -66,7 +66,7 @@ def variant_config(base: RLVRConfig, variant: Variant, seed: int, steps: int, mo
     if model != base.model.path:  # the warm start is a local directory: the Hub revision named the input
         raw["model"]["revision"] = None
     for item in [f"run.seed={seed}", f"run.steps={steps}", f"model.path={model}", f"run.output_dir={out}",
-                 f"run.name={variant.label}-seed{seed}", "logging.progress=false", "logging.tensorboard=false",
+                 f"run.name={variant.label}-seed{seed}", "logging.progress=false", "logging.trackers=[]",
                  "logging.plot=false", "checkpoint.every=0", *variant.overrides]:
         apply_override(raw, item)
     return validate_config(raw, source=f"ablation variant {variant.label}")

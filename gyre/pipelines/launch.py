@@ -24,6 +24,7 @@ from gyre.pipelines.preflight import absolute, check_code_sandboxes, load_data, 
 from gyre.pipelines.reward_checks import RewardProbe
 from gyre.pipelines.rundir import RunMode, RunStart, begin, decide_start, read_hub_pins
 from gyre.tracking.driver_log import DriverLog
+from gyre.tracking.trackers import TrackerRun
 
 
 def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], None] = print) -> RunPlan:
@@ -105,6 +106,7 @@ def _train(cfg: RLVRConfig, address: str | None, mode: RunMode, log: DriverLog):
                 plan = make_plan(cfg, runtime.device_kind, runtime.num_devices)
             plan = _with_warmup(plan, cfg, data)
             echo(format_plan(cfg, plan))
+            echo(TrackerRun.from_config(cfg.logging, cfg.run.name, start.run_id).describe(start.output_dir))
             return run_with_recovery(cfg, plan, data, start, echo)
         finally:
             runtime.shutdown()
@@ -161,8 +163,8 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
     logger = None
     try:
         resume_step = checkpoints.load_state(latest).step if latest else None
-        logger = MetricsLogger(out, cfg.logging.tensorboard, resume_step=resume_step,
-                               restart=recoveries > 0 and latest is None)
+        logger = MetricsLogger(out, TrackerRun.from_config(cfg.logging, cfg.run.name, start.run_id), resume_step,
+                               restart=recoveries > 0 and latest is None, config=cfg.model_dump(mode="json"))
         if cfg.sft_warmup is not None and latest is None:
             _sft_warmup(cfg, plan, roles, data, logger)
         p = cfg.policy
@@ -208,7 +210,7 @@ def warm_up(cfg: RLVRConfig, target: Path, echo: Callable[[str], None] = print) 
     runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, None, plan.reward_workers)
     try:
         roles = build_roles(cfg, plan)
-        logger = MetricsLogger(target.parent / "warm_start_logs", False)
+        logger = MetricsLogger(target.parent / "warm_start_logs")
         try:
             echo(f"SFT warm-up ({data.warmup.steps} steps), shared by every run")
             _sft_warmup(cfg, plan, roles, data, logger)

@@ -32,6 +32,7 @@ from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.machine import RolloutMachine
 from gyre.rollout.policies import GroupFilter, TailSpec
 from gyre.rollout.scheduler import ScheduleSpec
+from gyre.tracking.generations import GenerationWriter
 from gyre.tracking.progress import Progress
 from gyre.tracking.tables import write_validation_table
 from gyre.types import Group, SamplingParams, TrainBatch, Trajectory
@@ -67,6 +68,7 @@ class RLVRPipeline:
         self.algo_state = AlgorithmState.create(cfg.algorithm)
         self.recoveries = 0
         """In-run recoveries so far (set by the launcher, which rebuilds the pipeline after a fault)."""
+        self.generations = generation_writer(cfg, data, logger)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, resume_from: Path | None = None, echo=print) -> RunSummary:
@@ -81,7 +83,7 @@ class RLVRPipeline:
                 validated = self._due(self.cfg.validation.every, step)
                 if validated:
                     t_val = time.perf_counter()
-                    metrics.update(self.validate())
+                    metrics.update(self.validate(step))
                     metrics["time/validate"] = time.perf_counter() - t_val
                 self.logger.log(step, metrics)
                 if validated:
@@ -101,7 +103,7 @@ class RLVRPipeline:
         in-run recovery on, a checkpoint of step 0 gives a fault before the first save a place to return to."""
         self.publish(0)
         if self.cfg.validation.every:
-            self.logger.log(0, self.validate())
+            self.logger.log(0, self.validate(0))
         if self.cfg.run.max_restarts:
             self.save_checkpoint(0)
         return 0
@@ -120,6 +122,7 @@ class RLVRPipeline:
         with _phase(timer, "logprobs"):
             self.learner.score(batch)
         algo_metrics = self.compute_advantages(rollout.groups, batch)
+        self.generations.train(step, rollout.groups, batch)
         with _phase(timer, "train"):
             train_metrics = self.learner.update(batch, step)
         with _phase(timer, "weight_sync"):
@@ -173,9 +176,11 @@ class RLVRPipeline:
         """The engines take the policy's weights as ``version`` (verified on each)."""
         self.rollout.publish(version, self.learner.export(version))
 
-    def validate(self) -> dict:
+    def validate(self, step: int) -> dict:
+        """Held-out accuracy and reward (after ``step``); a sample of the generations is written."""
         groups = self.rollout.evaluate(self.data.val_prompts, validation_params(self.cfg),
                                        self.cfg.validation.samples_per_prompt)
+        self.generations.validation(step, groups)
         failed = {"val/groups_failed": len(self.data.val_prompts) - len(groups)} if self.cfg.env is not None else {}
         trajectories = [t for g in groups for t in g.trajectories]
         if not trajectories:  # every validation environment failed too often (counted): nothing to score
@@ -237,6 +242,14 @@ class RLVRPipeline:
         merged, kept = (out if lora.save != "adapter" else None), (adapter if lora.save != "merged" else None)
         self.learner.save_model(merged, m.tokenizer_path or m.path, m.save_dtype, kept)
         return merged or adapter
+
+
+def generation_writer(cfg: RLVRConfig, data: RunData, logger) -> GenerationWriter:
+    """Sample generations to run.output_dir/generations and the trackers (logging.generations_*)."""
+    log = cfg.logging
+    return GenerationWriter(Path(cfg.run.output_dir) / "generations", logger, log.generations_every,
+                            log.generations_samples, lambda ids: data.tokenizer.decode(ids, skip_special_tokens=True),
+                            not cfg.reward.single, cfg.run.steps)
 
 
 def validation_params(cfg: RLVRConfig) -> SamplingParams:

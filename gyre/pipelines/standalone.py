@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.pipelines.interrupt import RunInterrupted, interruption_in
-from gyre.pipelines.rundir import RunMode, begin, decide_start
+from gyre.pipelines.rundir import RunMode, begin, decide_start, read_run_id
 
 
 def standalone_run(cfg, address: str | None, mode: RunMode, echo: Callable[[str], None], make_plan: Callable,
@@ -153,11 +153,13 @@ def trainer_session(cfg, plan, description: str) -> Iterator[TrainerSession]:
     from gyre.tracking.driver_log import DriverLog
     from gyre.tracking.logger import MetricsLogger
     from gyre.tracking.progress import Progress
+    from gyre.tracking.trackers import TrackerRun
 
     out = cfg.run.output_dir
     (out / "resolved_config.yaml").write_text(resolved_yaml(cfg))
     placement = create_placement(plan)
-    logger = MetricsLogger(out, cfg.logging.tensorboard)
+    trackers = TrackerRun.from_config(cfg.logging, cfg.run.name, read_run_id(out))
+    logger = MetricsLogger(out, trackers, config=cfg.model_dump(mode="json"))
     progress = Progress(plan.steps, enabled=cfg.logging.progress, description=description)
     log = DriverLog(lambda message: None)  # a line per step in driver.log, as for RL runs
     log.attach(out, resumed=False)

@@ -1,8 +1,11 @@
-"""Write per-step metrics to ``metrics.jsonl`` and TensorBoard.
+"""Write per-step metrics to ``metrics.jsonl`` and hand them to the experiment trackers.
 
-On resume, records after the checkpointed step are dropped from the JSONL file (they belong to steps
-that will run again) and TensorBoard purges them too, so every step appears exactly once. The logger
-never deletes files: a fresh run gets a directory with no earlier run in it (``pipelines/rundir.py``).
+``metrics.jsonl`` is the source of truth; the trackers (``trackers.py``: TensorBoard, W&B, MLflow,
+trackio) get every record, the resolved config once and text tables. On resume, records after the
+checkpointed step are dropped from the JSONL file (they belong to steps that will run again) and
+TensorBoard purges them too, so every step appears exactly once there (the other trackers continue their
+run and show the repeated steps again). The logger never deletes files: a fresh run gets a directory with
+no earlier run in it (``pipelines/rundir.py``).
 """
 
 from __future__ import annotations
@@ -11,31 +14,30 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from gyre.tracking.trackers import TrackerRun, open_trackers
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None,
-                 restart: bool = False):
-        """``resume_step``: continue a run from that checkpointed step. ``restart``: the same run starts
-        over from scratch after a fault before its first checkpoint (its own records are dropped)."""
+    def __init__(self, output_dir: str | Path, trackers: TrackerRun | None = None, resume_step: int | None = None,
+                 restart: bool = False, config: Mapping[str, Any] | None = None):
+        """``trackers``: where else the records go (None: only metrics.jsonl). ``resume_step``: continue a
+        run from that checkpointed step. ``restart``: the same run starts over from scratch after a fault
+        before its first checkpoint (its own records are dropped). ``config``: the resolved config, logged
+        once to the trackers."""
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        if restart:
-            resume_step = _BEFORE_EVERYTHING
-        self._sft_purge = 0 if restart else None
-        if resume_step is not None:
-            self._truncate_after(resume_step)
+        if resume_step is not None or restart:
+            self._truncate_after(_BEFORE_EVERYTHING if restart else resume_step)
+        self.trackers = open_trackers(trackers, self.dir, resume_step, restart) if trackers else []
         self._fh = self.path.open("a")
-        self._tb = self._sft_tb = None
-        self._tensorboard = tensorboard
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # RL scalars live in tensorboard/rl; a resume purges the steps it will run again.
-            purge = resume_step + 1 if resume_step is not None else None
-            self._tb = SummaryWriter(str(self.dir / "tensorboard" / "rl"), purge_step=purge)
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.log_config(config)
 
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
@@ -51,27 +53,19 @@ class MetricsLogger:
                   **{k: _clean(v) for k, v in metrics.items()}}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
-        writer = self._writer(phase)
-        if writer is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    writer.add_scalar(key, value, step)
+        for tracker in self.trackers:
+            tracker.log_metrics(step, metrics, phase)
 
-    def _writer(self, phase: str):
-        """SFT warm-up steps go to their own run (tensorboard/sft): they have a step axis of their own."""
-        if phase != "sft" or not self._tensorboard:
-            return self._tb
-        if self._sft_tb is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._sft_tb = SummaryWriter(str(self.dir / "tensorboard" / "sft"), purge_step=self._sft_purge)
-        return self._sft_tb
+    def log_table(self, name: str, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """A text table (e.g. sample generations) to the trackers that show tables."""
+        if rows:
+            for tracker in self.trackers:
+                tracker.log_table(name, step, rows)
 
     def close(self) -> None:
         self._fh.close()
-        for writer in (self._tb, self._sft_tb):
-            if writer is not None:
-                writer.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 _BEFORE_EVERYTHING = -(1 << 62)

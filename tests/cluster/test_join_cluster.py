@@ -26,7 +26,7 @@ def test_train_joins_an_existing_cluster(external_cluster, tmp_path, tiny_model_
         "rollout": {"devices": [1], "prompts_per_step": 2, "samples_per_prompt": 2,
                     "sampling": {"max_new_tokens": 3}},
         "policy": {"devices": [0], "micro_batch_size": 4},
-        "logging": {"progress": False, "tensorboard": False, "plot": False},
+        "logging": {"progress": False, "trackers": [], "plot": False},
     }))
     cmd = [sys.executable, "-m", "gyre.cli", "train", str(config), "--address", external_cluster.address]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)

@@ -26,7 +26,7 @@ def _config(tmp_path, model_dir, data, steps, **sections):
         "rollout": {"devices": [0], "mode": "hybrid", "prompts_per_step": 2, "samples_per_prompt": 2,
                     "sampling": {"max_new_tokens": 3}},
         "policy": {"devices": [0], "micro_batch_size": 4},
-        "logging": {"progress": False, "tensorboard": False, "plot": False},
+        "logging": {"progress": False, "trackers": [], "plot": False},
         **sections,
     }
     path = tmp_path / "run.yaml"
@@ -104,7 +104,7 @@ def test_a_private_run_beside_another_ray_stops_cleanly_on_sigterm_and_resumes(
     anyway. SIGTERM mid-run stops it within 20 s (exit 143) naming the last checkpoint and the resume
     command, leaves no process of the run behind and the other cluster running; that command completes it."""
     config = _config(tmp_path, tiny_model_dir, arithmetic_data, steps=1000, checkpoint={"every": 1},
-                     logging={"progress": False, "tensorboard": True, "plot": False})
+                     logging={"progress": False, "trackers": ["tensorboard"], "plot": False})
     mark = f"gyre-test-{uuid.uuid4().hex}"
     proc = _gyre(["train", str(config)], env={**registered_ray, "GYRE_TEST_MARK": mark})
     try:

@@ -24,7 +24,7 @@ def asyppo_config(tmp_path, model_dir, data, *extra):
         "rollout.sampling.max_new_tokens=4", "policy.micro_batch_size=8", "policy.optimizer.lr=0.001",
         "algorithm.preset=asyppo", "algorithm.kl_reward_coef=0", "critic.micro_batch_size=8",
         "critic.optimizer.lr=0.001", "validation.every=0", "reward.type=function",
-        f"reward.function={reward}:digit_fraction", "logging.progress=false", "logging.tensorboard=false",
+        f"reward.function={reward}:digit_fraction", "logging.progress=false", "logging.trackers=[]",
         "logging.plot=false", *extra])
 
 

@@ -20,7 +20,7 @@ def test_coupled_credit_scales_a_share_of_the_tokens(ray_local, tiny_model_dir, 
         "rollout.prompts_per_step=4", "rollout.samples_per_prompt=2", "rollout.sampling.max_new_tokens=8",
         "policy.devices=[0]", "policy.micro_batch_size=4", "algorithm.preset=grpo", "algorithm.credit.strategy=coupled",
         "algorithm.credit.fai_near=1", "algorithm.credit.fai_far=4", "reward.type=function",
-        f"reward.function={reward}:digit_fraction", "logging.progress=false", "logging.tensorboard=false",
+        f"reward.function={reward}:digit_fraction", "logging.progress=false", "logging.trackers=[]",
         "logging.plot=false"])
     launch.train(cfg, echo=lambda s: None)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()

@@ -29,7 +29,7 @@ def distill_config(tmp_path, student, teacher, data, *extra):
         "rollout.samples_per_prompt=4", "rollout.sampling.max_new_tokens=8", "policy.devices=[0]",
         "policy.micro_batch_size=8", "policy.optimizer.lr=0.001", f"teacher.model_path={teacher}",
         "teacher.devices=[1]", "reward.type=function", f"reward.function={reward}:digit_fraction",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", *extra])
+        "logging.progress=false", "logging.trackers=[]", "logging.plot=false", *extra])
 
 
 def train_records(cfg) -> list[dict]:

@@ -45,7 +45,7 @@ def dpo_config(tmp_path, model, *extra, chat=True):
     return load_config(None, [f"run.output_dir={tmp_path / 'dpo'}", f"model.path={model}",
                               f"dpo.train_files=[{data}]", "dpo.steps=5", "dpo.batch_size=8", "dpo.micro_batch_size=2",
                               "dpo.beta=0.5", "dpo.max_tokens=32", "dpo.optimizer.lr=0.003", "logging.progress=false",
-                              "logging.tensorboard=false", *extra], schema=DPOJobConfig)
+                              "logging.trackers=[]", *extra], schema=DPOJobConfig)
 
 
 def records(out):

@@ -30,7 +30,7 @@ def drill_config(tmp_path, name, model_dir, data, restarts, steps=STEPS):
         "validation": {"every": 20},
         "checkpoint": {"every": 4},
         "watchdog": {"call_timeout_s": 60, "stall_min_s": 6, "stall_factor": 10},
-        "logging": {"progress": False, "tensorboard": False, "plot": False},
+        "logging": {"progress": False, "trackers": [], "plot": False},
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))

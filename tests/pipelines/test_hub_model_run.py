@@ -32,7 +32,7 @@ def run_args(tmp_path, data, *extra):
             f"data.train_files=[{data['train']}]", "rollout.mode=hybrid", "rollout.prompts_per_step=2",
             "rollout.samples_per_prompt=2", "rollout.sampling.max_new_tokens=3", "policy.micro_batch_size=4",
             "reward.type=function", f"reward.function={REWARD}:digit_fraction", "logging.progress=false",
-            "logging.tensorboard=false", "logging.plot=false", "cluster.cpu_slots=2", *extra]
+            "logging.trackers=[]", "logging.plot=false", "cluster.cpu_slots=2", *extra]
 
 
 def test_check_prints_the_resolved_snapshot_and_dtypes(cache, arithmetic_data, tmp_path, monkeypatch, capsys):

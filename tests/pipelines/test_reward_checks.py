@@ -49,7 +49,7 @@ def test_a_run_whose_rewards_fail_stops_with_the_first_error(ray_local, tiny_mod
                  f"model.path={tiny_model_dir}", f"data.train_files=[{arithmetic_data['train']}]", "data.val_files=[]",
                  "sft_warmup=null", "rollout.devices=[0]", "policy.devices=[0]", "rollout.prompts_per_step=4",
                  "rollout.samples_per_prompt=2", "policy.micro_batch_size=8", "validation.every=0",
-                 "logging.progress=false", "logging.tensorboard=false", "reward.type=function",
+                 "logging.progress=false", "logging.trackers=[]", "reward.type=function",
                  f"reward.function={reward}:fails_on_real_responses"])
     out, err = capsys.readouterr()
     assert code == 2, out[-2000:] + err[-2000:]

@@ -108,7 +108,7 @@ def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_dat
         "policy": {"devices": [0], "strategy": "fsdp2", "micro_batch_size": 4, "mini_batch_size": 8},
         "algorithm": {"kl_loss_coef": 0.01},
         "reference": {"devices": [0]},
-        "logging": {"progress": False, "tensorboard": False, "plot": False},
+        "logging": {"progress": False, "trackers": [], "plot": False},
     }))
     proc = subprocess.run([sys.executable, "-m", "gyre.cli", "train", str(config)], capture_output=True, text=True,
                           timeout=600)
@@ -165,3 +165,14 @@ def test_an_agentic_run_plays_environments_turn_by_turn(ray_local, tiny_model_di
         rows = r["batch/rows"]
         assert rows == 8 if samples == "trajectory" else (rows >= 8 and rows % 4 == 0)  # a row per turn
         assert -0.1 <= r["reward/mean"] <= 1.0  # a format penalty at worst, a win at best
+    # Generations (the last step's, and each validation's) are whole episodes, turn by turn.
+    generations = tmp_path / "run" / "generations"
+    assert sorted(p.name for p in generations.iterdir()) == ["step_2.jsonl", "val_step_0.jsonl", "val_step_2.jsonl"]
+    episodes = [json.loads(line) for line in (generations / "step_2.jsonl").read_text().splitlines()]
+    assert len(episodes) == 8  # logging.generations_samples: both groups, all their samples
+    for e in episodes:
+        roles = [turn["role"] for turn in e["turns"]]
+        assert roles[0] == "assistant" and roles == ["assistant", "env"] * (len(roles) // 2) + ["assistant"] * (
+            len(roles) % 2) and 1 <= roles.count("assistant") <= 3
+        assert e["reward"] == pytest.approx(sum(t["reward"] for t in e["turns"] if t["role"] == "assistant"))
+        assert isinstance(e["advantage"], float) and e["response_tokens"] <= 3 * 12

@@ -33,7 +33,7 @@ def sft_config(tmp_path, model, *extra, length="sft.steps=6"):
                               f"sft.train_files=[{conversations(tmp_path / 'chat.jsonl')}]", length,
                               "sft.batch_size=6", "sft.micro_batch_size=2", "sft.packing=true", "sft.max_tokens=128",
                               "sft.optimizer.lr=0.01", "policy.devices=[0,1]", "logging.progress=false",
-                              "logging.tensorboard=false", *extra], schema=SFTJobConfig)
+                              "logging.trackers=[]", *extra], schema=SFTJobConfig)
 
 
 def test_chat_sft_over_two_ranks_saves_a_model_and_its_metrics(ray_local, chat_model, tmp_path):

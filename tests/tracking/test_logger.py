@@ -4,17 +4,18 @@ import pytest
 
 from gyre.tracking.logger import MetricsLogger, read_metrics
 from gyre.tracking.plot import ema, plot_run, smoothing_weight
+from gyre.tracking.trackers import TrackerRun
 
 
 def test_resume_drops_records_after_the_checkpoint(tmp_path):
-    log = MetricsLogger(tmp_path, tensorboard=False)
+    log = MetricsLogger(tmp_path)
     log.log(3, {"loss": 0.5}, phase="sft")
     for step in range(1, 6):
         log.log(step, {"reward/mean": step / 10})
     log.close()
     with (tmp_path / "metrics.jsonl").open("a") as fh:
         fh.write('{"step": 6, "rew')  # a line cut short by SIGKILL
-    resumed = MetricsLogger(tmp_path, tensorboard=False, resume_step=3)
+    resumed = MetricsLogger(tmp_path, resume_step=3)
     resumed.log(4, {"reward/mean": 0.44})
     resumed.close()
     records = read_metrics(tmp_path / "metrics.jsonl")
@@ -27,7 +28,7 @@ def test_logger_deletes_nothing_and_writes_tensorboard(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 9, "phase": "train"}) + "\n")
     (tmp_path / "tensorboard").mkdir()
     (tmp_path / "tensorboard" / "old_events").write_text("x")
-    log = MetricsLogger(tmp_path, tensorboard=True)
+    log = MetricsLogger(tmp_path, TrackerRun(("tensorboard",), "t"))
     log.log(1, {"reward/mean": 0.1, "nan_metric": float("nan")})
     log.log(1, {"sft_loss": 2.0}, phase="sft")
     log.close()
@@ -39,7 +40,7 @@ def test_logger_deletes_nothing_and_writes_tensorboard(tmp_path):
 
 
 def test_plot_is_written(tmp_path):
-    log = MetricsLogger(tmp_path, tensorboard=False)
+    log = MetricsLogger(tmp_path)
     log.log(0, {"val/accuracy": 0.1, "val/reward/mean": 0.1})
     for step in range(1, 4):
         log.log(step, {"reward/mean": step / 4, "accuracy": step / 4})
