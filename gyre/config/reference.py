@@ -63,6 +63,8 @@ def field_docs(model: type[BaseModel], prefix: str = "", instance: BaseModel | N
         own = getattr(instance, name) if instance is not None else _default(field)
         kind = "section" if sub and step == "" else _field_type(field)
         shown = "{...}" if isinstance(own, BaseModel) else _yaml(own)
+        if step.startswith(".") and isinstance(own, dict) and own:  # sections by name: their names, not all keys
+            shown = "{" + ", ".join(f"{key}: {{...}}" for key in own) + "}"
         found.append(FieldDoc(path, kind, shown, tuple(_choices(field.annotation)), (field.description or "").strip(),
                               sub is not None))
         if sub is not None:
