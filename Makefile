@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 CONSTRAINTS ?= requirements/cpu-constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: setup quickstart quickstart-agentic test test-all bench clean
+.PHONY: setup quickstart quickstart-agentic test test-all bench docs docs-serve clean
 
 setup: $(STAMP)
 
@@ -46,5 +46,16 @@ bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/memory_levers.py
 	$(BIN)/python bench/attention_credit.py
 
+# The docs site (mkdocs-material, the docs extra) into site/; strict: a broken link fails the build.
+$(VENV)/.gyre-docs: $(STAMP)
+	$(BIN)/pip install -q $(PIP_C) -e ".[dev,docs]"
+	touch $@
+
+docs: $(VENV)/.gyre-docs
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(VENV)/.gyre-docs
+	$(BIN)/mkdocs serve
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

@@ -1,5 +1,6 @@
-"""Command line: ``gyre train | check | sft | dpo | eval | generate | export | init-model | init-data | quickstart |
-ablate | sandbox-serve``. Each command parses its flags here and calls one function of ``gyre.pipelines``."""
+"""Command line: ``gyre train | check | config | sft | dpo | eval | generate | export | init-model | init-data |
+quickstart | ablate | sandbox-serve``. Each command parses its flags here and calls one function of
+``gyre.pipelines``."""
 
 from __future__ import annotations
 
@@ -125,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="print the resolved config and placement plan; start nothing")
     _add_config_args(p)
+
+    p = sub.add_parser("config", help="the configuration reference: a key's type, default and meaning")
+    p.add_argument("--describe", nargs="?", const="", required=True, metavar="KEY",
+                   help="a dotted key (rollout.async_ratio) or a section (rollout); no KEY: the top-level sections")
+    p.add_argument("--pipeline", choices=("rlvr", "sft", "dpo"), default=None,
+                   help="the config of gyre train (rlvr, the default), gyre sft or gyre dpo (sft.* and dpo.* keys "
+                        "pick theirs)")
 
     _add_commands(sub)
 
@@ -296,6 +304,11 @@ def _dispatch(args) -> int:
         return _ablate(args)
     if args.command == "sandbox-serve":
         return _sandbox_serve(args)
+    if args.command == "config":
+        from gyre.config.reference import describe
+
+        print(describe(args.describe, args.pipeline))
+        return 0
     if args.command in ("eval", "generate", "export"):
         return {"eval": _eval, "generate": _generate, "export": _export}[args.command](args)
     if args.command == "sft":
