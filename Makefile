@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q $(PIP_C) -e ".[dev,gem]"
+	$(BIN)/pip install -q $(PIP_C) -e ".[dev,gem,trackers,docs]"
 	touch $(STAMP)
 
 # --overwrite: a second `make quickstart` moves the previous run to runs/quickstart.old-<time>.
@@ -46,15 +46,11 @@ bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/memory_levers.py
 	$(BIN)/python bench/attention_credit.py
 
-# The docs site (mkdocs-material, the docs extra) into site/; strict: a broken link fails the build.
-$(VENV)/.gyre-docs: $(STAMP)
-	$(BIN)/pip install -q $(PIP_C) -e ".[dev,docs]"
-	touch $@
-
-docs: $(VENV)/.gyre-docs
+# The docs site (mkdocs-material, the docs extra that setup installs) into site/; strict: a broken link fails.
+docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
-docs-serve: $(VENV)/.gyre-docs
+docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve
 
 clean:
