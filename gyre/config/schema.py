@@ -493,6 +493,10 @@ class LoggingConfig(StrictModel):
     """Write a PNG of the main metrics (metrics.png) at the end of the run."""
     progress: bool = True
     """Print a progress line per step."""
+    report: bool = True
+    """Write report.html, one self-contained page (curves, a phase timeline per worker, sample generations,
+    the config and placement), at the end of the run and at each validation; ``gyre report RUN_DIR``
+    writes it for any run directory. A failure to write it only warns."""
 
 
 class RLVRConfig(StrictModel):

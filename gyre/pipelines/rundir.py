@@ -28,7 +28,8 @@ auto: resume when a checkpoint exists, else start fresh (an earlier run's files 
 overwrite: set an earlier run's files aside and start fresh."""
 
 RUN_FILES = ("run.json", "resolved_config.yaml", "metrics.jsonl", "metrics.tmp", "tensorboard", "checkpoints",
-             "final_model", "validation.md", "reward_accuracy.png")
+             "final_model", "validation.md", "reward_accuracy.png", "timeline.jsonl", "timeline.tmp", "run_info.json",
+             "report.html", "report.tmp")
 """Everything a run writes into its output directory."""
 
 

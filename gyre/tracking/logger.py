@@ -23,7 +23,7 @@ class MetricsLogger:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         if restart:
-            resume_step = _BEFORE_EVERYTHING
+            resume_step = BEFORE_EVERYTHING
         self._sft_purge = 0 if restart else None
         if resume_step is not None:
             self._truncate_after(resume_step)
@@ -38,13 +38,7 @@ class MetricsLogger:
             self._tb = SummaryWriter(str(self.dir / "tensorboard" / "rl"), purge_step=purge)
 
     def _truncate_after(self, step: int) -> None:
-        if not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and _record_step(line) <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        truncate_after(self.path, step)
 
     def log(self, step: int, metrics: dict[str, float], phase: str = "train") -> None:
         record = {"step": step, "phase": phase, "time": round(time.time(), 3),
@@ -74,7 +68,18 @@ class MetricsLogger:
                 writer.close()
 
 
-_BEFORE_EVERYTHING = -(1 << 62)
+BEFORE_EVERYTHING = -(1 << 62)
+"""A resume step before every record: a restart from scratch drops them all."""
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Drop the records of a JSONL file whose step is after ``step`` (SFT warm-up records stay), atomically."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and _record_step(line) <= step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
 
 
 def _record_step(line: str) -> int:
