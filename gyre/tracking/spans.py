@@ -12,6 +12,7 @@ processes on one machine (and across nodes as far as their clocks agree).
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 from collections import deque
@@ -21,6 +22,8 @@ MAX_SPANS = 4096
 """Spans a worker holds between two drains; the oldest go first (and are counted) past it."""
 MERGE_GAP_S = 0.02
 """Spans of one phase closer than this merge: an engine's decoding steps, environment steps of many slots."""
+_MERGE_LOOKBACK = 8
+"""Spans looked back through for one of the same phase to merge with (keeps ``add`` O(1))."""
 _ATTR = "_gyre_spans"
 
 
@@ -37,7 +40,7 @@ class SpanRecorder:
         """Record one span; it extends the latest span of the same phase when it overlaps it or starts within
         ``merge_gap_s`` of its end (concurrent calls on several threads merge into one busy interval)."""
         with self._lock:
-            for last in reversed(self._spans):
+            for last in itertools.islice(reversed(self._spans), _MERGE_LOOKBACK):
                 if last[0] != phase:
                     continue
                 if start <= last[2] + merge_gap_s and end >= last[1] - merge_gap_s:

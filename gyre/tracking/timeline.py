@@ -9,7 +9,7 @@ rollout span of an asynchronous run may produce samples a later step trains on).
 may fall after its step's records: a call that ran across the drain comes with the next step.
 
 The driver takes spans once per step, on each actor's probe thread, with a deadline; an actor that
-does not answer in time keeps its spans for the next take (nothing waits on it). On resume the
+does not answer in time keeps its spans for a later take, which does not wait for it again. On resume the
 records of steps after the checkpoint are dropped, as ``metrics.jsonl``'s are.
 """
 
@@ -110,11 +110,15 @@ class Timeline:
 
         spans, self._driver = self._driver, []
         by_lane = {(role, rank): actor for role, rank, actor in lanes(groups)}
+        fresh = []
         for lane, actor in by_lane.items():
             if lane not in self._pending:
                 self._pending[lane] = actor.__ray_call__.options(concurrency_group=PROBE).remote(take_spans)
+                fresh.append(self._pending[lane])
+        if fresh:  # a take that missed an earlier deadline is not waited for again: it is collected once ready
+            transport.wait(fresh, num_returns=len(fresh), timeout=self.deadline_s)
         refs = list(self._pending.values())
-        ready, _ = transport.wait(refs, num_returns=len(refs), timeout=self.deadline_s) if refs else ([], [])
+        ready, _ = transport.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
         answered = {id(r) for r in ready}
         for (role, rank), ref in list(self._pending.items()):
             if id(ref) not in answered:
