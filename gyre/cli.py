@@ -1,5 +1,5 @@
 """Command line: ``gyre train | check | config | sft | dpo | eval | generate | export | init-model | init-data |
-quickstart | ablate | sandbox-serve``. Each command parses its flags here and calls one function of
+quickstart | ablate | report | sandbox-serve``. Each command parses its flags here and calls one function of
 ``gyre.pipelines``."""
 
 from __future__ import annotations
@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environment variable holding the bearer token clients must send (recommended)")
     p.add_argument("--concurrent", type=int, default=None, help="programs run at once (default: CPU count)")
 
+    p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, phase timeline, generations, config")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run's output directory")
+    p.add_argument("--out", default=None, help="where to write the page (default RUN_DIR/report.html)")
+
     p = sub.add_parser("ablate", help="run algorithm variants x seeds from one warm start; table + plot")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of the base config")
     p.add_argument("--config", default=None, help="base config (YAML); default: the quickstart recipe and task")
@@ -309,6 +313,8 @@ def _dispatch(args) -> int:
 
         print(describe(args.describe, args.pipeline))
         return 0
+    if args.command == "report":
+        return _report(args)
     if args.command in ("eval", "generate", "export"):
         return {"eval": _eval, "generate": _generate, "export": _export}[args.command](args)
     if args.command == "sft":
@@ -323,6 +329,18 @@ def _dispatch(args) -> int:
         return 0
     summary = launch.train(cfg, args.address, mode=run_mode(args))
     _print_summary(summary)
+    return 0
+
+
+def _report(args) -> int:
+    from gyre.config.load import ConfigError
+    from gyre.tracking.report import write_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "timeline.jsonl").exists():
+        raise ConfigError(f"{run_dir} holds no run (no metrics.jsonl or timeline.jsonl): give the run.output_dir "
+                          "of a run, e.g. gyre report runs/quickstart")
+    print(f"wrote {write_report(run_dir, args.out)}")
     return 0
 
 

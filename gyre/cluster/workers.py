@@ -21,6 +21,7 @@ from gyre.engines.microbatch import MemoryLevers
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.rewards.base import RewardRequest
 from gyre.rewards.runner import RewardRunner, ScoreReply
+from gyre.tracking.spans import recorder_of, timed
 from gyre.tracking.sums import MetricSums
 from gyre.types import GenerationRequest, RewardResult, TrainBatch, TrainStepResult
 
@@ -65,7 +66,7 @@ class EngineHost:
         from gyre.engines.loop import EngineLoop
 
         if self._loop is None:
-            self._loop = EngineLoop(self._engine(), **self._loop_hooks())
+            self._loop = EngineLoop(self._engine(), spans=recorder_of(self), **self._loop_hooks())
         return self._loop
 
     def _loop_hooks(self) -> dict:
@@ -140,6 +141,7 @@ class TrainerRank:
             grad_norms.append(self.backend.optimizer_step(self.backend.split_micro(shard), make_loss(denom), metrics))
         return TrainStepResult(metrics, grad_norms, self.backend.last_lr)
 
+    @timed("checkpoint")
     def save_checkpoint(self, directory: str) -> None:
         self.backend.save(directory)
 
@@ -164,13 +166,16 @@ class PolicyWorker(TrainerRank, EngineHost):
         super().__init__(rank, world_size, spec, device_kind, threads, seed)
         self.hybrid = hybrid
 
+    @timed("logprobs")
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.backend.compute_logprobs(shard, temperature)
 
+    @timed("logprobs")
     def compute_credit_scales(self, shard: TrainBatch, spec, temperature: float) -> torch.Tensor:
         """Attention-based credit: each response token's scale gamma from the policy's own attention."""
         return self.backend.compute_credit_scales(shard, spec, temperature)
 
+    @timed("logprobs")
     def compute_ref_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         """LoRA: the KL reference's log-probs, under the base model (the adapters switched off)."""
         return self.backend.compute_logprobs(shard, temperature, adapter=False)
@@ -196,15 +201,18 @@ class PolicyWorker(TrainerRank, EngineHost):
         engine.set_version(version)
         return engine.weight_version
 
+    @timed("train")
     def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], loss: PolicyLossSpec) -> TrainStepResult:
         return self._train(shards, denoms, lambda denom: PolicyLoss(denom=denom, spec=loss))
 
+    @timed("train")
     def train_sft(self, shard: TrainBatch, denom: LossDenominator, micro_batch_size: int) -> TrainStepResult:
         metrics = MetricSums()
         micro = self.backend.split_micro(shard, micro_batch_size)
         norm = self.backend.optimizer_step(micro, SFTLoss(denom=denom), metrics)
         return TrainStepResult(metrics, [norm], self.backend.last_lr)
 
+    @timed("train")
     def train_dpo(self, shard: PreferenceBatch, denom: LossDenominator, micro_pairs: int,
                   spec: PreferenceLossSpec) -> TrainStepResult:
         """One optimizer step on this rank's share of whole pairs, ``micro_pairs`` pairs per forward pass."""
@@ -212,6 +220,7 @@ class PolicyWorker(TrainerRank, EngineHost):
         norm = self.backend.optimizer_step(shard.micro_batches(micro_pairs), DPOLoss(denom=denom, spec=spec), metrics)
         return TrainStepResult(metrics, [norm], self.backend.last_lr)
 
+    @timed("weight_sync")
     def export_weights(self, version: int, dtype: str) -> list | None:
         """Rank 0 returns [ObjectRef of a WeightBundle] with floating tensors in the rollout ``dtype``
         (half the bytes for a bf16 engine); other ranks take part (FSDP2 gathers) and return None. With
@@ -234,6 +243,7 @@ class PolicyWorker(TrainerRank, EngineHost):
         state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         return [ray.put(pack_weights(state, version))]
 
+    @timed("checkpoint")
     def save_hf(self, directory: str | None, tokenizer_path: str, dtype: str,
                 adapter_directory: str | None = None) -> None:
         """Write the current weights in ``dtype`` as a Hugging Face model directory (with LoRA: the base
@@ -261,9 +271,11 @@ class PolicyWorker(TrainerRank, EngineHost):
 class CriticWorker(TrainerRank):
     """One data-parallel rank of the critic (value model) of PPO."""
 
+    @timed("logprobs")
     def compute_values(self, shard: TrainBatch) -> torch.Tensor:
         return self.backend.compute_values(shard)
 
+    @timed("train")
     def train(self, shards: list[TrainBatch], denoms: list[LossDenominator], clip: float | None,
               loss_agg: str) -> TrainStepResult:
         return self._train(shards, denoms, lambda denom: ValueLoss(denom=denom, clip=clip, loss_agg=loss_agg))
@@ -325,6 +337,7 @@ class ReferenceWorker:
         self.model = ReferenceModel(model_path, dtype, _device(device_kind), trust_remote_code, micro_batch_size,
                                     start_offloaded, attn_implementation, levers)
 
+    @timed("logprobs")
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
         return self.model.compute_logprobs(shard, temperature)
 
@@ -343,6 +356,7 @@ class RewardWorker:
     def __init__(self, spec: str, kwargs: dict, timeout_s: float, processes: int):
         self.runner = RewardRunner(spec, kwargs, timeout_s, processes)
 
+    @timed("reward")
     def score(self, requests: list[RewardRequest]) -> ScoreReply:
         results = self.runner.score(requests)
         return ScoreReply(results, self.runner.take_faults())
@@ -374,6 +388,7 @@ class ModelRewardWorker:
 
             self.scorer = RewardModel(cfg, _device(device_kind))
 
+    @timed("reward")
     def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         return self.scorer.score(requests)
 
@@ -407,7 +422,10 @@ class EnvWorker:
         ``EnvStep``, or an ``EnvFailure`` when the environment failed (call it in the ``ENV`` group)."""
         with self.locks[slot]:
             target = self.slots[slot]
-            return target.reset(arg, self.timeouts[op]) if op == "reset" else target.step(arg, self.timeouts[op])
+            if op == "reset":
+                return target.reset(arg, self.timeouts[op])
+            with recorder_of(self).span("env_step"):  # concurrent slots merge into one busy span
+                return target.step(arg, self.timeouts[op])
 
     def close(self) -> None:
         for s in self.slots:

@@ -64,6 +64,10 @@ class LoggingConfig(TrackingFields):
     """Generations in each sample: spread over the groups, with high and low rewards."""
     plot: bool = True
     """Write a PNG of the main metrics (metrics.png) at the end of the run."""
+    report: bool = True
+    """Write report.html, one self-contained page (curves, a phase timeline per worker, sample generations,
+    the config and placement), at the end of the run and at each validation; ``gyre report RUN_DIR``
+    writes it for any run directory. A failure to write it only warns."""
     progress: bool = True
     """Print a progress line per step."""
 

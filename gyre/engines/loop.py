@@ -35,17 +35,20 @@ class _Command:
 
 class EngineLoop:
     def __init__(self, engine, emit_every: int = 1, emit_after_s: float = 0.05,
-                 on_busy: Callable[[], None] | None = None, on_idle: Callable[[], None] | None = None):
+                 on_busy: Callable[[], None] | None = None, on_idle: Callable[[], None] | None = None,
+                 spans=None):
         """``engine`` implements ``gyre.engines.base.RolloutEngine``. Finished samples are yielded once
         ``emit_every`` are ready, ``emit_after_s`` after the first of them, or when the engine goes idle.
         ``on_busy`` / ``on_idle`` run when decoding starts and stops (a hybrid policy switches its module
-        between eval and train mode)."""
+        between eval and train mode). ``spans``, a ``gyre.tracking.spans.SpanRecorder``, records decoding
+        (consecutive steps merged into busy intervals) as "generate" and weight updates as "weight_sync"."""
         self.engine = engine
         self.emit_every, self.emit_after_s = max(1, emit_every), emit_after_s
         self.on_busy, self.on_idle = on_busy, on_idle
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._running = False
         self._busy_s = 0.0
+        self.spans = spans
 
     # ---- control (any thread) -------------------------------------------------------------------
     def add(self, requests: Sequence[GenerationRequest]) -> None:
@@ -95,9 +98,12 @@ class EngineLoop:
                     if not decoding and self.on_busy:
                         self.on_busy()
                     decoding = True
-                    t0 = time.perf_counter()
+                    t0 = time.time()
                     pending += self.engine.step()
-                    self._busy_s += time.perf_counter() - t0
+                    t1 = time.time()
+                    self._busy_s += t1 - t0
+                    if self.spans is not None:
+                        self.spans.add("generate", t0, t1)
                 elif decoding:
                     decoding = False
                     if self.on_idle:
@@ -149,6 +155,7 @@ class EngineLoop:
             elif command.kind == "abort":
                 out += engine.abort(command.request_ids)
             elif command.kind == "update":
+                t0 = time.time()
                 engine.suspend()
                 if not command.partial:
                     out += engine.abort(engine.request_ids())
@@ -156,6 +163,8 @@ class EngineLoop:
                     command.reply = command.load()
                 finally:  # a failed load is the caller's error; the engine must not stay suspended
                     engine.resume()
+                    if self.spans is not None:
+                        self.spans.add("weight_sync", t0, time.time())
             elif command.kind == "stop":
                 out += engine.abort(engine.request_ids())
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, the loop goes on

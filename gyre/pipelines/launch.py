@@ -154,17 +154,23 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
     from gyre.pipelines.roles import build_roles
     from gyre.tracking.logger import MetricsLogger
     from gyre.tracking.plot import plot_run
+    from gyre.tracking.report import refresh_report
+    from gyre.tracking.run_info import write_run_info
+    from gyre.tracking.timeline import Timeline
 
     out = Path(cfg.run.output_dir)
     (out / "resolved_config.yaml").write_text(resolved_yaml(cfg))
+    write_run_info(out, format_plan(cfg, plan))
     checkpoints = CheckpointManager(out, cfg.checkpoint.keep_last, start.run_id)
     latest = start.checkpoint
     roles = build_roles(cfg, plan, watchdog)
     logger = None
     try:
         resume_step = checkpoints.load_state(latest).step if latest else None
+        restart = recoveries > 0 and latest is None
         logger = MetricsLogger(out, TrackerRun.from_config(cfg.logging, cfg.run.name, start.run_id), resume_step,
-                               restart=recoveries > 0 and latest is None, config=cfg.model_dump(mode="json"))
+                               restart=restart, config=cfg.model_dump(mode="json"))
+        timeline = Timeline(out, resume_step=resume_step, restart=restart)
         if cfg.sft_warmup is not None and latest is None:
             _sft_warmup(cfg, plan, roles, data, logger)
         p = cfg.policy
@@ -172,11 +178,13 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
         c = cfg.critic
         for critic in roles.critics:
             critic.call("configure_optimizer", c.optimizer, c.scheduler, plan.total_optimizer_steps, c.grad_clip)
-        pipeline = RLVRPipeline(cfg, plan, roles, data, logger, checkpoints)
+        pipeline = RLVRPipeline(cfg, plan, roles, data, logger, checkpoints, timeline)
         pipeline.recoveries = recoveries
         summary = pipeline.run(resume_from=latest, echo=echo)
         if cfg.logging.plot:
             plot_run(out / "metrics.jsonl", out / "metrics.png", title=cfg.run.name)
+        if cfg.logging.report:
+            refresh_report(out, echo)
         return summary
     finally:
         if logger is not None:

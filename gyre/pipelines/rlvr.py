@@ -34,7 +34,9 @@ from gyre.rollout.policies import GroupFilter, TailSpec
 from gyre.rollout.scheduler import ScheduleSpec
 from gyre.tracking.generations import GenerationWriter
 from gyre.tracking.progress import Progress
+from gyre.tracking.report import refresh_report
 from gyre.tracking.tables import write_validation_table
+from gyre.tracking.timeline import Timeline
 from gyre.types import Group, SamplingParams, TrainBatch, Trajectory
 
 
@@ -49,9 +51,11 @@ class RunSummary:
 
 class RLVRPipeline:
     def __init__(self, cfg: RLVRConfig, plan: RunPlan, roles: Roles, data: RunData, logger,
-                 checkpoints: CheckpointManager):
+                 checkpoints: CheckpointManager, timeline: Timeline | None = None):
         self.cfg, self.plan, self.roles, self.data = cfg, plan, roles, data
         self.logger, self.checkpoints = logger, checkpoints
+        self.timeline = timeline or Timeline(None)
+        """Where the workers' phase spans go (``timeline.jsonl``); by default nowhere."""
         s = cfg.rollout.sampling
         self.sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop))
         self.rewards = RewardPool(reward_scorers(cfg, roles.reward))
@@ -74,6 +78,7 @@ class RLVRPipeline:
     def run(self, resume_from: Path | None = None, echo=print) -> RunSummary:
         t0 = time.perf_counter()
         start = self.restore(resume_from, echo) if resume_from else self.begin()
+        self.timeline.collect(self.roles.groups(), start)
         name = (self.cfg.algorithm.preset or "RL").upper()
         progress = Progress(self.cfg.run.steps, start=start, enabled=self.cfg.logging.progress, description=name)
         self.roles.watchdog.on_slow = progress.heartbeat  # a call far slower than usual shows what the run waits on
@@ -83,7 +88,8 @@ class RLVRPipeline:
                 validated = self._due(self.cfg.validation.every, step)
                 if validated:
                     t_val = time.perf_counter()
-                    metrics.update(self.validate(step))
+                    with self.timeline.driver("validate", step):
+                        metrics.update(self.validate(step))
                     metrics["time/validate"] = time.perf_counter() - t_val
                 self.logger.log(step, metrics)
                 if validated:
@@ -91,10 +97,16 @@ class RLVRPipeline:
                 progress.update(step, {**metrics, "val/accuracy": self.val_history[-1] if self.val_history else None})
                 if self._due(self.cfg.checkpoint.every, step):
                     self.save_checkpoint(step)
+                self.timeline.collect(self.roles.groups(), step)
+                if validated and self.cfg.logging.report:
+                    with self.timeline.driver("report", step):
+                        refresh_report(self.cfg.run.output_dir)
         finally:
             progress.close()
         self.rollout.close()
-        final = self.save_final_model()
+        with self.timeline.driver("checkpoint", self.cfg.run.steps):
+            final = self.save_final_model()
+        self.timeline.collect(self.roles.groups(), self.cfg.run.steps)
         return RunSummary(self.cfg.run.steps, self.val_history[0] if self.val_history else None,
                           self.val_history[-1] if self.val_history else None, final, time.perf_counter() - t0)
 
@@ -103,7 +115,8 @@ class RLVRPipeline:
         in-run recovery on, a checkpoint of step 0 gives a fault before the first save a place to return to."""
         self.publish(0)
         if self.cfg.validation.every:
-            self.logger.log(0, self.validate(0))
+            with self.timeline.driver("validate", 0):
+                self.logger.log(0, self.validate(0))
         if self.cfg.run.max_restarts:
             self.save_checkpoint(0)
         return 0
@@ -199,6 +212,10 @@ class RLVRPipeline:
 
     # ---- persistence --------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
+        with self.timeline.driver("checkpoint", step):
+            self._save_checkpoint(step)
+
+    def _save_checkpoint(self, step: int) -> None:
         tmp = self.checkpoints.begin(step)
         self.learner.save(tmp)
         state = DriverState(step=step, data=self.data.train_sampler.state_dict(), weight_version=self.rollout.version,

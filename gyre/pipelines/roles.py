@@ -53,13 +53,17 @@ class Roles:
         """The role to activate on the devices before sampling."""
         return "policy" if self.hybrid else "rollout"
 
+    def groups(self) -> list[RoleGroup]:
+        """Every role group of the run, once each (a hybrid run's policy is its rollout too)."""
+        groups = (self.policy, self.rollout, self.reference, *self.critics, self.teacher, *self.reward.values(),
+                  self.envs)
+        return list({id(g): g for g in groups if g is not None}.values())
+
     def kill(self) -> None:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
-        groups = (self.policy, self.rollout, self.reference, *self.critics, self.envs, self.teacher,
-                  *self.reward.values())
-        for group in {id(g): g for g in groups if g is not None}.values():
+        for group in self.groups():
             group.kill()
         remove_placement_group(self.placement.group)
 

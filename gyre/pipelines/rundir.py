@@ -28,8 +28,8 @@ auto: resume when a checkpoint exists, else start fresh (an earlier run's files 
 overwrite: set an earlier run's files aside and start fresh."""
 
 RUN_FILES = ("run.json", "run_info.json", "resolved_config.yaml", "driver.log", "metrics.jsonl", "metrics.tmp",
-             "timeline.jsonl", "generations", "tensorboard", "wandb", "mlflow", "trackio", "checkpoints", "final_model",
-             "validation.md", "metrics.png", "report.html",
+             "timeline.jsonl", "timeline.tmp", "generations", "tensorboard", "wandb", "mlflow", "trackio",
+             "checkpoints", "final_model", "validation.md", "metrics.png", "report.html", "report.tmp",
              "reward_accuracy.png")  # the plot's earlier name: older runs are still recognised
 """Everything a run writes into its output directory."""
 

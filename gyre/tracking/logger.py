@@ -32,21 +32,12 @@ class MetricsLogger:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         if resume_step is not None or restart:
-            self._truncate_after(_BEFORE_EVERYTHING if restart else resume_step)
+            truncate_after(self.path, BEFORE_EVERYTHING if restart else resume_step)
         self.trackers = open_trackers(trackers, self.dir, resume_step, restart) if trackers else []
         self._fh = self.path.open("a")
         if config is not None:
             for tracker in self.trackers:
                 tracker.log_config(config)
-
-    def _truncate_after(self, step: int) -> None:
-        if not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and _record_step(line) <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: dict[str, float], phase: str = "train") -> None:
         record = {"step": step, "phase": phase, "time": round(time.time(), 3),
@@ -68,7 +59,18 @@ class MetricsLogger:
             tracker.close()
 
 
-_BEFORE_EVERYTHING = -(1 << 62)
+BEFORE_EVERYTHING = -(1 << 62)
+"""A resume step before every record: a restart from scratch drops them all."""
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Drop the records of a JSONL file whose step is after ``step`` (SFT warm-up records stay), atomically."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and _record_step(line) <= step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
 
 
 def _record_step(line: str) -> int:

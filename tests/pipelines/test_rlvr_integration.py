@@ -9,6 +9,7 @@ import pytest
 
 from gyre.config import load_config
 from gyre.pipelines import launch
+from gyre.tracking.timeline import read_spans
 
 
 def quick_config(tmp_path, model_dir, data, *extra):
@@ -140,6 +141,11 @@ def test_ppo_with_a_critic_role_warms_up_checkpoints_and_resumes(ray_local, tiny
                  echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and math.isfinite(records[-1]["critic/value_loss"])
+    # Every worker's phases, across the resume: the critic ranks score and train, the reference scores.
+    spans = read_spans(tmp_path / "run" / "timeline.jsonl")
+    assert {("critic", 0, "logprobs"), ("critic", 1, "train"), ("reference", 0, "logprobs")} <= \
+        {(s.role, s.rank, s.phase) for s in spans}
+    assert sorted({s.step for s in spans}) == [0, 1, 2, 3, 4]
 
 
 # The step-sample variant runs in make test-all (step rows are tested token by token in tests/envs).
@@ -176,3 +182,6 @@ def test_an_agentic_run_plays_environments_turn_by_turn(ray_local, tiny_model_di
             len(roles) % 2) and 1 <= roles.count("assistant") <= 3
         assert e["reward"] == pytest.approx(sum(t["reward"] for t in e["turns"] if t["role"] == "assistant"))
         assert isinstance(e["advantage"], float) and e["response_tokens"] <= 3 * 12
+    spans = read_spans(tmp_path / "run" / "timeline.jsonl")  # environment workers record their steps too
+    assert {s.phase for s in spans if s.role == "env"} == {"env_step"}
+    assert {"rollout", "policy", "driver"} <= {s.role for s in spans}

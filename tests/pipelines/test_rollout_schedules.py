@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gyre.pipelines import launch
+from gyre.tracking.timeline import read_spans
 from tests.pipelines.test_rlvr_integration import quick_config
 
 REWARD = Path(__file__).with_name("reward_fns.py")
@@ -29,6 +30,11 @@ def test_async_training_stays_inside_its_window(ray_local, tiny_model_dir, arith
     assert records[0]["rollout/groups_admitted"] == 8
     assert all(r["weight_version"] == r["step"] for r in records)
     assert all(0 <= r["idle/rollout"] <= 1 and 0 <= r["idle/policy"] <= 1 for r in records)
+    # The workers' phase spans, taken while the rollout runs on beside the learner's calls.
+    spans = read_spans(tmp_path / "run" / "timeline.jsonl")
+    assert {(s.role, s.rank) for s in spans} == {("driver", 0), ("policy", 0), ("rollout", 0), ("reward", 0)}
+    for step in (1, 2, 3):
+        assert {"generate", "train", "weight_sync", "reward"} <= {s.phase for s in spans if s.step == step}
 
 
 def test_tail_batching_in_a_synchronous_run(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
