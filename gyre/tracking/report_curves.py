@@ -1,4 +1,5 @@
-"""The curves of a run report: one small chart per panel, raw values faint and their EMA bold beside them.
+"""The curves of a run report: one small chart per panel, raw values faint and their EMA bold beside them
+(the debiased EMA of ``metrics.png``, its weight growing with the run's length).
 
 A panel names metric keys (exact, or a pattern with ``{d}`` for every domain of a multi-domain run);
 keys a run did not log are left out, and a panel with none is not drawn. Fractions and accuracies share
@@ -9,17 +10,16 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-EMA_WEIGHT = 0.6
-"""The smoothed value's weight on its previous value (0: no smoothing)."""
+from gyre.tracking.plot import ema, smoothing_weight  # the same smoothing as metrics.png
+
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
             "#17becf")
 
 
 @dataclass(frozen=True)
-class Panel:
+class Chart:
     """One chart of the curves section."""
 
     title: str
@@ -30,34 +30,26 @@ class Panel:
     smooth: bool = True
 
 
-PANELS = (
-    Panel("Reward", ("reward/mean", "val/reward/mean", "{d}/reward_mean", "val/{d}/reward_mean")),
-    Panel("Accuracy", ("accuracy", "val/accuracy", "{d}/accuracy", "val/{d}/accuracy"), unit_range=True),
-    Panel("Policy loss", ("pg_loss", "distill/loss")),
-    Panel("Critic loss", ("critic/value_loss",)),
-    Panel("KL", ("approx_kl", "kl_ref", "kl_reward/kl", "distill/reverse_kl", "logprob_mismatch")),
-    Panel("Entropy", ("entropy",)),
-    Panel("Response length (tokens)", ("response_length/mean", "response_length/max", "val/response_length/mean")),
-    Panel("Clip and truncation fractions", ("clip_frac", "clip_frac_high", "clip_frac_low", "critic/value_clip_frac",
+CHARTS = (
+    Chart("Reward", ("reward/mean", "val/reward/mean", "{d}/reward_mean", "val/{d}/reward_mean")),
+    Chart("Accuracy", ("accuracy", "val/accuracy", "{d}/accuracy", "val/{d}/accuracy"), unit_range=True),
+    Chart("Policy loss", ("pg_loss", "distill/loss")),
+    Chart("Critic loss", ("critic/value_loss",)),
+    Chart("KL", ("approx_kl", "kl_ref", "kl_reward/kl", "distill/reverse_kl", "logprob_mismatch")),
+    Chart("Entropy", ("entropy",)),
+    Chart("Response length (tokens)", ("response_length/mean", "response_length/max", "val/response_length/mean")),
+    Chart("Clip and truncation fractions", ("clip_frac", "clip_frac_high", "clip_frac_low", "critic/value_clip_frac",
                                             "response_length/truncated_frac", "mismatch/filtered_frac"),
           unit_range=True),
-    Panel("Staleness (policy versions)", ("staleness/mean", "staleness/max")),
-    Panel("Throughput (samples/s)", ("throughput/samples_per_s",)),
-    Panel("Throughput (response tokens/s)", ("throughput/tokens_per_s",)),
-    Panel("Step time (s)", ("time/step", "time/generate", "time/reward", "time/logprobs", "time/train",
+    Chart("Staleness (policy versions)", ("staleness/mean", "staleness/max")),
+    Chart("Throughput (samples/s)", ("throughput/samples_per_s",)),
+    Chart("Throughput (response tokens/s)", ("throughput/tokens_per_s",)),
+    Chart("Step time (s)", ("time/step", "time/generate", "time/reward", "time/logprobs", "time/train",
                             "time/weight_sync", "time/validate")),
-    Panel("Idle fraction", ("idle/rollout", "idle/policy"), unit_range=True),
-    Panel("Gradient norm", ("grad_norm", "critic/grad_norm")),
+    Chart("Idle fraction", ("idle/rollout", "idle/policy"), unit_range=True),
+    Chart("Gradient norm", ("grad_norm", "critic/grad_norm")),
 )
-SFT_PANEL = Panel("SFT warm-up loss", ("sft_loss",))
-
-
-def ema(values: Sequence[float], weight: float = EMA_WEIGHT) -> list[float]:
-    """Exponential moving average: s_0 = v_0, s_i = weight * s_(i-1) + (1 - weight) * v_i."""
-    out: list[float] = []
-    for v in values:
-        out.append(v if not out else weight * out[-1] + (1 - weight) * v)
-    return out
+SFT_CHART = Chart("SFT warm-up loss", ("sft_loss",))
 
 
 def with_throughput(records: list[dict]) -> list[dict]:
@@ -80,7 +72,7 @@ def domains_of(records: list[dict]) -> list[str]:
     return sorted(found - {"val"})
 
 
-def panel_keys(panel: Panel, present: set[str], domains: list[str]) -> list[str]:
+def panel_keys(panel: Chart, present: set[str], domains: list[str]) -> list[str]:
     keys = []
     for key in panel.keys:
         for k in ([key.replace("{d}", d) for d in domains] if "{d}" in key else [key]):
@@ -89,7 +81,7 @@ def panel_keys(panel: Panel, present: set[str], domains: list[str]) -> list[str]
     return keys
 
 
-def panel_figure(panel: Panel, records: list[dict], keys: list[str]):
+def panel_figure(panel: Chart, records: list[dict], keys: list[str]):
     """A plotly figure: per key, its raw points (faint) and EMA (bold; validation points are sparse: markers)."""
     import plotly.graph_objects as go
 
@@ -100,12 +92,13 @@ def panel_figure(panel: Panel, records: list[dict], keys: list[str]):
             continue
         xs, ys = zip(*points)
         color, label = _PALETTE[i % len(_PALETTE)], html.escape(key)
-        sparse = key.startswith("val/") or not panel.smooth or len(points) < 3
+        weight = smoothing_weight(len(points))
+        sparse = key.startswith("val/") or not panel.smooth or weight == 0
         fig.add_trace(go.Scatter(x=xs, y=ys, name=label + ("" if sparse else " (raw)"), legendgroup=label,
                                  mode="lines+markers" if sparse else "lines", opacity=1.0 if sparse else 0.3,
                                  line={"color": color, "width": 1.5 if sparse else 1}))
         if not sparse:
-            fig.add_trace(go.Scatter(x=xs, y=ema(ys), name=f"{label} (EMA {EMA_WEIGHT:g})", legendgroup=label,
+            fig.add_trace(go.Scatter(x=xs, y=ema(ys, weight), name=f"{label} (EMA {weight:.2f})", legendgroup=label,
                                      mode="lines", line={"color": color, "width": 2.5}))
     fig.update_layout(title={"text": html.escape(panel.title), "x": 0.02}, height=340,
                       margin={"l": 50, "r": 10, "t": 40, "b": 10}, template="plotly_white", xaxis_title="RL step",
@@ -124,10 +117,10 @@ def curve_figures(records: list[dict]) -> list:
     present = {k for r in rl for k in r}
     domains = domains_of(rl)
     figures = []
-    for panel in PANELS:
+    for panel in CHARTS:
         keys = panel_keys(panel, present, domains)
         if keys:
             figures.append(panel_figure(panel, rl, keys))
     if sft:
-        figures.append(panel_figure(SFT_PANEL, sft, ["sft_loss"]))
+        figures.append(panel_figure(SFT_CHART, sft, ["sft_loss"]))
     return figures

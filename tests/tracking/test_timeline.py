@@ -11,7 +11,6 @@ from gyre.cluster.group import RoleGroup
 from gyre.engines.hf_rollout import HFRolloutEngine
 from gyre.engines.loop import EngineLoop
 from gyre.models.loading import load_causal_lm, load_tokenizer
-from gyre.tracking.report_curves import ema
 from gyre.tracking.report_timeline import busy_seconds, idle_by_role
 from gyre.tracking.spans import SpanRecorder, recorder_of, timed
 from gyre.tracking.timeline import Span, Timeline, read_spans, role_of
@@ -57,7 +56,6 @@ def test_idle_fraction_and_ema_by_hand():
     assert (policy.role, policy.workers, policy.busy_s, policy.idle_fraction) == ("policy", 2, 3.5, pytest.approx(0.65))
     assert policy.phase_s == {"train": 6, "logprobs": 2}
     assert (rollout.role, rollout.idle_fraction) == ("rollout", pytest.approx(0.2))
-    assert ema([1.0, 0.0, 0.0], 0.5) == [1.0, 0.5, 0.25]
 
 
 def test_role_names():
