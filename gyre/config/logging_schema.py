@@ -66,7 +66,7 @@ class LoggingConfig(TrackingFields):
     """Write a PNG of the main metrics (metrics.png) at the end of the run."""
     report: bool = True
     """Write report.html, one self-contained page (curves, a phase timeline per worker, sample generations,
-    the config and placement), at the end of the run and at each validation; ``gyre report RUN_DIR``
+    the config and placement), at the end of the run and at validations (at most once a minute); ``gyre report RUN_DIR``
     writes it for any run directory. A failure to write it only warns."""
     progress: bool = True
     """Print a progress line per step."""

@@ -39,6 +39,9 @@ from gyre.tracking.tables import write_validation_table
 from gyre.tracking.timeline import Timeline
 from gyre.types import Group, SamplingParams, TrainBatch, Trajectory
 
+REPORT_INTERVAL_S = 60.0
+"""report.html is refreshed at a validation only if the last refresh is at least this old."""
+
 
 @dataclass
 class RunSummary:
@@ -71,6 +74,8 @@ class RLVRPipeline:
         self.val_history: list[float] = []
         self.algo_state = AlgorithmState.create(cfg.algorithm)
         self.recoveries = 0
+        self._report_written = -math.inf
+        """When report.html was last refreshed (time.monotonic); the run's end always writes it."""
         """In-run recoveries so far (set by the launcher, which rebuilds the pipeline after a fault)."""
         self.generations = generation_writer(cfg, data, logger)
 
@@ -92,15 +97,8 @@ class RLVRPipeline:
                         metrics.update(self.validate(step))
                     metrics["time/validate"] = time.perf_counter() - t_val
                 self.logger.log(step, metrics)
-                if validated:
-                    self.write_validation_table()
                 progress.update(step, {**metrics, "val/accuracy": self.val_history[-1] if self.val_history else None})
-                if self._due(self.cfg.checkpoint.every, step):
-                    self.save_checkpoint(step)
-                self.timeline.collect(self.roles.groups(), step)
-                if validated and self.cfg.logging.report:
-                    with self.timeline.driver("report", step):
-                        refresh_report(self.cfg.run.output_dir)
+                self.after_step(step, validated)
         finally:
             progress.close()
         self.rollout.close()
@@ -109,6 +107,20 @@ class RLVRPipeline:
         self.timeline.collect(self.roles.groups(), self.cfg.run.steps)
         return RunSummary(self.cfg.run.steps, self.val_history[0] if self.val_history else None,
                           self.val_history[-1] if self.val_history else None, final, time.perf_counter() - t0)
+
+    def after_step(self, step: int, validated: bool) -> None:
+        """What a step leaves on disk: the validation table, a checkpoint when due, the workers' phase spans,
+        and report.html after a validation (at most once a minute: it takes about a second to write)."""
+        if validated:
+            self.write_validation_table()
+        if self._due(self.cfg.checkpoint.every, step):
+            self.save_checkpoint(step)
+        self.timeline.collect(self.roles.groups(), step)
+        now = time.monotonic()
+        if validated and self.cfg.logging.report and now - self._report_written >= REPORT_INTERVAL_S:
+            self._report_written = now
+            with self.timeline.driver("report", step):
+                refresh_report(self.cfg.run.output_dir)
 
     def begin(self) -> int:
         """A fresh run: rollout engines get the (warmed-up) policy as version 0; validate once. With

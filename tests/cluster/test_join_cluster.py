@@ -17,6 +17,7 @@ def external_cluster():
     cluster.shutdown()
 
 
+@pytest.mark.slow  # make test-all (CI time); the private-Ray test keeps a second cluster in the default run
 def test_train_joins_an_existing_cluster(external_cluster, tmp_path, tiny_model_dir, arithmetic_data):
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({
