@@ -7,6 +7,8 @@ import math
 import re
 from pathlib import Path
 
+import pytest
+
 from gyre.config import load_config
 from gyre.pipelines import launch
 
