@@ -152,6 +152,7 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
     from gyre.pipelines.checkpoint import CheckpointManager
     from gyre.pipelines.rlvr import RLVRPipeline
     from gyre.pipelines.roles import build_roles
+    from gyre.tracking.generations import drop_generations_after
     from gyre.tracking.logger import MetricsLogger
     from gyre.tracking.plot import plot_run
     from gyre.tracking.report import refresh_report
@@ -163,13 +164,16 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
     write_run_info(out, format_plan(cfg, plan))
     checkpoints = CheckpointManager(out, cfg.checkpoint.keep_last, start.run_id)
     latest = start.checkpoint
-    roles = build_roles(cfg, plan, watchdog)
-    logger = None
+    resume_step = checkpoints.load_state(latest).step if latest else None
+    restart = recoveries > 0 and latest is None
+    if resume_step is not None or restart:
+        drop_generations_after(out / "generations", resume_step)
+    # The trackers open before any model loads: a missing login or a server out of reach is found at once.
+    logger = MetricsLogger(out, TrackerRun.from_config(cfg.logging, cfg.run.name, start.run_id), resume_step,
+                           restart=restart, config=cfg.model_dump(mode="json"))
+    roles = None
     try:
-        resume_step = checkpoints.load_state(latest).step if latest else None
-        restart = recoveries > 0 and latest is None
-        logger = MetricsLogger(out, TrackerRun.from_config(cfg.logging, cfg.run.name, start.run_id), resume_step,
-                               restart=restart, config=cfg.model_dump(mode="json"))
+        roles = build_roles(cfg, plan, watchdog)
         timeline = Timeline(out, resume_step=resume_step, restart=restart)
         if cfg.sft_warmup is not None and latest is None:
             _sft_warmup(cfg, plan, roles, data, logger)
@@ -187,9 +191,9 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
             refresh_report(out, echo)
         return summary
     finally:
-        if logger is not None:
-            logger.close()
-        roles.kill()
+        logger.close()  # never raises: a tracker that fails to close is warned about
+        if roles is not None:
+            roles.kill()
         sys.stdout.flush()
 
 

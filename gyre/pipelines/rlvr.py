@@ -74,9 +74,9 @@ class RLVRPipeline:
         self.val_history: list[float] = []
         self.algo_state = AlgorithmState.create(cfg.algorithm)
         self.recoveries = 0
+        """In-run recoveries so far (set by the launcher, which rebuilds the pipeline after a fault)."""
         self._report_written = -math.inf
         """When report.html was last refreshed (time.monotonic); the run's end always writes it."""
-        """In-run recoveries so far (set by the launcher, which rebuilds the pipeline after a fault)."""
         self.generations = generation_writer(cfg, data, logger)
 
     # ---- the loop ---------------------------------------------------------------------------

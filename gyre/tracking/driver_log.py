@@ -51,6 +51,7 @@ class DriverLog:
         handler.setFormatter(logging.Formatter(_FORMAT))
         handler.setLevel(logging.INFO)
         logging.getLogger(LOGGER).addHandler(handler)
+        self._saved = {name: (logging.getLogger(name).level, logging.getLogger(name).propagate) for name in QUIET}
         for name in QUIET:
             quiet = logging.getLogger(name)
             quiet.addHandler(handler)
@@ -74,5 +75,8 @@ class DriverLog:
             return
         for name in (LOGGER, *QUIET):
             logging.getLogger(name).removeHandler(self._handler)
+        for name, (level, propagate) in self._saved.items():  # as they were before the run
+            logging.getLogger(name).setLevel(level)
+            logging.getLogger(name).propagate = propagate
         self._handler.close()
         self._handler = None

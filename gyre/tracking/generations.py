@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -162,6 +163,16 @@ class GenerationWriter:
         tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
         os.replace(tmp, path)
         self.logger.log_table(table, step, rows)
+
+
+def drop_generations_after(out_dir: Path, step: int | None) -> None:
+    """A resumed (or restarted: ``step`` None) run drops its own generation files of the steps it will run
+    again, as metrics.jsonl drops their records: a file left from an interrupted step could otherwise
+    outlive it when the resumed run samples other steps (``generations_every`` changed, or it stops early)."""
+    for path in Path(out_dir).glob("*step_*.jsonl"):
+        match = re.fullmatch(r"(?:val_)?step_(\d+)\.jsonl", path.name)
+        if match and (step is None or int(match.group(1)) > step):
+            path.unlink()
 
 
 def read_generations(path: str | Path) -> list[GenerationRecord]:

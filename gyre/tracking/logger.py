@@ -11,6 +11,7 @@ no earlier run in it (``pipelines/rundir.py``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -18,7 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gyre.tracking.trackers import TrackerRun, open_trackers
+from gyre.tracking.trackers import TrackerError, TrackerRun, open_trackers
+
+log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
@@ -34,29 +37,65 @@ class MetricsLogger:
         if resume_step is not None or restart:
             truncate_after(self.path, BEFORE_EVERYTHING if restart else resume_step)
         self.trackers = open_trackers(trackers, self.dir, resume_step, restart) if trackers else []
-        self._fh = self.path.open("a")
-        if config is not None:
-            for tracker in self.trackers:
+        self._failures: dict[int, int] = {}
+        try:
+            for tracker in self.trackers if config is not None else ():
                 tracker.log_config(config)
+        except Exception as exc:  # noqa: BLE001 - each library fails its own way; the message names it
+            self.close()
+            raise TrackerError(f"logging.trackers: {type(tracker).__name__} did not take the config "
+                               f"({type(exc).__name__}: {exc}); remove it from logging.trackers to run without it") \
+                from exc
+        self._fh = self.path.open("a")
 
     def log(self, step: int, metrics: dict[str, float], phase: str = "train") -> None:
         record = {"step": step, "phase": phase, "time": round(time.time(), 3),
                   **{k: _clean(v) for k, v in metrics.items()}}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
-        for tracker in self.trackers:
-            tracker.log_metrics(step, metrics, phase)
+        self._to_trackers(lambda tracker: tracker.log_metrics(step, metrics, phase))
 
     def log_table(self, name: str, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         """A text table (e.g. sample generations) to the trackers that show tables."""
         if rows:
-            for tracker in self.trackers:
-                tracker.log_table(name, step, rows)
+            self._to_trackers(lambda tracker: tracker.log_table(name, step, rows))
+
+    def _to_trackers(self, call) -> None:
+        """A tracker that fails (its server out of reach, its disk full) never stops the run: metrics.jsonl
+        has the record. The first failure warns; after MAX_TRACKER_FAILURES in a row the tracker is dropped."""
+        for tracker in list(self.trackers):
+            try:
+                call(tracker)
+                self._failures.pop(id(tracker), None)
+            except Exception as exc:  # noqa: BLE001 - each library fails its own way
+                failures = self._failures[id(tracker)] = self._failures.get(id(tracker), 0) + 1
+                name = type(tracker).__name__
+                if failures == 1:
+                    log.warning("tracker %s failed (%s: %s); metrics.jsonl keeps every record", name,
+                                type(exc).__name__, exc)
+                if failures >= MAX_TRACKER_FAILURES:
+                    log.warning("tracker %s failed %d times in a row: no more records go to it", name, failures)
+                    self.trackers.remove(tracker)
+                    _close_quietly(tracker)
 
     def close(self) -> None:
-        self._fh.close()
+        """Close the file and every tracker, each on its own: one that fails to close does not keep the
+        others (or the caller's clean-up) from running."""
+        if getattr(self, "_fh", None) is not None:
+            self._fh.close()
         for tracker in self.trackers:
-            tracker.close()
+            _close_quietly(tracker)
+
+
+MAX_TRACKER_FAILURES = 3
+"""Consecutive failed calls after which a tracker is dropped for the rest of the run."""
+
+
+def _close_quietly(tracker) -> None:
+    try:
+        tracker.close()
+    except Exception as exc:  # noqa: BLE001 - closing is best effort; the records are in metrics.jsonl
+        log.warning("tracker %s did not close cleanly (%s: %s)", type(tracker).__name__, type(exc).__name__, exc)
 
 
 BEFORE_EVERYTHING = -(1 << 62)

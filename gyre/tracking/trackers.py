@@ -49,7 +49,8 @@ class TrackerRun:
         """One line for the start of a run: where each tracker writes and how to look at it."""
         where = {"tensorboard": f"tensorboard --logdir {out / 'tensorboard'}",
                  "wandb": f"W&B project {self.project}, " + (
-                     f"offline in {out / 'wandb'} (upload: wandb sync {out / 'wandb'}/offline-run-*)"
+                     f"offline in {out / 'wandb'} (upload: wandb sync {out / 'wandb'}/offline-run-*; "
+                     "each resumed session is a W&B run of its own, grouped under the run id)"
                      if self.wandb_mode == "offline" else "online"),
                  "mlflow": f"MLflow experiment {self.project} at {mlflow_uri(self, out)}",
                  "trackio": f"trackio project {self.project} in {trackio_dir(out)} "
@@ -193,18 +194,31 @@ class TensorBoardTracker:
                 writer.close()
 
 
+def wandb_session_id(run_id: str, out: Path, mode: str, resumed: bool) -> str:
+    """The W&B run id of this session. Online, a resumed run continues gyre's run id. Offline, W&B cannot
+    resume: ``wandb sync`` of a second offline directory with the same id replaces the first one's
+    history, so each later session is a W&B run of its own (``<run id>-r<k>``), in the group ``<run id>``."""
+    if mode != "offline" or not resumed:
+        return run_id
+    earlier = len(list((out / "wandb").glob(f"offline-run-*-{run_id}*")))
+    return run_id if earlier == 0 else f"{run_id}-r{earlier}"
+
+
 class WandbTracker:
     """A W&B run with gyre's run id (offline by default: files in run_dir/wandb, ``wandb sync`` uploads
-    them). Each metric is plotted over its own step key (step, or sft/step), so a resumed run's repeated
-    steps and the warm-up's separate axis never meet W&B's rule that its internal step only grows."""
+    them; an offline resume is a new W&B run in the same group, see ``wandb_session_id``). Each metric is
+    plotted over its own step key (step, or sft/step), so a resumed run's repeated steps and the warm-up's
+    separate axis never meet W&B's rule that its internal step only grows."""
 
     def __init__(self, run: TrackerRun, out: Path, resumed: bool):
         import wandb
 
         self._wandb = wandb
         settings = wandb.Settings(silent=True, console="off", disable_git=True, x_disable_stats=True)
-        self._run = wandb.init(project=run.project, name=run.name, id=run.run_id or uuid.uuid4().hex[:12],
-                               dir=str(out), mode=run.wandb_mode, resume="allow", settings=settings)
+        run_id = run.run_id or uuid.uuid4().hex[:12]
+        self._run = wandb.init(project=run.project, name=run.name, id=wandb_session_id(run_id, out, run.wandb_mode,
+                                                                                        resumed),
+                               group=run_id, dir=str(out), mode=run.wandb_mode, resume="allow", settings=settings)
         self._defined: set[str] = set()
 
     def log_config(self, config: Mapping[str, Any]) -> None:

@@ -52,6 +52,7 @@ def records(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # make test-all (CI time): the LoRA DPO run below keeps DPO end to end
 def test_dpo_learns_the_preference(ray_local, chat_model, tmp_path):
     # With the memory levers on (their equality with the plain path is tested in tests/engines).
     cfg = dpo_config(tmp_path, chat_model, "policy.remove_padding=pack", "policy.logprob_chunk_tokens=16")

@@ -37,6 +37,7 @@ def test_async_training_stays_inside_its_window(ray_local, tiny_model_dir, arith
         assert {"generate", "train", "weight_sync", "reward"} <= {s.phase for s in spans if s.step == step}
 
 
+@pytest.mark.slow  # make test-all (CI time): tests/rollout/ keeps every tail-batching rule, sans-IO
 def test_tail_batching_in_a_synchronous_run(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     tail = train(tmp_path / "tail", tiny_model_dir, arithmetic_data, f"reward.function={REWARD}:digit_fraction",
                  "rollout.tail_batching={eta_prompts: 1.5, eta_samples: 1.5}", "rollout.mode=hybrid")

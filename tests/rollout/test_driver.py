@@ -101,6 +101,7 @@ def batch_with_a_fault(engines, rewards, fault):
     return driver, scheduler
 
 
+@pytest.mark.slow  # make test-all (CI time): the publication-death test below keeps engine replacement
 def test_a_dead_engine_is_replaced_and_its_samples_asked_of_the_others(ray_local, tiny_model_dir):
     """Engine 0 is killed once the first samples are scored; the batch still completes with the samples a
     run without the fault gives (regenerated from their seeds under the same weights)."""

@@ -27,6 +27,7 @@ def test_messages_before_the_run_dir_is_known_are_kept(tmp_path):
                                      "an engine was replaced", "ValueError: bad row")]
     assert order == sorted(order)
     assert "not kept" not in text and "Traceback" in text
+    assert logging.getLogger("gyre.progress").propagate  # the loggers are as they were before the run
     # After close nothing more is written, and a resumed run appends under a line that says so.
     Progress(3, enabled=False).update(2, {})
     log = DriverLog(lambda m: None)

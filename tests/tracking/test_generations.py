@@ -161,3 +161,16 @@ def _the_trackers_got_the_tables(run_dir):
         {"generations/step_1.json", "generations/step_2.json"}
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")] == [0, 1, 2]
     assert len(list(run_dir.glob("wandb/offline-run-*/files/media/table/generations_*.table.json"))) == 2
+
+
+def test_a_resumed_run_drops_its_generation_files_after_the_checkpoint(tmp_path):
+    from gyre.tracking.generations import drop_generations_after
+
+    names = ["step_10.jsonl", "step_20.jsonl", "val_step_20.jsonl", "val_step_30.jsonl", "notes.jsonl"]
+    for name in names:
+        (tmp_path / name).write_text("{}\n")
+    drop_generations_after(tmp_path, 20)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.jsonl", "step_10.jsonl", "step_20.jsonl",
+                                                          "val_step_20.jsonl"]
+    drop_generations_after(tmp_path, None)  # a restart from scratch: every step runs again
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.jsonl"]  # not gyre's: left alone

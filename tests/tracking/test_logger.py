@@ -54,3 +54,49 @@ def test_smoothing_is_a_debiased_ema():
     assert ema([1.0, 3.0], 0.5) == pytest.approx([1.0, 7 / 3])
     assert ema([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # no pull towards 0 at the start
     assert smoothing_weight(5) == 0.0 and smoothing_weight(100) == pytest.approx(0.9)
+
+
+class _BrokenTracker:
+    """A tracker whose library fails on every call (a server gone, a disk full): the logger's view of it."""
+
+    def __init__(self):
+        self.calls, self.closed = 0, False
+
+    def log_config(self, config):
+        raise ConnectionError("server gone")
+
+    def log_metrics(self, step, metrics, phase):
+        self.calls += 1
+        raise ConnectionError("server gone")
+
+    def log_table(self, name, step, rows):
+        raise ConnectionError("server gone")
+
+    def close(self):
+        self.closed = True
+        raise ConnectionError("server gone")
+
+
+def test_a_failing_tracker_is_warned_about_then_dropped_and_never_stops_the_run(tmp_path, caplog):
+    log = MetricsLogger(tmp_path)
+    broken = _BrokenTracker()
+    log.trackers.append(broken)
+    with caplog.at_level("WARNING", logger="gyre.tracking.logger"):
+        for step in range(1, 6):
+            log.log(step, {"reward/mean": step / 10})
+    log.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]  # nothing lost
+    assert broken.calls == 3 and broken.closed and log.trackers == []  # dropped after 3 failures in a row
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3 and "ConnectionError: server gone" in warnings[0] and "3 times" in warnings[1]
+
+
+def test_a_tracker_that_refuses_the_config_is_a_tracker_error(tmp_path, monkeypatch):
+    from gyre.tracking import logger as logger_module
+    from gyre.tracking.trackers import TrackerError
+
+    broken = _BrokenTracker()
+    monkeypatch.setattr(logger_module, "open_trackers", lambda *a: [broken])
+    with pytest.raises(TrackerError, match="did not take the config .*remove it from logging.trackers"):
+        MetricsLogger(tmp_path, TrackerRun(("tensorboard",), "n"), config={"a": 1})
+    assert broken.closed  # closed again before the error leaves

@@ -70,16 +70,18 @@ def _wandb_records(path):
             yield record
 
 
-def test_wandb_offline_keeps_one_run_across_the_resume(tmp_path):
+def test_wandb_offline_resume_is_a_second_run_of_the_same_group(tmp_path):
     _run(tmp_path, "wandb")
-    files = sorted((tmp_path / "wandb").glob(f"offline-run-*-{RUN_ID}/run-{RUN_ID}.wandb"))
-    assert len(files) == 2  # the first session and the resumed one: the same W&B run id
+    # W&B cannot resume offline (a sync of a second directory with the same id replaces the first one's
+    # history): the resumed session is run <id>-r1, grouped with the first under gyre's run id.
+    files = [next((tmp_path / "wandb").glob(f"offline-run-*-{i}/run-{i}.wandb")) for i in (RUN_ID, f"{RUN_ID}-r1")]
     history, config, tables = [], {}, []
     for path in files:
         for record in _wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
-                assert (record.run.project, record.run.display_name) == ("gyre", "tiny-run")
+                assert (record.run.project, record.run.display_name, record.run.run_group) == (
+                    "gyre", "tiny-run", RUN_ID)
             elif kind == "config":
                 config.update({i.key: json.loads(i.value_json) for i in record.config.update})
             elif kind == "history":
