@@ -482,7 +482,7 @@ def _quickstart(args) -> int:
     cfg = (_agentic_quickstart_config if agentic else _quickstart_config)(out, args.overrides)
     summary = launch.train(cfg, None, mode=run_mode(args))
     _print_summary(summary)
-    print(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'metrics.png'}  tensorboard: {out / 'tensorboard'}")
+    print(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'metrics.png'}  report: {out / 'report.html'}")
     return 0
 
 
