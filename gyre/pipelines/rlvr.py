@@ -157,7 +157,11 @@ class RLVRPipeline:
         # Samples carry the version that generated them; the policy trained them at version step - 1.
         sample_version = min(t.weight_version for t in trajectories)
         versions = {"sample_weight_version": sample_version, "staleness/max": step - 1 - sample_version,
-                    "weight_version": self.rollout.version, "batch/rows": len(batch)}
+                    "weight_version": self.rollout.version, "batch/rows": len(batch),
+                    # Rows count padding and, for step-level samples, one row per turn: throughput counts these.
+                    "batch/samples": len(trajectories),
+                    "batch/response_tokens": sum(len(s.token_ids) for t in trajectories for s in t.segments
+                                                 if s.trainable)}
         faults = {**self.rewards.metrics(), "fault/recoveries": self.recoveries,
                   "fault/rollout_engine_deaths": self.rollout.driver.engine_deaths,
                   "fault/rollout_engine_hangs": self.rollout.driver.engine_hangs}

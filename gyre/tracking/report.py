@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 from gyre.tracking.report_sections import config_section, generations_section, run_section, validation_section
@@ -56,15 +57,23 @@ def curves_html(run_dir: Path) -> str:
 
 
 def timeline_html(run_dir: Path) -> str:
-    from gyre.tracking.report_timeline import gantt_figure, idle_by_role, idle_table
-    from gyre.tracking.timeline import read_spans
+    from gyre.tracking.report_timeline import gantt_figure, gantt_window, idle_by_role, idle_table, sessions
+    from gyre.tracking.timeline import read_spans_counted
 
     path = run_dir / "timeline.jsonl"
-    spans = read_spans(path) if path.exists() else []
+    spans, skipped = read_spans_counted(path) if path.exists() else ([], 0)
+    bad = (f"<p class='note'>{skipped} line(s) of timeline.jsonl are not spans and were skipped.</p>"
+           if skipped else "")
     if not spans:
-        return "<p class='note'>No phase spans recorded (timeline.jsonl is absent or empty).</p>"
+        return bad + "<p class='note'>No phase spans recorded (timeline.jsonl is absent or empty).</p>"
+    shown, first, last = gantt_window(spans)
+    steps = len({s.step for s in spans})
+    scope = (f"<p class='note'>The chart shows steps {first} to {last}, the last {len({s.step for s in shown})} of "
+             f"{steps}; the idle table below covers the whole run.</p>" if len(shown) < len(spans) else "")
     rows, window = idle_by_role(spans)
-    return _figure(gantt_figure(spans), "timeline-chart") + idle_table(rows, window)
+    parts = len(sessions([s for s in spans if s.role != "driver"]))
+    t0 = min(s.start for s in spans)
+    return bad + scope + _figure(gantt_figure(shown, t0), "timeline-chart") + idle_table(rows, window, parts)
 
 
 def build_html(run_dir: str | Path) -> str:
@@ -85,12 +94,20 @@ def build_html(run_dir: str | Path) -> str:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report (atomically: a reader never sees half a page); returns its path."""
+    """Write the report (atomically: a reader never sees half a page); returns its path. The page is written
+    to a temporary file of its own beside the target (a running run and ``gyre report`` may write at once)."""
     run_dir = Path(run_dir)
     target = Path(out) if out is not None else run_dir / REPORT
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(build_html(run_dir), encoding="utf-8")
-    os.replace(tmp, target)
+    page = build_html(run_dir)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(page)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the page from others who may read the run
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return target
 
 

@@ -3,7 +3,8 @@
 
 A panel names metric keys (exact, or a pattern with ``{d}`` for every domain of a multi-domain run);
 keys a run did not log are left out, and a panel with none is not drawn. Fractions and accuracies share
-the 0-1 scale; the others scale to their data. Throughput is derived from the logged step times.
+the 0-1 scale; the others scale to their data. Throughput is derived from the logged step times and the
+samples and response tokens each step trained.
 """
 
 from __future__ import annotations
@@ -50,18 +51,27 @@ CHARTS = (
     Chart("Gradient norm", ("grad_norm", "critic/grad_norm")),
 )
 SFT_CHART = Chart("SFT warm-up loss", ("sft_loss",))
+DPO_CHARTS = (
+    Chart("DPO loss", ("dpo_loss", "nll_loss")),
+    Chart("DPO preference accuracy", ("rewards/accuracies",), unit_range=True),
+    Chart("DPO implicit rewards", ("rewards/margins", "rewards/chosen", "rewards/rejected")),
+    Chart("DPO step time (s)", ("time/step",)),
+)
+"""A ``gyre dpo`` run's charts (its records have phase ``dpo``; x: optimizer steps)."""
 
 
 def with_throughput(records: list[dict]) -> list[dict]:
-    """Records with samples/s and tokens/s of each step (its rows and mean response length over its time)."""
+    """Records with samples/s and response tokens/s of each step: the trajectories it trained
+    (``batch/samples``) and their sampled tokens (``batch/response_tokens``) over its time. Records
+    without these counts (runs from before they were logged) get no throughput."""
     out = []
     for r in records:
-        step_s, rows = r.get("time/step"), r.get("batch/rows")
+        step_s, samples, tokens = r.get("time/step"), r.get("batch/samples"), r.get("batch/response_tokens")
         extra = {}
-        if step_s and rows:
-            extra["throughput/samples_per_s"] = rows / step_s
-            if r.get("response_length/mean") is not None:
-                extra["throughput/tokens_per_s"] = rows * r["response_length/mean"] / step_s
+        if step_s and samples is not None:
+            extra["throughput/samples_per_s"] = samples / step_s
+        if step_s and tokens is not None:
+            extra["throughput/tokens_per_s"] = tokens / step_s
         out.append({**r, **extra})
     return out
 
@@ -81,7 +91,7 @@ def panel_keys(panel: Chart, present: set[str], domains: list[str]) -> list[str]
     return keys
 
 
-def panel_figure(panel: Chart, records: list[dict], keys: list[str]):
+def panel_figure(panel: Chart, records: list[dict], keys: list[str], x_title: str = "RL step"):
     """A plotly figure: per key, its raw points (faint) and EMA (bold; validation points are sparse: markers)."""
     import plotly.graph_objects as go
 
@@ -101,7 +111,7 @@ def panel_figure(panel: Chart, records: list[dict], keys: list[str]):
             fig.add_trace(go.Scatter(x=xs, y=ema(ys, weight), name=f"{label} (EMA {weight:.2f})", legendgroup=label,
                                      mode="lines", line={"color": color, "width": 2.5}))
     fig.update_layout(title={"text": html.escape(panel.title), "x": 0.02}, height=340,
-                      margin={"l": 50, "r": 10, "t": 40, "b": 10}, template="plotly_white", xaxis_title="RL step",
+                      margin={"l": 50, "r": 10, "t": 40, "b": 10}, template="plotly_white", xaxis_title=x_title,
                       legend={"font": {"size": 10}, "orientation": "h", "y": -0.25, "yanchor": "top"})
     if panel.unit_range:
         fig.update_yaxes(range=[-0.02, 1.02])
@@ -111,16 +121,22 @@ def panel_figure(panel: Chart, records: list[dict], keys: list[str]):
 
 
 def curve_figures(records: list[dict]) -> list:
-    """The figures of every panel the run's records have data for (RL steps; the SFT warm-up apart)."""
+    """The figures of every panel the run's records have data for (RL steps; SFT and DPO steps apart)."""
     rl = with_throughput([r for r in records if r.get("phase", "train") == "train"])
+    figures = _panels(CHARTS, rl, "RL step")
     sft = [r for r in records if r.get("phase") == "sft"]
-    present = {k for r in rl for k in r}
-    domains = domains_of(rl)
+    if sft:
+        figures.append(panel_figure(SFT_CHART, sft, ["sft_loss"], "SFT step"))
+    figures += _panels(DPO_CHARTS, [r for r in records if r.get("phase") == "dpo"], "DPO step")
+    return figures
+
+
+def _panels(charts: tuple[Chart, ...], records: list[dict], x_title: str) -> list:
+    present = {k for r in records for k in r}
+    domains = domains_of(records)
     figures = []
-    for panel in CHARTS:
+    for panel in charts:
         keys = panel_keys(panel, present, domains)
         if keys:
-            figures.append(panel_figure(panel, rl, keys))
-    if sft:
-        figures.append(panel_figure(SFT_CHART, sft, ["sft_loss"]))
+            figures.append(panel_figure(panel, records, keys, x_title))
     return figures

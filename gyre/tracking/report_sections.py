@@ -14,6 +14,9 @@ from pathlib import Path
 
 MAX_ROWS_PER_FILE = 64
 """Generations shown per step file (the files hold a sample already)."""
+MAX_TRAIN_FILES = 20
+MAX_VAL_FILES = 10
+"""The page embeds the last this many train and validation step files (the page stays small in a long run)."""
 MAX_TEXT_CHARS = 20_000
 """Longer prompts or responses are cut here (and say so)."""
 _STEP_FILE = re.compile(r"(val_)?step_(\d+)\.jsonl")
@@ -42,6 +45,13 @@ def generation_files(run_dir: Path) -> list[tuple[str, int, Path]]:
         if m:
             found.append(("val" if m.group(1) else "train", int(m.group(2)), path))
     return sorted(found, key=lambda f: (f[1], f[0] != "train"))
+
+
+def shown_generation_files(files: list[tuple[str, int, Path]]) -> list[tuple[str, int, Path]]:
+    """The last MAX_TRAIN_FILES train and MAX_VAL_FILES validation files of ``files``, in their order."""
+    keep = {id(f) for split, limit in (("train", MAX_TRAIN_FILES), ("val", MAX_VAL_FILES))
+            for f in [f for f in files if f[0] == split][-limit:]}
+    return [f for f in files if id(f) in keep]
 
 
 def _read_jsonl(path: Path, limit: int) -> list[dict]:
@@ -82,10 +92,11 @@ def _card(row: dict) -> str:
 
 def generations_section(run_dir: Path) -> str:
     """A step selector and, per step file, its generations as cards (only the selected step is shown)."""
-    files = generation_files(run_dir)
-    if not files:
+    every = generation_files(run_dir)
+    if not every:
         return ("<p class='note'>No generations were written for this run (<code>generations/</code> is absent: "
                 "set <code>logging.generations_every</code>).</p>")
+    files = shown_generation_files(every)
     options, blocks = [], []
     for i, (split, step, path) in enumerate(files):
         key = f"{split}-{step}"
@@ -95,7 +106,9 @@ def generations_section(run_dir: Path) -> str:
         cards = "".join(_card(r) for r in rows) or "<p class='note'>This file holds no generations.</p>"
         hidden = "" if i == len(files) - 1 else " hidden"
         blocks.append(f"<div class='gen-step' data-step='{esc(key)}'{hidden}>{cards}</div>")
-    return (f"<label>Step: <select id='gen-select'>{''.join(options)}</select></label>{''.join(blocks)}"
+    note = (f"<p class='note'>Showing the last {MAX_TRAIN_FILES} train and {MAX_VAL_FILES} validation steps of "
+            f"the {len(every)} files in <code>generations/</code>.</p>" if len(files) < len(every) else "")
+    return (f"{note}<label>Step: <select id='gen-select'>{''.join(options)}</select></label>{''.join(blocks)}"
             "<script>(function(){var s=document.getElementById('gen-select');function show(){"
             "document.querySelectorAll('.gen-step').forEach(function(d){d.hidden=d.dataset.step!==s.value;});}"
             "s.addEventListener('change',show);show();})();</script>")
@@ -112,6 +125,11 @@ def run_section(run_dir: Path) -> str:
         return "<p class='note'>run_info.json is not valid JSON.</p>"
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(info.get(k))}</td></tr>"
                    for k in ("gyre", "torch", "transformers", "ray", "python", "git_commit", "started"))
+    restarts = info.get("sessions") if isinstance(info.get("sessions"), list) else []
+    if restarts:  # a resumed or recovered run: when each later start was, with which software
+        rows += "".join(f"<tr><th>restarted</th><td>{esc(r.get('started'))} (gyre "
+                        f"{esc((r.get('versions') or {}).get('gyre'))}, commit {esc(r.get('git_commit'))})</td></tr>"
+                        for r in restarts if isinstance(r, dict))
     placement = info.get("placement")
     if not isinstance(placement, str):
         placement = json.dumps(placement, indent=2)

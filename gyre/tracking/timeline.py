@@ -16,6 +16,7 @@ records of steps after the checkpoint are dropped, as ``metrics.jsonl``'s are.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from contextlib import contextmanager, nullcontext
@@ -146,11 +147,33 @@ def _record(span: Span) -> dict:
 
 
 def read_spans(path: str | Path) -> list[Span]:
-    """The spans of a ``timeline.jsonl`` (a line cut short by a kill is skipped)."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(Span(**json.loads(line)))
-        except (json.JSONDecodeError, TypeError):
+    """The spans of a ``timeline.jsonl`` (a line cut short by a kill, or otherwise malformed, is skipped)."""
+    return read_spans_counted(path)[0]
+
+
+def read_spans_counted(path: str | Path) -> tuple[list[Span], int]:
+    """The spans of a ``timeline.jsonl`` and how many lines were skipped: cut short, or not a span (a field
+    missing or extra, or of the wrong type: a hand-edited or foreign file must not break ``gyre report``)."""
+    out, skipped = [], 0
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if not line.strip():
             continue
-    return out
+        try:
+            span = _span(json.loads(line))
+        except json.JSONDecodeError:
+            span = None
+        if span is None:
+            skipped += 1
+        else:
+            out.append(span)
+    return out, skipped
+
+
+def _span(record) -> Span | None:
+    if not isinstance(record, dict) or set(record) != {"role", "rank", "phase", "start", "end", "step"}:
+        return None
+    texts = all(isinstance(record[k], str) for k in ("role", "phase"))
+    ints = all(isinstance(record[k], int) and not isinstance(record[k], bool) for k in ("rank", "step"))
+    times = all(isinstance(record[k], (int, float)) and not isinstance(record[k], bool)
+                and math.isfinite(record[k]) for k in ("start", "end"))
+    return Span(**record) if texts and ints and times and record["end"] >= record["start"] else None

@@ -61,3 +61,27 @@ def hand_written_run(run_dir: Path) -> Path:
         "placement": f"placement: 2 CPU slot(s) {INJECTION}", "started": "2026-01-01T00:00:00+00:00"}))
     add_generations(run_dir, [1, 3])
     return run_dir
+
+
+def long_run(run_dir: Path, steps: int = 2000, spans_per_step: int = 50, train_files: int = 30,
+             val_files: int = 12) -> Path:
+    """A long run's files: ``steps`` steps of ``spans_per_step`` spans each (a reward span per sample, as a
+    run with a slow reward writes) and more generations files than the page embeds."""
+    lanes = [("rollout", r, "generate") for r in range(4)] + [("reward", r, "reward") for r in range(4)] + \
+        [("policy", 0, "train"), ("policy", 1, "train")]
+    spans, t = [], 1000.0
+    for step in range(1, steps + 1):
+        for i in range(spans_per_step):
+            role, rank, phase = lanes[i % len(lanes)]
+            spans.append({"role": role, "rank": rank, "phase": phase, "start": round(t + 0.02 * i, 4),
+                          "end": round(t + 0.02 * i + 0.015, 4), "step": step})
+        t += 2.0
+    write_jsonl(run_dir / "timeline.jsonl", spans)
+    write_jsonl(run_dir / "metrics.jsonl", [{"step": s, "phase": "train", "reward/mean": 0.1, "time/step": 2.0,
+                                             "batch/samples": 8, "batch/response_tokens": 40}
+                                            for s in range(1, steps + 1)])
+    for step in range(1, train_files + 1):
+        write_jsonl(run_dir / "generations" / f"step_{step}.jsonl", [generation(step, "train", 0, 0, "5" * 500)])
+    for step in range(1, val_files + 1):
+        write_jsonl(run_dir / "generations" / f"val_step_{step}.jsonl", [generation(step, "val", 0, 0, "5")])
+    return run_dir

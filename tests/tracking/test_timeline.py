@@ -11,7 +11,7 @@ from gyre.cluster.group import RoleGroup
 from gyre.engines.hf_rollout import HFRolloutEngine
 from gyre.engines.loop import EngineLoop
 from gyre.models.loading import load_causal_lm, load_tokenizer
-from gyre.tracking.report_timeline import busy_seconds, idle_by_role
+from gyre.tracking.report_timeline import busy_seconds, gantt_window, idle_by_role, lane_label, merge_bars, sessions
 from gyre.tracking.spans import SpanRecorder, recorder_of, timed
 from gyre.tracking.timeline import Span, Timeline, read_spans, role_of
 from gyre.types import GenerationRequest, SamplingParams
@@ -56,6 +56,32 @@ def test_idle_fraction_and_ema_by_hand():
     assert (policy.role, policy.workers, policy.busy_s, policy.idle_fraction) == ("policy", 2, 3.5, pytest.approx(0.65))
     assert policy.phase_s == {"train": 6, "logprobs": 2}
     assert (rollout.role, rollout.idle_fraction) == ("rollout", pytest.approx(0.2))
+
+
+def test_downtime_between_sessions_is_not_idle_time_by_hand():
+    # Two 10 s steps, the run down for 990 s between them (a resume), then a step 30 s after the last span:
+    # the gap threshold is max(60 s, 5 x the 10 s median step) = 60 s, so the 990 s gap splits, the 30 s one not.
+    spans = [Span("policy", 0, "train", 0, 4, 1), Span("rollout", 0, "generate", 2, 10, 1),
+             Span("policy", 0, "train", 1000, 1004, 2), Span("rollout", 0, "generate", 1002, 1010, 2),
+             Span("policy", 0, "train", 1040, 1042, 3), Span("rollout", 0, "generate", 1040, 1050, 3)]
+    assert sessions(spans) == [(0, 10), (1000, 1050)]
+    rows, window = idle_by_role(spans)
+    assert window == 60  # 10 + 50 s, not 1050
+    policy, rollout = rows
+    assert policy.idle_fraction == pytest.approx(1 - 10 / 60) and rollout.idle_fraction == pytest.approx(1 - 26 / 60)
+
+
+def test_the_chart_draws_the_last_steps_and_merges_spans_closer_than_it_can_show():
+    spans = [Span("rollout", 0, "generate", 0, 1, 1), Span("rollout", 0, "generate", 1.001, 2, 2),
+             Span("rollout", 0, "weight_sync", 2, 2.5, 2), Span("rollout", 0, "generate", 2.5, 3, 3)]
+    # Range 3 s: spans of a lane and phase within 3 / 1500 = 2 ms merge; the weight sync keeps them apart after.
+    bars = merge_bars(spans)
+    assert [(b.phase, b.start, b.end, b.steps) for b in bars] == [
+        ("generate", 0, 2, "1-2"), ("weight_sync", 2, 2.5, "2"), ("generate", 2.5, 3, "3")]
+    many = [Span("policy", 0, "train", n, n + 0.5, n) for n in range(1, 31)]
+    shown, first, last = gantt_window(many)
+    assert (len(shown), first, last) == (20, 11, 30)
+    assert lane_label("<i>judge</i>", 2) == "&lt;i&gt;judge&lt;/i&gt; 2"
 
 
 def test_role_names():
