@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -39,13 +40,12 @@ def git_commit(where: Path) -> str | None:
 
 def is_gyre_checkout(top: Path) -> bool:
     """Whether ``top`` is gyre's source tree: a ``gyre/`` package and a pyproject.toml naming project gyre."""
-    try:
-        import tomllib
-
-        project = tomllib.loads((top / "pyproject.toml").read_text()).get("project", {})
+    try:  # a line match, not tomllib: gyre supports Python 3.10, which has no TOML reader
+        text = (top / "pyproject.toml").read_text()
     except (OSError, ValueError):
         return False
-    return project.get("name") == "gyre" and (top / "gyre" / "__init__.py").is_file()
+    named = re.search(r'^\[project\][^\[]*?^name\s*=\s*["\']gyre["\']\s*$', text, flags=re.M | re.S) is not None
+    return named and (top / "gyre" / "__init__.py").is_file()
 
 
 def _git(where: Path, *args: str) -> str | None:
