@@ -12,12 +12,10 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
 setup: $(STAMP)
 
-# --no-compile: Python compiles what it imports on first use; compiling every installed file up front
-# (torch, transformers, ray, ...) took about 35 s of the set-up.
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile "$(TORCH)"
-	$(BIN)/pip install -q --no-compile $(PIP_C) -e ".[dev,gem,trackers,docs]"
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q $(PIP_C) -e ".[dev,gem,trackers,docs]"
 	touch $(STAMP)
 
 # --overwrite: a second `make quickstart` moves the previous run to runs/quickstart.old-<time>.

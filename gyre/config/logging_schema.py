@@ -40,6 +40,11 @@ class TrackingFields(StrictModel):
     """Where MLflow logs (a server's http(s) URI, or a database URI). None: a local file store in
     run.output_dir/mlflow (open it with ``mlflow ui --backend-store-uri file:<that directory>``)."""
 
+    report: bool = True
+    """Write report.html, one self-contained page (curves, a phase timeline per worker, sample generations,
+    the config and placement), at the end of the run (an RL run also refreshes it at validations, at most
+    once a minute); ``gyre report RUN_DIR`` writes it for any run directory. A failure to write it only warns."""
+
     @field_validator("trackers")
     @classmethod
     def _installed(cls, trackers: list[str]) -> list[str]:
@@ -64,10 +69,6 @@ class LoggingConfig(TrackingFields):
     """Generations in each sample: spread over the groups, with high and low rewards."""
     plot: bool = True
     """Write a PNG of the main metrics (metrics.png) at the end of the run."""
-    report: bool = True
-    """Write report.html, one self-contained page (curves, a phase timeline per worker, sample generations,
-    the config and placement), at the end of the run and at validations (at most once a minute); ``gyre report RUN_DIR``
-    writes it for any run directory. A failure to write it only warns."""
     progress: bool = True
     """Print a progress line per step."""
 

@@ -26,10 +26,26 @@ def standalone_run(cfg, address: str | None, mode: RunMode, echo: Callable[[str]
     item is the list of examples (or pairs); ``make_plan(cfg, kind, devices, examples)`` is the run's plan
     (``gyre.config.derive``: its length may count epochs over the examples); ``what`` names the run in
     messages ("SFT")."""
+    from gyre.tracking.driver_log import DriverLog
+
+    log = DriverLog(echo)  # driver.log: what is printed, a line per step, a fatal error's traceback
+    try:
+        return _standalone_run(cfg, address, mode, log, make_plan, load, body, what)
+    except BaseException as exc:
+        log.error(exc)
+        raise
+    finally:
+        log.close()
+
+
+def _standalone_run(cfg, address: str | None, mode: RunMode, log, make_plan: Callable, load: Callable,
+                    body: Callable, what: str):
     from gyre.cluster.faults import RoleFault, RunFailed
     from gyre.cluster.runtime import check_reachable, resolve_address, start_ray
     from gyre.config.derive import detect_local_devices
+    from gyre.tracking.report import refresh_report
 
+    echo = log.echo
     address = resolve_address(cfg, address, echo)
     if address:
         check_reachable(address)
@@ -42,12 +58,16 @@ def standalone_run(cfg, address: str | None, mode: RunMode, echo: Callable[[str]
     start = decide_start(cfg.run.output_dir, mode)
     try:
         begin(start, cfg.run.name, echo)
+        log.attach(cfg.run.output_dir, resumed=False)
         runtime = start_ray(cfg, plan.device_kind, plan.num_devices or 0, address, 0)
         try:
             if address:
                 plan = make_plan(cfg, runtime.device_kind, runtime.num_devices, items)
             echo(plan.describe())
-            return body(cfg, plan, data, echo)
+            result = body(cfg, plan, data, echo)
+            if cfg.logging.report:
+                refresh_report(cfg.run.output_dir, echo)
+            return result
         except RoleFault as fault:  # a rank died, hung or raised: no checkpoint to recover from
             failed = RunFailed(fault, 0, 0, cfg.run.output_dir)
             failed.args = (f"{fault}. The {what} run stopped.",)
@@ -150,7 +170,6 @@ def trainer_session(cfg, plan, description: str) -> Iterator[TrainerSession]:
 
     from gyre.cluster.placement import create_placement
     from gyre.config.report import resolved_yaml
-    from gyre.tracking.driver_log import DriverLog
     from gyre.tracking.logger import MetricsLogger
     from gyre.tracking.progress import Progress
     from gyre.tracking.trackers import TrackerRun
@@ -161,16 +180,10 @@ def trainer_session(cfg, plan, description: str) -> Iterator[TrainerSession]:
     trackers = TrackerRun.from_config(cfg.logging, cfg.run.name, read_run_id(out))
     logger = MetricsLogger(out, trackers, config=cfg.model_dump(mode="json"))
     progress = Progress(plan.steps, enabled=cfg.logging.progress, description=description)
-    log = DriverLog(lambda message: None)  # a line per step in driver.log, as for RL runs
-    log.attach(out, resumed=False)
     session = TrainerSession(cfg, plan, placement, logger, progress)
     try:
         yield session
-    except BaseException as exc:
-        log.error(exc)
-        raise
     finally:
-        log.close()
         progress.close()
         logger.close()
         for group in session.groups:

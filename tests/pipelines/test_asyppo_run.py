@@ -28,6 +28,7 @@ def asyppo_config(tmp_path, model_dir, data, *extra):
         "logging.plot=false", *extra])
 
 
+@pytest.mark.slow  # make test-all (CI time): tests/algos and tests/engines keep the masks and the loss
 def test_two_critics_train_on_disjoint_rows_and_their_disagreement_masks(ray_local, tiny_model_dir, arithmetic_data,
                                                                          tmp_path, monkeypatch):
     batches, shares = [], []

@@ -54,6 +54,9 @@ def test_chat_sft_over_two_ranks_saves_a_model_and_its_metrics(ray_local, chat_m
     assert final == out / "final_model" and json.loads((final / "config.json").read_text())["dtype"] == "float32"
     assert (final / "tokenizer_config.json").read_bytes() == (chat_model / "tokenizer_config.json").read_bytes()
     assert yaml.safe_load((out / "resolved_config.yaml").read_text())["pipeline"] == "sft"
+    log = (out / "driver.log").read_text()  # pre-flight and plan lines, a line per step
+    assert "data: 12 examples" in log and "placement: policy on CPU" in log and "step 6/6" in log
+    assert "SFT step" in (out / "report.html").read_text()  # the report of a standalone run, its SFT chart
     with pytest.raises(RunDirError, match="already holds a run"):
         train_sft(cfg, echo=lines.append)
 
