@@ -126,6 +126,22 @@ def _clean(value):
     return value
 
 
+def read_jsonl_tolerant(path: str | Path, limit: int | None = None) -> list[dict]:
+    """The JSON objects of a JSONL file a run may still be writing (the report reads them): a line cut
+    short by a kill, or one that is not an object, is skipped; at most ``limit`` objects."""
+    rows: list[dict] = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     out = []
     for line in Path(path).read_text().splitlines():

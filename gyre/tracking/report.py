@@ -45,11 +45,11 @@ overflow:auto}
 
 
 def curves_html(run_dir: Path) -> str:
-    from gyre.tracking.logger import read_metrics
+    from gyre.tracking.logger import read_jsonl_tolerant
     from gyre.tracking.report_curves import curve_figures
 
     path = run_dir / "metrics.jsonl"
-    records = _records(path, read_metrics) if path.exists() else []
+    records = read_jsonl_tolerant(path) if path.exists() else []
     figures = curve_figures(records)
     if not figures:
         return "<p class='note'>No metrics yet (metrics.jsonl is absent or empty).</p>"
@@ -119,21 +119,6 @@ def refresh_report(run_dir: str | Path, echo=None) -> Path | None:
         message = f"warning: report.html was not written ({type(exc).__name__}: {exc})"
         (echo or log.warning)(message)
         return None
-
-
-def _records(path: Path, read) -> list[dict]:
-    try:
-        return read(path)
-    except ValueError:  # a line cut short by a kill while the run wrote it: read what parses
-        import json
-
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
 
 
 def _figure(fig, div_id: str) -> str:

@@ -12,6 +12,8 @@ import json
 import re
 from pathlib import Path
 
+from gyre.tracking.logger import read_jsonl_tolerant
+
 MAX_ROWS_PER_FILE = 64
 """Generations shown per step file (the files hold a sample already)."""
 MAX_TRAIN_FILES = 20
@@ -54,20 +56,6 @@ def shown_generation_files(files: list[tuple[str, int, Path]]) -> list[tuple[str
     return [f for f in files if id(f) in keep]
 
 
-def _read_jsonl(path: Path, limit: int) -> list[dict]:
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-        if len(rows) >= limit:
-            break
-    return rows
-
-
 def _turns(turns) -> str:
     if not isinstance(turns, list):
         return ""
@@ -100,7 +88,7 @@ def generations_section(run_dir: Path) -> str:
     options, blocks = [], []
     for i, (split, step, path) in enumerate(files):
         key = f"{split}-{step}"
-        rows = _read_jsonl(path, MAX_ROWS_PER_FILE)
+        rows = read_jsonl_tolerant(path, MAX_ROWS_PER_FILE)
         label = f"{'validation' if split == 'val' else 'train'} step {step} ({len(rows)} samples)"
         options.append(f"<option value='{esc(key)}'{' selected' if i == len(files) - 1 else ''}>{esc(label)}</option>")
         cards = "".join(_card(r) for r in rows) or "<p class='note'>This file holds no generations.</p>"
