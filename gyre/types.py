@@ -10,6 +10,7 @@ contain (0 = the initial model). Every generated sample records the version that
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,8 +107,8 @@ class GenerationResult:
 
     @property
     def weight_version(self) -> WeightVersion:
-        """The oldest version among its tokens."""
-        return min(self.versions) if self.versions else -1
+        """The oldest version among its tokens (the first: versions never decrease along a response)."""
+        return self.versions[0] if self.versions else -1
 
 
 @dataclass
@@ -211,12 +212,14 @@ class Trajectory:
         if result.offset != len(self.response_ids):
             raise ValueError(f"trajectory {self.prompt.uid}#{self.sample_index} has {len(self.response_ids)} "
                              f"tokens, the result continues from {result.offset}")
-        start = 0
-        for end in range(1, len(result.versions) + 1):
-            if end == len(result.versions) or result.versions[end] != result.versions[start]:
-                self.segments.append(Segment(list(result.response_ids[start:end]), list(result.logprobs[start:end]),
-                                             result.versions[start]))
-                start = end
+        # Versions never decrease along a response (weights only move forward), so each run of equal
+        # versions ends where bisection says: a few steps per weight update, not a pass over every token.
+        versions, start = result.versions, 0
+        while start < len(versions):
+            same = versions[start] == versions[-1]  # the common case: one version to the end
+            end = len(versions) if same else bisect.bisect_right(versions, versions[start], start)
+            self.segments.append(Segment(result.response_ids[start:end], result.logprobs[start:end], versions[start]))
+            start = end
         self.response_text, self.finish_reason = result.response_text, result.finish_reason
 
     @property

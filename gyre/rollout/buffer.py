@@ -8,6 +8,7 @@ the batch. alpha = 0 takes only groups started under the current weights: synchr
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -37,8 +38,7 @@ class GroupBuffer:
 
     def put(self, seq: int, group: Group) -> None:
         group.status = "committed"
-        self.entries.append((seq, group))
-        self.entries.sort(key=lambda e: e[0])
+        bisect.insort(self.entries, (seq, group), key=lambda e: e[0])
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -62,7 +62,7 @@ class GroupBuffer:
         return chosen
 
     def ready(self, step: int, size: int, alpha: float) -> bool:
-        return len(self.eligible(step, size, alpha)) == size
+        return len(self.entries) >= size and len(self.eligible(step, size, alpha)) == size
 
     def take(self, step: int, size: int, alpha: float) -> list[Group]:
         """The ``size`` oldest eligible groups, in admission order; raises if there are fewer."""

@@ -107,6 +107,11 @@ class RequestBook:
     def back(self, engine: int) -> None:
         self.down.discard(engine)
 
+    def grow(self) -> None:
+        """One more engine (the next rank) takes requests from now on."""
+        self.engines += 1
+        self.load.append(0)
+
     @property
     def outstanding(self) -> int:
         """Samples asked of engines and not yet back (aborted ones included until they are)."""

@@ -18,6 +18,7 @@ i-th group admitted for step ``step``; a group's samples may be spread over engi
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -117,6 +118,8 @@ class _Flight:
     """Live request id -> engine."""
     accepted: int = 0
     retries: int = 0
+    partial: dict[int, Trajectory] = field(default_factory=dict)
+    """Sample index -> its tokens so far, while another engine continues it (``_continue``)."""
 
 
 @dataclass
@@ -146,6 +149,8 @@ class RolloutScheduler:
     """The last step whose batch was taken."""
     _parts: set[tuple[int, int]] = field(default_factory=set)
     """Lockstep: (step, part) admitted, for steps not yet taken."""
+    _scoring: dict[int, str] = field(default_factory=dict)
+    """id(trajectory) -> its group id, from when it is sent to be scored until its reward arrives."""
 
     def __post_init__(self) -> None:
         self.requests = RequestBook(self.engines, self.outbox, self.spec.sampling.max_new_tokens)
@@ -299,17 +304,28 @@ class RolloutScheduler:
                 self._count("rollout/tokens_wasted", len(r.response_ids))
                 continue
             if r.finish_reason == "abort":  # the engine dropped it (a weight update without partial rollouts)
-                self._count("rollout/tokens_wasted", len(r.response_ids))
+                self._count("rollout/tokens_wasted", len(r.response_ids) + r.offset)
+                flight.partial.pop(r.sample_index, None)
                 self._retry(flight, r.sample_index)
                 continue
-            t = Trajectory.from_result(flight.group.prompt, r)
+            t = self._assemble(flight, r)
             flight.group.trajectories.append(t)
             flight.accepted += 1
             fresh.append(t)
+            self._scoring[id(t)] = flight.group.group_id
             if flight.accepted == flight.group.size and flight.launched > flight.group.size:
                 self._abort_spare_samples(flight)  # speculative samples no longer needed
         if fresh:
             self.outbox.append(Score(tuple(fresh)))
+
+    def _assemble(self, flight: _Flight, r: GenerationResult) -> Trajectory:
+        """The finished sample: its result, after the parts it continues (``_continue``)."""
+        if not r.offset:
+            return Trajectory.from_result(flight.group.prompt, r)
+        t = flight.partial.pop(r.sample_index)
+        t.extend(r)
+        t.status = "generated"
+        return t
 
     def _on_greedy(self, flight: _Flight | None, r: GenerationResult) -> list[Trajectory]:
         """A group's greedy response came back: kept to be scored (asked again if the engine dropped it)."""
@@ -319,6 +335,7 @@ class RolloutScheduler:
                 self._retry(flight, GREEDY_SAMPLE)
             return []
         flight.group.greedy = Trajectory.from_result(flight.group.prompt, r)
+        self._scoring[id(flight.group.greedy)] = flight.group.group_id
         self._count("rollout/greedy_samples")
         return [flight.group.greedy]
 
@@ -336,9 +353,12 @@ class RolloutScheduler:
         request = self._request(flight, f"{flight.group.group_id}/{sample_index}.{flight.retries}", sample_index, 1)
         self._assign([request])
 
-    def on_engine_lost(self, engine: int) -> None:
-        """Engine ``engine`` is gone with everything it held: each sample it still owed is asked again of
-        the other engines (regenerated from its seed), and nothing new goes to it until ``on_engine_back``."""
+    def on_engine_lost(self, engine: int, handed_back: Sequence[GenerationResult] = ()) -> None:
+        """Engine ``engine`` is gone: each sample it still owed is asked again of the other engines, and
+        nothing new goes to it until ``on_engine_back``. A sample among ``handed_back`` (its tokens so far,
+        from an engine that left with a warning: a reclaimed spot instance, lent capacity taken back)
+        continues from those tokens; the others are regenerated from their seeds."""
+        held = {(r.request_id, r.sample_index): r for r in handed_back}
         for rid, owner, samples in self.requests.lose(engine):
             flight = self.flights.get(owner or "")
             if flight is None:
@@ -348,11 +368,37 @@ class RolloutScheduler:
                 continue
             flight.requests.pop(rid, None)
             for i in samples:
-                self._retry(flight, i)
-                self._count("rollout/samples_requeued")
+                part = held.get((rid, i))
+                if part is not None and i != GREEDY_SAMPLE and (part.response_ids or part.offset):
+                    self._continue(flight, part)
+                    self._count("rollout/samples_continued")
+                else:
+                    self._retry(flight, i)
+                    self._count("rollout/samples_requeued")
 
     def on_engine_back(self, engine: int) -> None:
         self.requests.back(engine)
+
+    def on_engine_joined(self, engine: int) -> None:
+        """A new engine (rank ``engine``, the next one) joined the pool: requests may go to it from now on."""
+        if engine != self.engines:
+            raise ValueError(f"engine {engine} joined a pool of {self.engines}: ranks are added in order")
+        self.engines += 1
+        self.requests.grow()
+
+    def _continue(self, flight: _Flight, part: GenerationResult) -> None:
+        """Ask another engine to go on with a sample from the tokens ``part`` holds (appended to what
+        earlier parts of it gave)."""
+        i = part.sample_index
+        t = flight.partial.get(i)
+        if t is None or part.offset == 0:
+            t = flight.partial[i] = Trajectory.from_result(flight.group.prompt, part)
+        else:
+            t.extend(part)
+        flight.retries += 1
+        prefix = tuple(itertools.chain.from_iterable(s.token_ids for s in t.segments))
+        request = replace(self._request(flight, f"{flight.group.group_id}/{i}.{flight.retries}", i, 1), prefix=prefix)
+        self._assign([request])
 
     def on_env(self, results: Sequence) -> None:
         """Environments answered (``EnvResult``s): episodes go on, finish (their return is their reward)
@@ -378,11 +424,19 @@ class RolloutScheduler:
             if t.reward is None:
                 raise ValueError(f"trajectory {t.prompt.uid}#{t.sample_index} reported scored without a reward")
             t.status = "scored"
-        self._commit_complete()
+        owners = {self._scoring.pop(id(t), None) for t in trajectories}
+        self._commit_complete(None if None in owners else owners)
 
-    def _commit_complete(self) -> None:
+    def _commit_complete(self, candidates: set[str] | None = None) -> None:
+        """Commit (or filter out) every complete group among ``candidates`` (group ids; None: all in flight),
+        in admission order. Only the groups an event touched are looked at: a thousand engines' rewards
+        arrive one by one, and each would otherwise scan every group in flight."""
         greedy_done = lambda g: not self.spec.greedy or (g.greedy is not None and g.greedy.status == "scored")
-        for gid in [gid for gid, f in self.flights.items() if f.group.complete and greedy_done(f.group)]:
+        flights = self.flights if candidates is None else \
+            sorted((self.flights[g] for g in candidates if g in self.flights), key=lambda f: f.seq)
+        done = [f.group.group_id for f in (flights.values() if candidates is None else flights)
+                if f.group.complete and greedy_done(f.group)]
+        for gid in done:
             flight = self.flights.pop(gid)
             self._forget(flight)
             group = flight.group

@@ -1,0 +1,226 @@
+"""The simulated training run: the RLVR pipeline's step on the virtual clock.
+
+Each step reads like ``RLVRPipeline.train_step`` and ``RolloutMachine.next_batch``: admit what the
+window allows and run until the batch is committed (``RolloutScheduler.ready``), take it, train, publish
+the new version. Colocated layouts (rollout and training time-share the devices) hold the engines while
+the trainer has the devices; disaggregated ones let the rollout run on while the trainer works, admitting
+for later steps as capacity frees (``RolloutMachine.wait_for``). Only the step's *costs* are simulated:
+every scheduling decision is made by the real ``RolloutScheduler``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from gyre.envs.context import ContextBuilder
+from gyre.envs.episode import EpisodeLimits
+from gyre.rollout.episodes import EpisodeRunner, SlotPool
+from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
+from gyre.sim.cluster import SimCluster
+from gyre.sim.cost import CostModel
+from gyre.sim.engine import SimEngine
+from gyre.sim.services import SimEnvs, SimRewards, WordTokenizer
+from gyre.sim.workload import Workload, WorkloadSpec
+from gyre.types import GenerationRequest, PromptRecord
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the roles run on ``devices`` devices."""
+
+    devices: int
+    rollout_devices: int
+    train_devices: int
+    colocated: bool
+    """Rollout and training time-share the same devices (else they run side by side)."""
+    tp: int = 1
+    """Devices per rollout engine (tensor parallelism)."""
+
+    @property
+    def engines(self) -> int:
+        return max(1, self.rollout_devices // self.tp)
+
+    def describe(self) -> str:
+        if self.colocated:
+            return f"{self.devices} shared"
+        return f"{self.rollout_devices} rollout + {self.train_devices} train"
+
+
+@dataclass(frozen=True)
+class Agentic:
+    """A multi-turn workload: episodes on simulated environments."""
+
+    limits: EpisodeLimits
+    slots: int
+    """Environments that run at once."""
+    latency_scale: float = 1.0
+    """Environment latency multiplier (environments on the GPU hosts' busy CPUs are slower)."""
+    turn_sync: bool = False
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """Everything one simulation needs, resolved (``gyre.sim.scenario`` builds it from a config)."""
+
+    schedule: ScheduleSpec
+    layout: Layout
+    cost: CostModel
+    workload: WorkloadSpec
+    steps: int = 6
+    warmup: int = 2
+    """First steps left out of the averages (the pipeline fills, caches warm)."""
+    partial: bool = True
+    max_rows: int | None = None
+    reward_workers: int = 0
+    forward_passes: int = 1
+    """Forward passes besides the update (old log-probs; 2 with a KL reference)."""
+    agentic: Agentic | None = None
+    seed: int = 0
+
+
+@dataclass
+class StepRecord:
+    """One simulated training step (times in virtual seconds)."""
+
+    step: int
+    start: float
+    end: float
+    generate_s: float
+    """Until the batch was committed."""
+    train_s: float
+    sync_s: float
+    samples: int
+    response_tokens: int
+    rollout_busy: float
+    """Share of the rollout engines' time spent prefilling and decoding during the step."""
+    engines: int
+    """Rollout engines in the pool at the end of the step."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """The scheduler's counters for the step (staleness, aborts, waste: ``take_stats``)."""
+
+    @property
+    def step_s(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class SimResult:
+    spec: SimSpec
+    steps: list[StepRecord]
+    wall_s: float
+    """Real seconds the simulation took."""
+    events: int
+
+    @property
+    def measured(self) -> list[StepRecord]:
+        return self.steps[self.spec.warmup:] or self.steps
+
+    def mean(self, key: str) -> float:
+        rows = self.measured
+        if hasattr(rows[0], key):
+            return sum(getattr(r, key) for r in rows) / len(rows)
+        return sum(r.stats.get(key, 0.0) for r in rows) / len(rows)
+
+    @property
+    def step_s(self) -> float:
+        rows = self.measured
+        return (rows[-1].end - rows[0].start) / len(rows)
+
+    @property
+    def samples_per_s(self) -> float:
+        return sum(r.samples for r in self.measured) / (self.measured[-1].end - self.measured[0].start)
+
+    @property
+    def trainer_busy(self) -> float:
+        return sum(r.train_s for r in self.measured) / (self.measured[-1].end - self.measured[0].start)
+
+    @property
+    def staleness_max(self) -> float:
+        return max(r.stats.get("staleness/max_start", 0.0) for r in self.steps)
+
+    @property
+    def cost_per_1k_samples(self) -> float:
+        """Device-hours of the layout's devices per thousand samples, times the device's price."""
+        price = self.spec.cost.device.price_per_hour * self.spec.layout.devices
+        return price * 1000 / self.samples_per_s / 3600
+
+
+class SimRun:
+    def __init__(self, spec: SimSpec):
+        self.spec = spec
+        self.workload = Workload(spec.workload, spec.seed)
+        engines = [self.new_engine() for _ in range(spec.layout.engines)]
+        envs, episodes = None, None
+        if spec.agentic is not None:
+            a = spec.agentic
+            envs = SimEnvs(self.workload, latency_scale=a.latency_scale)
+            builder = ContextBuilder(WordTokenizer(), use_template=False)
+            episodes = EpisodeRunner(SlotPool(a.slots), builder, a.limits, spec.schedule.sampling,
+                                     env_seed=lambda g: int(g.prompt.columns["index"]), turn_sync=a.turn_sync)
+        self.cluster = SimCluster(engines, SimRewards(self.workload, spec.reward_workers), envs)
+        self.scheduler = RolloutScheduler(spec.schedule, len(engines), episodes=episodes)
+        self.cluster.schedulers[spec.schedule.stream] = self.scheduler
+        self.drawn = 0
+        self._prompt_of: dict[str, PromptRecord] = {}
+        """Group id -> its prompt (what a request's sample lengths are drawn from)."""
+
+    def new_engine(self) -> SimEngine:
+        return SimEngine(self.spec.cost, self._length, self.spec.max_rows)
+
+    def _length(self, request: GenerationRequest, sample: int) -> int:
+        if self.spec.agentic is not None:  # a turn: "<group>/<episode>#<turn>"
+            turn = int(request.request_id.rpartition("#")[2] or 0)
+            return self.workload.turn_tokens(request.seed, sample, turn)
+        gid = request.request_id.split("/")[0]
+        prompt = self._prompt_of.get(gid)
+        if prompt is None:
+            prompt = self._prompt_of[gid] = self.scheduler.flights[gid].group.prompt
+        return self.workload.response_tokens(prompt, sample)
+
+    def draw(self, k: int) -> list[PromptRecord]:
+        prompts = [self.workload.prompt(self.drawn + i) for i in range(k)]
+        self.drawn += k
+        return prompts
+
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        records = [self.step(n) for n in range(1, self.spec.steps + 1)]
+        return SimResult(self.spec, records, time.perf_counter() - t0, self.cluster.events)
+
+    def step(self, n: int) -> StepRecord:
+        """One training step: rollout until the batch is committed, train, publish."""
+        spec, sched, cluster = self.spec, self.scheduler, self.cluster
+        start, busy = cluster.now, self._busy()
+        refill = lambda: sched.admit(n, self.draw)  # noqa: E731
+        cluster.run(lambda: sched.ready(n), refill)
+        generate_s = cluster.now - start
+        groups = sched.take(n)
+        cluster.send(sched.drain())
+        trajectories = [t for g in groups for t in g.trajectories]
+        tokens = sum(len(t.prompt.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories)
+        train_s = spec.cost.train_s(tokens, spec.layout.train_devices, spec.forward_passes)
+        if spec.layout.colocated:
+            cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s())
+        else:  # the rollout goes on, admitting for the step after next (RolloutMachine.wait_for)
+            later = lambda: sched.admit(sched.version + 2, self.draw)  # noqa: E731
+            cluster.run(lambda: False, later, until=cluster.now + train_s)
+        sync_s = spec.cost.sync_s()
+        cluster.publish(n, spec.partial)
+        sched.on_published(n)
+        cluster.send(sched.drain())
+        cluster.now += sync_s  # the trainer waits for the engines to take the new weights
+        stats = sched.take_stats()
+        stats["staleness/max_start"] = max((n - 1 - g.admitted_version for g in groups), default=0)
+        live = [e for e in cluster.engines if e is not None]
+        step_s = cluster.now - start
+        return StepRecord(n, start, cluster.now, generate_s, train_s, sync_s, len(trajectories),
+                          tokens - sum(len(t.prompt.prompt_ids) for t in trajectories),
+                          (self._busy() - busy) / max(1e-9, len(live) * step_s), len(live), stats)
+
+    def _busy(self) -> float:
+        return sum(e.busy_s for e in self.cluster.engines if e is not None)
+
+
+def simulate(spec: SimSpec) -> SimResult:
+    return SimRun(spec).run()
