@@ -164,6 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run's output directory")
     p.add_argument("--out", default=None, help="where to write the page (default RUN_DIR/report.html)")
 
+    p = sub.add_parser("simulate", help="the run's scheduler on a simulated cluster: step time, idleness and "
+                                         "staleness at any size, in seconds")
+    p.add_argument("config", help="run config (YAML); its simulate section sets model size, device class, task shape")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. simulate.model=14b")
+    p.add_argument("--devices", default=None, help="device counts to sweep, e.g. 8,32,128,1024 (default: "
+                                                   "simulate.devices)")
+    p.add_argument("--set", dest="sweep", action="append", default=[], metavar="KEY=V1,V2",
+                   help="sweep a key over values, e.g. --set rollout.async_ratio=0,1,2 (repeat for a grid)")
+    p.add_argument("--calibrate", default=None, metavar="METRICS_JSONL",
+                   help="fit the response lengths from a real run's metrics.jsonl")
+    p.add_argument("--out", default=None, help="where sweep.csv/json/png go (default: runs/simulate/<config>-<time>)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files in --out")
+
     p = sub.add_parser("ablate", help="run algorithm variants x seeds from one warm start; table + plot")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of the base config")
     p.add_argument("--config", default=None, help="base config (YAML); default: the quickstart recipe and task")
@@ -306,6 +319,8 @@ def _dispatch(args) -> int:
         return _quickstart(args)
     if args.command == "ablate":
         return _ablate(args)
+    if args.command == "simulate":
+        return _simulate(args)
     if args.command == "sandbox-serve":
         return _sandbox_serve(args)
     if args.command == "config":
@@ -484,6 +499,35 @@ def _quickstart(args) -> int:
     _print_summary(summary)
     print(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'metrics.png'}  report: {out / 'report.html'}")
     return 0
+
+
+def _simulate(args) -> int:
+    import time
+    from pathlib import Path
+
+    from gyre.config.load import ConfigError, load_config
+    from gyre.sim.sweep import HEADER, run_sweep, write_outputs
+
+    base = load_config(args.config, args.overrides)  # a bad config fails here, once, before any sweep
+    try:
+        devices = [int(d) for d in args.devices.split(",")] if args.devices else [base.simulate.devices]
+    except ValueError:
+        raise ConfigError(f"--devices takes device counts separated by commas, e.g. 8,32,128; got {args.devices!r}") \
+            from None
+    if args.calibrate is not None and not Path(args.calibrate).is_file():
+        raise ConfigError(f"--calibrate {args.calibrate}: no such file (give a gyre run's metrics.jsonl)")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs/simulate") / f"{Path(args.config).stem}-{stamp}"
+    if (out / "sweep.csv").exists() and not args.overwrite:
+        raise ConfigError(f"{out} holds an earlier sweep (sweep.csv): pass --overwrite to replace it, or another --out")
+    print(HEADER)
+    try:
+        rows = run_sweep(args.config, args.overrides, devices, args.sweep, args.calibrate)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for path in write_outputs(rows, out):
+        print(f"wrote {path}")
+    return 0 if any(r.result is not None for r in rows) else 2
 
 
 def _ablate(args) -> int:

@@ -33,6 +33,7 @@ from gyre.config.env_schema import EnvConfig
 from gyre.config.logging_schema import LoggingConfig
 from gyre.config.presets import algorithm_problems, expand_preset, expand_preset_sections
 from gyre.config.reward_schema import RewardConfig
+from gyre.config.sim_schema import SimulateConfig
 from gyre.config.train_schema import (  # noqa: F401 - the trainer sections, importable from here too
     CriticConfig,
     ForwardLevers,
@@ -526,6 +527,8 @@ class RLVRConfig(StrictModel):
     """Experiment trackers, generation samples, the metrics plot and the progress line."""
     sft_warmup: SFTConfig | None = None
     """Supervised steps before RL (teaches the answer format); None: RL from the start."""
+    simulate: SimulateConfig = SimulateConfig()
+    """What ``gyre simulate`` plans for (devices, model size, device class, task shape); training ignores it."""
 
     @model_validator(mode="before")
     @classmethod

@@ -226,7 +226,7 @@ def _baseline_context(groups: list[Group], layout: GroupLayout, a: AlgorithmConf
         if missing:
             raise ValueError(f"algorithm.estimator={a.estimator} takes each prompt's greedy response as its baseline, "
                              f"but {len(missing)} group(s) have no scored one (e.g. {missing[0]}); the rollout "
-                             "generates it when the run's schedule asks for it (rlvr.schedule_spec)")
+                             "generates it when the run's schedule asks for it (gyre.pipelines.schedule.schedule_spec)")
         baselines = [g.greedy for g in groups]
         greedy = torch.tensor([t.reward.score for t in baselines], dtype=torch.float32)
         if plan.overlong_cache_tokens:

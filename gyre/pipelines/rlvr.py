@@ -28,10 +28,9 @@ from gyre.pipelines.learner import Learner
 from gyre.pipelines.reward_checks import check_reward_failures
 from gyre.pipelines.rlvr_data import RunData, config_fingerprint
 from gyre.pipelines.roles import Roles, reward_scorers
+from gyre.pipelines.schedule import sampling_params, schedule_spec
 from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.machine import RolloutMachine
-from gyre.rollout.policies import GroupFilter, TailSpec
-from gyre.rollout.scheduler import ScheduleSpec
 from gyre.tracking.generations import GenerationWriter
 from gyre.tracking.progress import Progress
 from gyre.tracking.report import refresh_report
@@ -59,8 +58,7 @@ class RLVRPipeline:
         self.logger, self.checkpoints = logger, checkpoints
         self.timeline = timeline or Timeline(None)
         """Where the workers' phase spans go (``timeline.jsonl``); by default nowhere."""
-        s = cfg.rollout.sampling
-        self.sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, tuple(s.stop))
+        self.sampling = sampling_params(cfg)
         self.rewards = RewardPool(reward_scorers(cfg, roles.reward))
         envs = EnvPool(roles.envs, cfg.env.slots_per_worker, max(cfg.env.reset_timeout_s, cfg.env.step_timeout_s)) \
             if cfg.env is not None else None
@@ -303,22 +301,6 @@ def episode_runners(cfg: RLVRConfig, data, envs: EnvPool | None):
         return EpisodeRunner(envs.slots, data.builder, limits, sampling, env_seed=lambda g: int(g.prompt.ground_truth),
                              max_failures=e.max_failures, turn_sync=e.turn_sync)
     return make
-
-
-def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
-    """The rollout scheduler's rules, from the ``rollout`` section."""
-    r = cfg.rollout
-    ds, tail = r.dynamic_sampling, r.tail_batching
-    return ScheduleSpec(
-        r.samples_per_prompt, r.prompts_per_step, sampling, cfg.run.seed, async_ratio=r.async_ratio,
-        replicate=r.replicate, redundancy=r.redundancy,
-        group_filter=GroupFilter(ds.min_std, ds.mean_range) if ds else None,
-        max_draws=math.ceil(ds.max_draws * r.prompts_per_step) if ds else None,
-        tail=TailSpec(tail.eta_prompts, tail.eta_samples) if tail else None,
-        extra_samples=cfg.env.extra_samples if cfg.env is not None else 0,
-        restart_stale=cfg.env is not None and cfg.env.stale_episodes == "restart",
-        greedy=cfg.algorithm.advantage_estimator.greedy,
-        lockstep=r.async_ratio > 0 and r.async_mode == "lockstep")
 
 
 def domain_metrics(samples: list[Trajectory], reward) -> dict:

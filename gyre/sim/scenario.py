@@ -1,0 +1,73 @@
+"""From a run config to a simulation: the same scheduler rules, a cluster of the planned size.
+
+``scenario(cfg)`` reads the config as ``gyre train`` would (``gyre.pipelines.schedule.schedule_spec``
+gives the scheduler's rules, so a simulated step runs exactly the run's admission, asynchrony, queueing,
+redundancy, filters and tail batching) and the ``simulate`` section for what the config cannot say: the
+device count and class, the model size and the task's shape.
+
+Placement follows the config: rollout and policy on overlapping devices time-share them (colocated);
+disjoint lists run side by side with the same share of the devices. Asynchrony needs disjoint devices,
+so an asynchronous setting of a colocated config is simulated disaggregated (``simulate.rollout_share``),
+as a run would have to be placed; the table names each setting's layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from gyre.config.schema import RLVRConfig
+from gyre.envs.episode import EpisodeLimits
+from gyre.pipelines.schedule import sampling_params, schedule_spec
+from gyre.sim.cost import CostModel, ModelShape, device_class, model_shape
+from gyre.sim.run import Agentic, Layout, SimSpec
+from gyre.sim.workload import WorkloadSpec, fit_lengths
+
+ASYNC_SHARE = 0.6
+"""Rollout's share of the devices when asynchrony splits a colocated config (ROLL Flash: 24 of 40)."""
+
+
+def layout(cfg: RLVRConfig, devices: int) -> Layout:
+    """Where rollout and training run on ``devices`` devices, after the config's placement."""
+    sim, r = cfg.simulate, cfg.rollout
+    tp = sim.rollout_tp
+    rollout, policy = set(r.devices), set(cfg.policy.devices)
+    overlap = bool(rollout & policy) or r.mode == "hybrid"
+    if overlap and r.async_ratio == 0:
+        if devices < tp:
+            raise ValueError(f"{devices} devices cannot hold a rollout engine of simulate.rollout_tp={tp} devices")
+        return Layout(devices, devices, devices, True, tp)
+    share = sim.rollout_share or (ASYNC_SHARE if overlap else len(rollout) / (len(rollout) + len(policy)))
+    engines = max(1, round(devices * share / tp))
+    if devices - engines * tp < 1:
+        engines = (devices - 1) // tp
+    if engines < 1:
+        raise ValueError(f"{devices} devices cannot hold a rollout engine ({tp} devices) and a trainer side by side "
+                         f"(rollout and training are disaggregated here): simulate more devices")
+    return Layout(devices, engines * tp, devices - engines * tp, False, tp)
+
+
+def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path | None = None) -> SimSpec:
+    """The simulation of ``cfg`` on ``devices`` devices (default ``simulate.devices``); ``calibrate``: a
+    real run's metrics.jsonl to fit the response lengths from."""
+    sim = cfg.simulate
+    sampling = sampling_params(cfg)
+    model = ModelShape.from_hf_config(cfg.model.path) if sim.model == "config" else model_shape(sim.model)
+    cost = CostModel(device_class(sim.device), model, sim.rollout_tp)
+    w = sim.workload
+    workload = WorkloadSpec(w.prompt_tokens, w.prompt_tokens_cv, w.response_tokens, w.length_sigma, w.prompt_share,
+                            sampling.max_new_tokens, w.pass_rate, w.reward_latency_s, w.reward_latency_cv, w.turns,
+                            w.turns_cv, w.turn_tokens, w.observation_tokens, w.env_latency_s, w.env_latency_cv,
+                            w.reset_latency_s)
+    if calibrate is not None:
+        workload = fit_lengths(calibrate, sampling.max_new_tokens, workload)
+    agentic = None
+    if cfg.env is not None:
+        e = cfg.env
+        limits = EpisodeLimits(e.max_turns, e.turn_tokens, e.context_tokens, e.observation_tokens, e.window)
+        agentic = Agentic(limits, sim.env_slots or e.workers * e.slots_per_worker, sim.env_latency_scale, e.turn_sync)
+        workload = replace(workload, max_tokens=e.turn_tokens)
+    return SimSpec(schedule_spec(cfg, sampling), layout(cfg, devices or sim.devices), cost, workload,
+                   steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,
+                   max_rows=sim.max_rows or cfg.rollout.max_batch_size, reward_workers=sim.reward_workers,
+                   forward_passes=2 if cfg.algorithm.uses_reference else 1, agentic=agentic, seed=sim.seed)

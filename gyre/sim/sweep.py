@@ -1,0 +1,143 @@
+"""``gyre simulate``'s sweeps: every combination of device counts and ``--set key=v1,v2`` values, one
+simulation each, as a table (printed, and ``sweep.csv`` / ``sweep.json``) and a figure (``sweep.png``:
+throughput, step time, rollout idleness and staleness against device count, one line per setting).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.config.load import load_config
+from gyre.sim.run import SimResult, simulate
+from gyre.sim.scenario import scenario
+
+
+def split_values(text: str) -> list[str]:
+    """``a=1,2,[3,4]`` -> ["1", "2", "[3,4]"]: commas inside brackets or braces belong to a value."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "[{("
+        depth -= ch in "]})"
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*out, cur]
+
+
+def settings(sets: list[str]) -> list[dict[str, str]]:
+    """Every combination of the ``--set key=v1,v2`` values, as {key: value} (one empty setting without)."""
+    axes = []
+    for item in sets:
+        key, sep, values = item.partition("=")
+        if not sep or not key or not values:
+            raise ValueError(f"--set takes key=value1,value2,...; got {item!r}")
+        axes.append([(key.strip(), v.strip()) for v in split_values(values)])
+    return [dict(combo) for combo in itertools.product(*axes)] if axes else [{}]
+
+
+@dataclass
+class SweepRow:
+    setting: dict[str, str]
+    devices: int
+    result: SimResult | None
+    error: str | None = None
+    """Why the setting could not be simulated (e.g. tail batching with asynchrony)."""
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k.rpartition('.')[2]}={v}" for k, v in self.setting.items()) or "config"
+
+    def record(self) -> dict:
+        out = {"setting": self.label, "devices": self.devices, **{f"set:{k}": v for k, v in self.setting.items()}}
+        r = self.result
+        if r is None:
+            return {**out, "error": self.error}
+        violations = sum(s.stats.get("staleness/violations", 0) for s in r.steps)
+        return {**out, "layout": r.spec.layout.describe(), "step_s": r.step_s, "generate_s": r.mean("generate_s"),
+                "train_s": r.mean("train_s"), "samples_per_s": r.samples_per_s,
+                "rollout_idle": 1 - r.mean("rollout_busy"), "trainer_idle": 1 - r.trainer_busy,
+                "staleness_mean": r.mean("staleness/mean"), "staleness_max": r.staleness_max, "violations": violations,
+                "tokens_wasted": r.mean("rollout/tokens_wasted"), "cost_per_1k": r.cost_per_1k_samples,
+                "sim_wall_s": r.wall_s, "sim_s_per_step": r.wall_s / len(r.steps)}
+
+
+def run_sweep(config: str | Path, overrides: list[str], devices: list[int], sets: list[str],
+              calibrate: str | Path | None = None, echo=print) -> list[SweepRow]:
+    rows = []
+    for setting in settings(sets):
+        cfg = load_config(config, [*overrides, *(f"{k}={v}" for k, v in setting.items())])
+        for n in devices:
+            try:
+                result = simulate(scenario(cfg, n, calibrate))
+                rows.append(SweepRow(setting, n, result))
+            except ValueError as exc:  # a setting the scheduler or the placement rejects
+                rows.append(SweepRow(setting, n, None, str(exc)))
+            echo(format_row(rows[-1], rows))
+    return rows
+
+
+HEADER = (f"{'setting':<28}{'devices':>8}  {'layout':<22}{'step s':>9}{'samples/s':>11}{'vs first':>9}"
+          f"{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'$/1k':>8}{'sim s':>7}")
+
+
+def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
+    if row.result is None:
+        return f"{row.label:<28}{row.devices:>8}  skipped: {row.error}"
+    r = row.record()
+    first = next((x for x in rows if x.devices == row.devices and x.result is not None), row)
+    ratio = r["samples_per_s"] / first.result.samples_per_s
+    return (f"{row.label:<28}{row.devices:>8}  {r['layout']:<22}{r['step_s']:>9.1f}{r['samples_per_s']:>11.1f}"
+            f"{ratio:>8.2f}x{r['rollout_idle']:>12.0%}{r['trainer_idle']:>11.0%}{r['staleness_mean']:>7.2f}"
+            f"{r['cost_per_1k']:>8.2f}{r['sim_wall_s']:>7.2f}")
+
+
+def write_outputs(rows: list[SweepRow], out: Path) -> list[Path]:
+    """sweep.csv, sweep.json and sweep.png in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    records = [r.record() for r in rows]
+    keys = list(dict.fromkeys(k for rec in records for k in rec))
+    with (out / "sweep.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(records)
+    (out / "sweep.json").write_text(json.dumps(records, indent=1))
+    paths = [out / "sweep.csv", out / "sweep.json"]
+    if any(r.result is not None for r in rows):
+        paths.append(plot(rows, out / "sweep.png"))
+    return paths
+
+
+def plot(rows: list[SweepRow], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("samples_per_s", "samples / s"), ("step_s", "step time (s)"), ("rollout_idle", "rollout idle"),
+              ("staleness_mean", "mean staleness (versions)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    by_label: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.result is not None:
+            by_label.setdefault(row.label, []).append(row.record())
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for label, recs in by_label.items():
+            recs = sorted(recs, key=lambda r: r["devices"])
+            ax.plot([r["devices"] for r in recs], [r[key] for r in recs], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("devices")
+        ax.set_title(title)
+        if key == "rollout_idle":
+            ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
