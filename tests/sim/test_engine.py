@@ -1,0 +1,92 @@
+"""The simulated engine: the protocol's token-by-token contract, and event skipping that agrees with it."""
+
+import pytest
+
+from gyre.engines.base import RolloutEngine
+from gyre.sim.cost import CostModel, DeviceClass, ModelShape
+from gyre.sim.engine import SimEngine
+from gyre.types import GenerationRequest, SamplingParams, Trajectory
+
+DEVICE = DeviceClass("toy", 1.0, 1.0, 10.0, 1.0, compute_eff=1.0, mem_eff=1.0, step_overhead_s=0.001)
+COST = CostModel(DEVICE, ModelShape("toy", 1e8, 2, 1, 250))
+LENGTHS = {("a", 0): 5, ("a", 1): 9, ("b", 0): 3, ("c", 0): 40}
+
+
+def engine(max_rows=None) -> SimEngine:
+    return SimEngine(COST, lambda r, i: LENGTHS[(r.request_id, i)], max_rows)
+
+
+def request(rid: str, n: int = 1, budget: int = 100, prefix=()) -> GenerationRequest:
+    return GenerationRequest(rid, [1] * 10, SamplingParams(max_new_tokens=budget), n=n, prefix=tuple(prefix))
+
+
+def test_it_implements_the_engine_protocol():
+    assert isinstance(engine(), RolloutEngine)
+
+
+def test_event_skipping_matches_decoding_token_by_token():
+    by_step, by_event = engine(max_rows=2), engine(max_rows=2)
+    for e in (by_step, by_event):
+        e.add([request("a", n=2), request("b"), request("c", budget=30)])
+    finished_step = []
+    while by_step.busy:
+        finished_step += [(r.request_id, r.sample_index, len(r.response_ids), r.finish_reason, round(by_step.now, 9))
+                          for r in by_step.step()]
+    finished_event = []
+    while by_event.busy:
+        t = by_event.next_event()
+        finished_event += [(r.request_id, r.sample_index, len(r.response_ids), r.finish_reason, round(by_event.now, 9))
+                           for r in by_event.advance(t)]
+    assert finished_event == finished_step
+    # two rows at a time: a/0 (5) and a/1 (9) first; b (3) joins when a/0 ends; c is cut at its budget of 30
+    assert [f[:4] for f in finished_step] == [("a", 0, 5, "stop"), ("b", 0, 3, "stop"), ("a", 1, 9, "stop"),
+                                              ("c", 0, 30, "length")]
+    assert by_event.busy_s == pytest.approx(by_step.busy_s)
+
+
+def test_a_weight_update_mid_sample_stamps_each_token_with_its_version():
+    e = engine()
+    e.add([request("a", n=2)])
+    e.advance(e.now + COST.decode_span_s(2, 20, 3) + COST.prefill_s(20))  # prefill, then three steps
+    assert e.update(1, partial=True) == []
+    done = e.advance(float("inf"))
+    sample1 = next(r for r in done if r.sample_index == 1)
+    assert list(sample1.versions) == [0, 0, 0, 1, 1, 1, 1, 1, 1]
+    t = Trajectory.from_result(None, sample1)
+    assert [(len(s.token_ids), s.weight_version) for s in t.segments] == [(3, 0), (6, 1)]
+    assert t.weight_version == 0
+
+
+def test_without_partial_rollouts_an_update_hands_the_rows_back_aborted():
+    e = engine()
+    e.add([request("a")])
+    e.advance(e.now + COST.prefill_s(10) + COST.decode_span_s(1, 10, 2))
+    dropped = e.update(1, partial=False)
+    assert [(r.request_id, len(r.response_ids), r.finish_reason) for r in dropped] == [("a", 2, "abort")]
+    assert not e.busy
+
+
+def test_an_aborted_sample_continues_on_another_engine_from_its_tokens():
+    first, second = engine(), engine()
+    first.add([request("a", n=2)])
+    first.advance(first.now + COST.prefill_s(20) + COST.decode_span_s(2, 20, 4))
+    part = next(r for r in first.abort(["a"]) if r.sample_index == 1)
+    assert (len(part.response_ids), part.offset, part.finish_reason) == (4, 0, "abort")
+    second.load_weights(None, 3)
+    cont = request("a", prefix=[0] * 4)
+    cont.first_sample = 1
+    second.add([cont])
+    (rest,) = second.advance(float("inf"))
+    assert (len(rest.response_ids), rest.offset, list(rest.versions)) == (5, 4, [3] * 5)
+    t = Trajectory.from_result(None, part)
+    t.extend(rest)
+    assert [(len(s.token_ids), s.weight_version) for s in t.segments] == [(4, 0), (5, 3)]
+
+
+def test_the_kv_cache_bounds_how_many_rows_decode_together():
+    e = SimEngine(COST, lambda r, i: 50)
+    e.kv_tokens = 130  # room for two samples of 10 + 50 tokens, not three
+    e.add([request(f"r{k}") for k in range(3)])
+    e.advance(e.now + 1e-9)
+    e.step()
+    assert (len(e.rows), len(e.waiting)) == (2, 1)
