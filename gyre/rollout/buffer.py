@@ -27,6 +27,18 @@ def oldest_quota(alpha: float, size: int) -> int:
     return size if round(frac, 12) == 0 else math.floor(round(frac * size, 9))
 
 
+def staleness_stats(step: int, groups: list[Group], alpha: float) -> dict[str, float]:
+    """How stale step ``step``'s batch is: the share of samples per version lag, the mean start lag, and
+    window violations (groups older than alpha allows: must be 0)."""
+    lags = [step - 1 - t.weight_version for g in groups for t in g.trajectories]
+    limit = staleness_limit(alpha)
+    out = {f"staleness/lag_{lag}": sum(x == lag for x in lags) / len(lags) for lag in range(limit + 1)}
+    starts = [step - 1 - g.admitted_version for g in groups]
+    out["staleness/mean"] = sum(starts) / len(starts)
+    out["staleness/violations"] = sum(x > limit for x in starts)
+    return out
+
+
 @dataclass
 class GroupBuffer:
     """Committed groups in admission order (``seq``), taken oldest first within the window."""

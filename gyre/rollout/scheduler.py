@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from gyre.rollout.buffer import GroupBuffer, LockstepPlan, oldest_quota, staleness_limit
+from gyre.rollout.buffer import GroupBuffer, LockstepPlan, oldest_quota, staleness_limit, staleness_stats
+from gyre.rollout.persist import load_scheduler_state, scheduler_state
 from gyre.rollout.policies import GroupFilter, TailBatching, TailSpec
 from gyre.rollout.requests import RequestBook
 from gyre.seeding import derive_seed
@@ -516,7 +517,7 @@ class RolloutScheduler:
                 if self.tail is not None:
                     self.tail.cut([group.prompt])
                 self._count("rollout/groups_cut" if self.tail else "rollout/groups_redundant")
-        self._lag_stats(step, groups)
+        self.stats.update(staleness_stats(step, groups, self.spec.async_ratio))
         self.filtered.clear()
         self._admitted_for = {n: c for n, c in self._admitted_for.items() if n > step}
         self._taken = step
@@ -526,7 +527,7 @@ class RolloutScheduler:
         """Lockstep: the batch planned for ``step``; its draw count is the step's ``groups_admitted``
         (counters since the last take would depend on how far ahead the rollout ran)."""
         groups = self.buffer.take_batch(step, self.spec.batch_groups)
-        self._lag_stats(step, groups)
+        self.stats.update(staleness_stats(step, groups, self.spec.async_ratio))
         self.stats["rollout/groups_admitted"] = self._admitted_for.pop(step, 0)
         self.filtered = [e for e in self.filtered if e[1].admitted_for > step]
         self._parts = {p for p in self._parts if p[0] > step}
@@ -560,45 +561,12 @@ class RolloutScheduler:
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The prompts drawn and not yet trained on, by uid: admitted (in flight or committed, oldest first)
-        and waiting in tail batching's long queue. What was generated for them is not kept: a resumed run
-        admits them again, before drawing new prompts, so none is lost or drawn twice. Lockstep keeps the
-        committed groups themselves (``settled`` first: none may be in flight), since a resumed run no
-        longer has the versions that generated them."""
-        if self.spec.lockstep:
-            if not self.settled:
-                raise RuntimeError("a lockstep rollout is saved settled: finish its groups in flight first")
-            return {"admitted": [], "long_queue": [], "lockstep": {
-                "taken": self._taken, "seq": self._seq, "parts": sorted(self._parts),
-                "admitted_for": sorted(self._admitted_for.items()),
-                "buffer": [[seq, g.to_dict()] for seq, g in self.buffer.entries],
-                "filtered": [[seq, g.to_dict()] for seq, g in self.filtered]}}
-        admitted = sorted([*((f.seq, f.group.prompt.uid) for f in self.flights.values()),
-                           *((seq, g.prompt.uid) for seq, g in self.buffer.entries)])
-        return {"admitted": [uid for _, uid in admitted],
-                "long_queue": [p.uid for p in self.tail.long_queue] if self.tail else []}
+        """What a checkpoint keeps of the rollout (``gyre.rollout.persist.scheduler_state``)."""
+        return scheduler_state(self)
 
     def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int = 0) -> list[PromptRecord]:
-        """Restore the long queue (or lockstep's groups); returns the admitted prompts to admit again
-        (``prompts``: uid -> record; ``step``: the last step the checkpoint trained)."""
-        planned = state.get("lockstep") if self.spec.lockstep else None
-        kept = [Group.from_dict(g) for _, g in [*planned["buffer"], *planned["filtered"]]] if planned else []
-        missing = [uid for uid in [*state.get("admitted", []), *state.get("long_queue", []),
-                                   *(g.prompt.uid for g in kept)] if uid not in prompts]
-        if missing:
-            raise ValueError(f"the checkpoint's rollout holds prompts this run's data lacks, e.g. {missing[:3]}")
-        if self.tail is not None:
-            self.tail.long_queue.extend(prompts[uid] for uid in state.get("long_queue", []))
-        self._taken = step
-        if planned:
-            self._taken, self._seq = planned["taken"], planned["seq"]
-            self._parts = {tuple(p) for p in planned["parts"]}
-            self._admitted_for = dict((int(n), c) for n, c in planned["admitted_for"])
-            seqs = [seq for seq, _ in [*planned["buffer"], *planned["filtered"]]]
-            entries = list(zip(seqs, kept, strict=True))
-            self.buffer.entries = entries[:len(planned["buffer"])]
-            self.filtered = entries[len(planned["buffer"]):]
-        return [prompts[uid] for uid in state.get("admitted", [])]
+        """Restore a checkpoint's rollout; returns the prompts to admit again (``gyre.rollout.persist``)."""
+        return load_scheduler_state(self, state, prompts, step)
 
     # ---- internals ------------------------------------------------------------------------------
     def _abort_group(self, flight: _Flight, counter: str) -> None:
@@ -636,13 +604,3 @@ class RolloutScheduler:
         """Its requests' late results will be counted as wasted."""
         self.requests.forget(flight.requests)
         flight.requests.clear()
-
-    def _lag_stats(self, step: int, groups: list[Group]) -> None:
-        """How stale the batch is: the share of samples per version lag, and window violations (must be 0)."""
-        lags = [step - 1 - t.weight_version for g in groups for t in g.trajectories]
-        limit = staleness_limit(self.spec.async_ratio)
-        for lag in range(limit + 1):
-            self.stats[f"staleness/lag_{lag}"] = sum(x == lag for x in lags) / len(lags)
-        starts = [step - 1 - g.admitted_version for g in groups]
-        self.stats["staleness/mean"] = sum(starts) / len(starts)
-        self.stats["staleness/violations"] = sum(x > limit for x in starts)

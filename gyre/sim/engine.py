@@ -29,7 +29,7 @@ _SLACK = 1e-9
 
 
 @dataclass(eq=False)
-class _Row:
+class _SimRow:
     request: GenerationRequest
     sample: int
     target: int
@@ -67,10 +67,10 @@ class SimEngine:
         # length, the batch's context sum and the next finish follow in O(1) / O(log n), not O(rows).
         self.steps = 0
         """Decoding steps run so far."""
-        self.rows: dict[_Row, None] = {}
+        self.rows: dict[_SimRow, None] = {}
         """Rows decoding, in join order."""
-        self.waiting: deque[_Row] = deque()
-        self._finish: list[tuple[int, int, _Row]] = []
+        self.waiting: deque[_SimRow] = deque()
+        self._finish: list[tuple[int, int, _SimRow]] = []
         """(step it finishes at, seq, row) of the decoding rows; aborted rows are skipped lazily."""
         self._seq = 0
         self._context = 0
@@ -93,7 +93,7 @@ class SimEngine:
         for r in requests:
             for i in range(r.first_sample, r.first_sample + r.n):
                 target = max(len(r.prefix) + 1, min(r.params.max_new_tokens, self.lengths(r, i)))
-                self.waiting.append(_Row(r, i, target, len(r.prefix)))
+                self.waiting.append(_SimRow(r, i, target, len(r.prefix)))
 
     def request_ids(self) -> list[str]:
         return sorted({row.request.request_id for row in [*self.rows, *self.waiting]})
@@ -213,7 +213,7 @@ class SimEngine:
             self.now = max(self.now, t)
 
     # ---- internals ----------------------------------------------------------------------------------
-    def _done(self, row: _Row) -> int:
+    def _done(self, row: _SimRow) -> int:
         return row.done0 if row.joined < 0 else row.done0 + self.steps - row.joined
 
     def _left(self) -> int:
@@ -221,7 +221,7 @@ class SimEngine:
             heapq.heappop(self._finish)
         return self._finish[0][0] - self.steps if self._finish else 0
 
-    def _admission(self) -> tuple[list[_Row], float]:
+    def _admission(self) -> tuple[list[_SimRow], float]:
         """The waiting rows that join at the next step boundary, and their prefill time."""
         joining, kv, rows = [], self._kv, len(self.rows)
         for row in self.waiting:
@@ -232,7 +232,7 @@ class SimEngine:
             kv, rows = kv + row.base, rows + 1
         return joining, self.cost.prefill_s(sum(len(r.request.prompt_ids) + r.done0 for r in joining))
 
-    def _admit(self, joining: list[_Row] | None = None, seconds: float | None = None) -> None:
+    def _admit(self, joining: list[_SimRow] | None = None, seconds: float | None = None) -> None:
         if joining is None:
             joining, seconds = self._admission()
         for row in joining:
@@ -246,7 +246,7 @@ class SimEngine:
         if joining:
             self._spend(seconds)
 
-    def _remove(self, row: _Row) -> None:
+    def _remove(self, row: _SimRow) -> None:
         del self.rows[row]
         row.gone = True
         self._context -= len(row.request.prompt_ids) + self._done(row)
@@ -273,7 +273,7 @@ class SimEngine:
             self._remove(row)
         return out
 
-    def _runs(self, row: _Row) -> list[tuple[WeightVersion, int]]:
+    def _runs(self, row: _SimRow) -> list[tuple[WeightVersion, int]]:
         """The versions of the tokens it sampled here: the load history over its decoding steps."""
         if row.joined < 0:
             return []
@@ -285,7 +285,7 @@ class SimEngine:
                 runs.append((version, hi - lo))
         return runs
 
-    def _result(self, row: _Row, reason: str) -> GenerationResult:
+    def _result(self, row: _SimRow, reason: str) -> GenerationResult:
         """What a row gives back: the tokens it sampled after its request's prefix, with their versions."""
         offset = len(row.request.prefix)
         runs = self._runs(row)
