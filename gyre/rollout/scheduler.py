@@ -373,9 +373,17 @@ class RolloutScheduler:
                 if part is not None and i != GREEDY_SAMPLE and (part.response_ids or part.offset):
                     self._continue(flight, part)
                     self._count("rollout/samples_continued")
+                elif i in flight.partial:  # nothing handed back, but the tokens of its earlier parts are here
+                    self._ask_rest(flight, i)
+                    self._count("rollout/samples_continued")
                 else:
                     self._retry(flight, i)
                     self._count("rollout/samples_requeued")
+
+    def on_engine_draining(self, engine: int) -> None:
+        """Engine ``engine`` will leave soon (a spot reclaim notice, lent capacity being taken back): nothing
+        new goes to it; what it holds goes on until it leaves (``on_engine_lost`` with what it hands back)."""
+        self.requests.down.add(engine)
 
     def on_engine_back(self, engine: int) -> None:
         self.requests.back(engine)
@@ -396,6 +404,11 @@ class RolloutScheduler:
             t = flight.partial[i] = Trajectory.from_result(flight.group.prompt, part)
         else:
             t.extend(part)
+        self._ask_rest(flight, i)
+
+    def _ask_rest(self, flight: _Flight, i: int) -> None:
+        """Ask an engine for the rest of sample ``i`` after the tokens its parts so far gave."""
+        t = flight.partial[i]
         flight.retries += 1
         prefix = tuple(itertools.chain.from_iterable(s.token_ids for s in t.segments))
         request = replace(self._request(flight, f"{flight.group.group_id}/{i}.{flight.retries}", i, 1), prefix=prefix)

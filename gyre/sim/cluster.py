@@ -191,7 +191,7 @@ class SimCluster:
         """Engine ``rank`` leaves: with ``hand_back`` (a warning came in time) its samples' tokens so far
         come back and continue elsewhere; without, they are regenerated from scratch."""
         engine = self._engine(rank)
-        engine.advance(self.now)
+        self._deliver(engine.advance(self.now))  # samples that finished by now are delivered, not re-asked
         held = engine.abort(engine.request_ids()) if hand_back else []
         self.engines[rank] = None
         self._stamp[rank] += 1

@@ -19,6 +19,7 @@ from gyre.rollout.episodes import EpisodeRunner, SlotPool
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
 from gyre.sim.cluster import SimCluster
 from gyre.sim.cost import CostModel
+from gyre.sim.elastic import ElasticPool, ElasticSpec, install
 from gyre.sim.engine import SimEngine
 from gyre.sim.services import SimEnvs, SimRewards, WordTokenizer
 from gyre.sim.workload import Workload, WorkloadSpec
@@ -77,6 +78,8 @@ class SimSpec:
     """Forward passes besides the update (old log-probs; 2 with a KL reference)."""
     agentic: Agentic | None = None
     seed: int = 0
+    elastic: ElasticSpec | None = None
+    """Rollout engines that join and leave at run time, on top of the layout's (``gyre.sim.elastic``)."""
 
 
 @dataclass
@@ -164,6 +167,7 @@ class SimRun:
         self.drawn = 0
         self._prompt_of: dict[str, PromptRecord] = {}
         """Group id -> its prompt (what a request's sample lengths are drawn from)."""
+        self.elastic: ElasticPool | None = install(spec.elastic, self) if spec.elastic is not None else None
 
     def new_engine(self) -> SimEngine:
         return SimEngine(self.spec.cost, self._length, self.spec.max_rows)
@@ -219,6 +223,8 @@ class SimRun:
                           (self._busy() - busy) / max(1e-9, len(live) * step_s), len(live), stats)
 
     def _busy(self) -> float:
+        if self.elastic is not None:  # engines that left keep their part
+            return self.elastic.busy_s
         return sum(e.busy_s for e in self.cluster.engines if e is not None)
 
 
