@@ -58,6 +58,22 @@ class SimWorkloadConfig(StrictModel):
     """Environment runs: mean seconds of an environment reset."""
 
 
+class SimElasticConfig(StrictModel):
+    """Rollout engines that join and leave at run time, besides the layout's (ROSE's lent serving
+    capacity, Spotlight's spot instances): each by an on/off process on the virtual clock."""
+
+    lent: NonNegInt = 0
+    """Engines that come and go (0: a fixed pool)."""
+    on_s: PositiveFloat = 600.0
+    """Mean seconds a lent engine stays once it joins (exponential)."""
+    off_s: NonNegFloat = 600.0
+    """Mean seconds it is away before it (or a replacement) joins again (exponential)."""
+    warning_s: NonNegFloat | None = 0.0
+    """Notice before an engine leaves: None, none (a spot instance killed: its samples are regenerated);
+    0, it hands its samples' tokens back as it leaves and other engines continue them; above 0, it takes
+    no new work for that long, decodes on, then hands back what is left."""
+
+
 class SimulateConfig(StrictModel):
     """What ``gyre simulate`` plans for: devices, model size, device class and task shape."""
 
@@ -93,6 +109,8 @@ class SimulateConfig(StrictModel):
     """Seeds the workload's draws (lengths, rewards, latencies): the same seed gives the same numbers."""
     workload: SimWorkloadConfig = SimWorkloadConfig()
     """The simulated task's shape."""
+    elastic: SimElasticConfig = SimElasticConfig()
+    """Rollout capacity that joins and leaves mid-run (ROSE, Spotlight); by default none."""
 
     @field_validator("device")
     @classmethod

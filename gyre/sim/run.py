@@ -206,9 +206,11 @@ class SimRun:
         train_s = spec.cost.train_s(tokens, spec.layout.train_devices, spec.forward_passes)
         if spec.layout.colocated:
             cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s())
-        else:  # the rollout goes on, admitting for the step after next (RolloutMachine.wait_for)
+        elif spec.schedule.async_ratio > 0:  # the rollout goes on, admitting for the step after next (wait_for)
             later = lambda: sched.admit(sched.version + 2, self.draw)  # noqa: E731
             cluster.run(lambda: False, later, until=cluster.now + train_s)
+        else:  # synchronous: nothing is admitted while the policy trains (what is scored meanwhile lands)
+            cluster.run(lambda: False, None, until=cluster.now + train_s)
         sync_s = spec.cost.sync_s()
         cluster.publish(n, spec.partial)
         sched.on_published(n)

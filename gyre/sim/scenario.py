@@ -20,6 +20,7 @@ from gyre.config.schema import RLVRConfig
 from gyre.envs.episode import EpisodeLimits
 from gyre.pipelines.schedule import sampling_params, schedule_spec
 from gyre.sim.cost import CostModel, ModelShape, device_class, model_shape
+from gyre.sim.elastic import ElasticSpec
 from gyre.sim.run import Agentic, Layout, SimSpec
 from gyre.sim.workload import WorkloadSpec, fit_lengths
 
@@ -70,4 +71,10 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
     return SimSpec(schedule_spec(cfg, sampling), layout(cfg, devices or sim.devices), cost, workload,
                    steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,
                    max_rows=sim.max_rows or cfg.rollout.max_batch_size, reward_workers=sim.reward_workers,
-                   forward_passes=2 if cfg.algorithm.uses_reference else 1, agentic=agentic, seed=sim.seed)
+                   forward_passes=2 if cfg.algorithm.uses_reference else 1, agentic=agentic, seed=sim.seed,
+                   elastic=elastic_spec(cfg))
+
+
+def elastic_spec(cfg: RLVRConfig) -> ElasticSpec | None:
+    e = cfg.simulate.elastic
+    return ElasticSpec(e.lent, e.on_s, e.off_s, e.warning_s, seed=cfg.simulate.seed) if e.lent else None
