@@ -39,6 +39,8 @@ class DeviceClass:
     """Model FLOPs utilisation of training (forward and backward)."""
     step_overhead_s: float = 0.004
     """Fixed cost of one decoding step (scheduling, sampling, kernel launches)."""
+    train_overhead_s: float = 0.5
+    """Fixed cost of a training step (optimizer step, gradient reduction, scheduling)."""
     link_gbps: float = 25.0
     """Bandwidth of a weight update from the trainer to an engine, GB/s."""
     sync_overhead_s: float = 1.0
@@ -223,7 +225,7 @@ class CostModel:
         """A policy update over ``tokens`` tokens on ``devices`` devices (6 P T FLOPs), plus
         ``forward_passes`` forward passes (2 P T each: old and reference log-probs)."""
         flops = (6 + 2 * forward_passes) * self.model.params * tokens
-        return flops / (devices * self.device.peak_tflops * 1e12 * self.device.train_mfu)
+        return self.device.train_overhead_s + flops / (devices * self.device.peak_tflops * 1e12 * self.device.train_mfu)
 
     def sync_s(self) -> float:
         """A weight update: the weights over the trainer-to-engine link, plus a fixed cost."""

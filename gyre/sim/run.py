@@ -78,6 +78,10 @@ class SimSpec:
     """Forward passes besides the update (old log-probs; 2 with a KL reference)."""
     agentic: Agentic | None = None
     seed: int = 0
+    padding: str = "pack"
+    """How training batches its rows (``policy.remove_padding``): none pads consecutive micro-batches of
+    ``micro_batch`` rows to their longest, sort pads after ordering rows by length, pack pads nothing."""
+    micro_batch: int = 8
     elastic: ElasticSpec | None = None
     """Rollout engines that join and leave at run time, on top of the layout's (``gyre.sim.elastic``)."""
 
@@ -202,8 +206,10 @@ class SimRun:
         groups = sched.take(n)
         cluster.send(sched.drain())
         trajectories = [t for g in groups for t in g.trajectories]
-        tokens = sum(len(t.prompt.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories)
-        train_s = spec.cost.train_s(tokens, spec.layout.train_devices, spec.forward_passes)
+        rows = [len(t.prompt.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories]
+        tokens = sum(rows)
+        trained = train_tokens(rows, spec.padding, spec.micro_batch)
+        train_s = spec.cost.train_s(trained, spec.layout.train_devices, spec.forward_passes)
         if spec.layout.colocated:
             cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s())
         elif spec.schedule.async_ratio > 0:  # the rollout goes on, admitting for the step after next (wait_for)
@@ -228,6 +234,14 @@ class SimRun:
         if self.elastic is not None:  # engines that left keep their part
             return self.elastic.busy_s
         return sum(e.busy_s for e in self.cluster.engines if e is not None)
+
+
+def train_tokens(rows: list[int], padding: str, micro_batch: int) -> int:
+    """Tokens a training pass computes over rows of these lengths, padding included."""
+    if padding == "pack":
+        return sum(rows)
+    order = sorted(rows, reverse=True) if padding == "sort" else rows
+    return sum(max(order[i:i + micro_batch]) * len(order[i:i + micro_batch]) for i in range(0, len(order), micro_batch))
 
 
 def simulate(spec: SimSpec) -> SimResult:

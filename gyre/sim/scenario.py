@@ -72,6 +72,7 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
                    steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,
                    max_rows=sim.max_rows or cfg.rollout.max_batch_size, reward_workers=sim.reward_workers,
                    forward_passes=2 if cfg.algorithm.uses_reference else 1, agentic=agentic, seed=sim.seed,
+                   padding=cfg.policy.remove_padding, micro_batch=cfg.policy.micro_batch_size,
                    elastic=elastic_spec(cfg))
 
 

@@ -37,9 +37,9 @@ def test_steps_within_inverts_the_span(rows, context):
 
 
 def test_training_and_prefill_follow_their_flop_counts():
-    cost = CostModel(DeviceClass(**{**DEVICE.__dict__, "train_mfu": 0.5}), MODEL)
-    # (6 + 2 x 1) x 1e8 x 1e4 tokens = 8e12 FLOPs on 2 devices at 0.5 x 1e12: 8 s
-    assert cost.train_s(1e4, devices=2, forward_passes=1) == pytest.approx(8.0)
+    cost = CostModel(DeviceClass(**{**DEVICE.__dict__, "train_mfu": 0.5, "train_overhead_s": 0.25}), MODEL)
+    # (6 + 2 x 1) x 1e8 x 1e4 tokens = 8e12 FLOPs on 2 devices at 0.5 x 1e12: 8 s, plus the step's 0.25 s
+    assert cost.train_s(1e4, devices=2, forward_passes=1) == pytest.approx(8.25)
     # 5e4 tokens: 2 x 1e8 x 5e4 = 1e13 FLOPs = 10 s (above the 0.2 s weight read)
     assert cost.prefill_s(5e4) == pytest.approx(10.0)
 
@@ -60,3 +60,12 @@ def test_named_models_and_a_local_config(tmp_path):
     assert shape.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2
     with pytest.raises(ValueError, match="unknown model size"):
         model_shape("70q")
+
+
+def test_training_counts_the_padding_its_micro_batches_carry():
+    from gyre.sim.run import train_tokens
+
+    rows = [5, 1, 9, 3, 2]
+    assert train_tokens(rows, "pack", 2) == 20
+    assert train_tokens(rows, "none", 2) == 2 * 5 + 2 * 9 + 1 * 2  # [5, 1] [9, 3] [2]
+    assert train_tokens(rows, "sort", 2) == 2 * 9 + 2 * 3 + 1 * 1  # [9, 5] [3, 2] [1]

@@ -47,7 +47,7 @@ def test_a_seed_gives_the_same_numbers_and_a_small_sweep_is_pinned():
     assert summary == PINNED
 
 
-PINNED = [(54.89, 4.66, 0.0), (18.21, 14.06, 1.375), (49.48, 5.17, 0.0), (12.62, 20.29, 1.289)]
+PINNED = [(56.74, 4.51, 0.0), (19.77, 12.95, 1.445), (50.31, 5.09, 0.0), (12.99, 19.71, 1.312)]
 
 
 @pytest.mark.parametrize("alpha", [0, 0.5, 1, 1.5, 2, 4])
