@@ -177,13 +177,16 @@ class SimRun:
         return SimEngine(self.spec.cost, self._length, self.spec.max_rows)
 
     def _length(self, request: GenerationRequest, sample: int) -> int:
-        if self.spec.agentic is not None:  # a turn: "<group>/<episode>#<turn>"
-            turn = int(request.request_id.rpartition("#")[2] or 0)
-            return self.workload.turn_tokens(request.seed, sample, turn)
         gid = request.request_id.split("/")[0]
         prompt = self._prompt_of.get(gid)
         if prompt is None:
-            prompt = self._prompt_of[gid] = self.scheduler.flights[gid].group.prompt
+            flight = self.scheduler.flights.get(gid)
+            if flight is None:  # its group committed or was aborted before the engine took it: an abort follows
+                return 1
+            prompt = self._prompt_of[gid] = flight.group.prompt
+        if self.spec.agentic is not None:  # a turn: "<group>/<episode>#<turn>", keyed by the prompt, not the group
+            episode, _, turn = request.request_id.rpartition("#")
+            return self.workload.turn_tokens(prompt.columns["index"], int(episode.rpartition("/")[2]), int(turn))
         return self.workload.response_tokens(prompt, sample)
 
     def draw(self, k: int) -> list[PromptRecord]:

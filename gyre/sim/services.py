@@ -104,7 +104,11 @@ class SimEnvs:
             success = done and self.workload.env_success(seed)
             value = EnvStep(self._words(self.workload.observation_tokens(seed, turn)), float(success), done, False,
                             {"success": success} if done else {})
-        latency = self.workload.env_latency(self._seq, call.op) * self.latency_scale
+        # Keyed by the episode's identity (seed, index in its group, call number), not by arrival order: every
+        # schedule sees the same latency for the same call, so comparisons between schedules are paired.
+        episode, _, n = call.call_id.rpartition("@")
+        index = int(episode.rpartition("/")[2])
+        latency = self.workload.env_latency((self._seed[call.slot], index, int(n)), call.op) * self.latency_scale
         self.busy_s += latency
         heapq.heappush(self._heap, (now + latency, self._seq, EnvResult(call.call_id, value)))
 

@@ -128,15 +128,17 @@ class Workload:
     def observation_tokens(self, env_seed: int, turn: int) -> int:
         return max(1, round(lognormal(self.spec.observation_tokens, 0.5, self.seed, 7, env_seed, turn)))
 
-    def turn_tokens(self, request_seed: int, sample: int, turn: int) -> int:
+    def turn_tokens(self, prompt_index: int, episode: int, turn: int) -> int:
+        """Tokens the model writes in turn ``turn`` of episode ``episode`` (its index in the group) of a prompt."""
         s = self.spec
-        return max(1, round(lognormal(s.turn_tokens, s.length_sigma, self.seed, 8, request_seed, sample, turn)))
+        return max(1, round(lognormal(s.turn_tokens, s.length_sigma, self.seed, 8, prompt_index, episode, turn)))
 
-    def env_latency(self, call: int, op: str) -> float:
+    def env_latency(self, call: tuple[int, ...], op: str) -> float:
+        """Seconds of an environment call; ``call`` names it (env seed, episode index, call number)."""
         s = self.spec
         if op == "reset":
-            return lognormal(s.reset_latency_s, 0.5, self.seed, 9, call)
-        return lognormal(s.env_latency_s, s.env_latency_cv, self.seed, 10, call)
+            return lognormal(s.reset_latency_s, 0.5, self.seed, 9, *call)
+        return lognormal(s.env_latency_s, s.env_latency_cv, self.seed, 10, *call)
 
 
 # ---- fitting from a real run ----------------------------------------------------------------------
