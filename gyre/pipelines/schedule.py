@@ -30,4 +30,7 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
         extra_samples=cfg.env.extra_samples if cfg.env is not None else 0,
         restart_stale=cfg.env is not None and cfg.env.stale_episodes == "restart",
         greedy=cfg.algorithm.advantage_estimator.greedy,
-        lockstep=r.async_ratio > 0 and r.async_mode == "lockstep")
+        lockstep=r.async_ratio > 0 and r.async_mode == "lockstep",
+        # Queue scheduling dispatches as capacity frees: an engine is given at most the rows it decodes at
+        # once (lockstep keeps every request on its engine from admission: its batches must not depend on timing).
+        engine_slots=r.max_batch_size if r.replicate and r.async_mode != "lockstep" else None)

@@ -310,8 +310,8 @@ class EpisodeRunner:
 
     def _drop(self, key: str) -> None:
         live = self.live[key]
-        if live.request is not None and live.request in self.requests.live:
-            self.requests.abort({live.request: self.requests.live[live.request][0]})
+        if live.request is not None:
+            self.requests.abort([live.request])
         self._release(key)
 
     def _release(self, key: str) -> None:

@@ -8,6 +8,7 @@ until it is back, and ``lose`` hands back what it owed so the owner can ask the 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -44,13 +45,33 @@ class RequestBook:
     load: list[int] = field(default_factory=list)
     down: set[int] = field(default_factory=set)
     """Engines lost and not yet replaced: nothing is assigned to them."""
+    slots: int | None = None
+    """Most samples an engine holds at once. None: every request goes to an engine when it is asked for
+    (queued there behind what the engine has). A bound holds the rest here, in order, and hands each to
+    the first engine with room as samples come back (ROLL Flash's queue scheduling: dispatch as capacity
+    frees, so no request waits behind one engine's long tail while another idles)."""
+    held: dict[str, GenerationRequest] = field(default_factory=dict)
+    """Requests waiting for an engine with room (with ``slots``), in the order they were asked for."""
+    count: list[int] = field(default_factory=list)
+    """Samples each engine holds (with ``slots``)."""
+    _open: list[tuple[int, int]] = field(default_factory=list)
+    """Heap of (samples held, engine) with room (entries go stale; checked against ``count``)."""
 
     def __post_init__(self) -> None:
         self.load = [0] * self.engines
+        self.count = [0] * self.engines
+        self._open = [(0, e) for e in range(self.engines)]
 
     def assign(self, requests: Sequence[GenerationRequest], owner: Callable[[str], str]) -> dict[str, int]:
         """Spread requests over engines on top of their outstanding work; ``owner(request id)`` names what
-        each belongs to. Returns request id -> engine."""
+        each belongs to. Returns request id -> engine (-1: held until an engine has room)."""
+        if self.slots is not None:
+            for r in requests:
+                self.owner[r.request_id] = owner(r.request_id)
+                self.held[r.request_id] = r
+            placed = {r.request_id: -1 for r in requests}
+            placed.update(self._dispatch())
+            return placed
         busy = 1 << 62  # a lost engine gets nothing while another is up
         loads = [busy if e in self.down and len(self.down) < self.engines else load for e, load in enumerate(self.load)]
         plan = assign_requests(list(requests), self.engines, loads)
@@ -67,30 +88,78 @@ class RequestBook:
             self.outbox.append(Generate(engine, mine))
         return placed
 
+    def _dispatch(self) -> dict[str, int]:
+        """Held requests to the engines with room, least-held first (lowest rank on ties), in order."""
+        placed: dict[str, int] = {}
+        by_engine: dict[int, list[GenerationRequest]] = {}
+        for request_id, r in list(self.held.items()):
+            engine = self._room(r.n)
+            if engine is None:
+                break
+            del self.held[request_id]
+            self._place(engine, r)
+            by_engine.setdefault(engine, []).append(r)
+            placed[request_id] = engine
+        for engine, mine in by_engine.items():
+            self.outbox.append(Generate(engine, tuple(mine)))
+        return placed
+
+    def _room(self, n: int) -> int | None:
+        """The up engine holding the fewest samples, if it has room for ``n`` more (or holds none)."""
+        while self._open:
+            held, engine = self._open[0]
+            if held != self.count[engine] or engine in self.down:
+                heapq.heappop(self._open)  # stale: the engine's count changed, or it is down
+                continue
+            return engine if held == 0 or held + n <= self.slots else None
+        return None
+
+    def _place(self, engine: int, r: GenerationRequest) -> None:
+        self.live[r.request_id] = (engine, set(range(r.first_sample, r.first_sample + r.n)))
+        self.load[engine] += r.n * self._work(r.prompt_ids)
+        self._recount(engine, r.n)
+
+    def _recount(self, engine: int, delta: int) -> None:
+        self.count[engine] += delta
+        heapq.heappush(self._open, (self.count[engine], engine))
+
     def settle(self, result: GenerationResult) -> str | None:
-        """A sample came back: its engine owes one less. Returns the owner while the request is live."""
+        """A sample came back: its engine owes one less (and, with ``slots``, takes a held request).
+        Returns the owner while the request is live."""
         live = self.live.get(result.request_id)
         if live is not None and result.sample_index in live[1]:
             self.load[live[0]] -= self._work(result.prompt_ids)
             live[1].discard(result.sample_index)
             if not live[1]:
                 del self.live[result.request_id]
+            if self.slots is not None:
+                self._recount(live[0], -1)
+                self._dispatch()
         return self.owner.get(result.request_id)
 
-    def abort(self, requests: dict[str, int]) -> None:
-        """Abort the live ones among ``requests`` (id -> engine) and forget them: their late samples find
-        no owner."""
+    def samples(self, request_id: str) -> set[int]:
+        """The sample indices a live or held request still owes."""
+        if request_id in self.held:
+            r = self.held[request_id]
+            return set(range(r.first_sample, r.first_sample + r.n))
+        return self.live[request_id][1] if request_id in self.live else set()
+
+    def abort(self, requests) -> None:
+        """Abort these requests (ids; an id -> engine mapping is read for its keys) and forget them: held
+        ones never start, live ones are stopped on their engines, and their late samples find no owner."""
         by_engine: dict[int, list[str]] = {}
-        for request_id, engine in requests.items():
+        for request_id in requests:
             if request_id in self.live:  # finished requests have nothing left to abort
-                by_engine.setdefault(engine, []).append(request_id)
+                by_engine.setdefault(self.live[request_id][0], []).append(request_id)
         if by_engine:
             self.outbox.append(Abort({e: tuple(ids) for e, ids in by_engine.items()}))
         self.forget(requests)
 
     def forget(self, request_ids) -> None:
+        """Their late samples find no owner; held ones are dropped."""
         for request_id in request_ids:
             self.owner.pop(request_id, None)
+            self.held.pop(request_id, None)
 
     def lose(self, engine: int) -> list[tuple[str, str | None, list[int]]]:
         """Engine ``engine`` is gone with everything it held: (request id, owner, sample indices it still
@@ -98,6 +167,7 @@ class RequestBook:
         self.down.add(engine)
         lost = [(rid, samples) for rid, (e, samples) in self.live.items() if e == engine]
         self.load[engine] = 0
+        self.count[engine] = 0
         out = []
         for rid, samples in lost:
             del self.live[rid]
@@ -106,16 +176,23 @@ class RequestBook:
 
     def back(self, engine: int) -> None:
         self.down.discard(engine)
+        self._recount(engine, 0)
+        if self.slots is not None:
+            self._dispatch()
 
     def grow(self) -> None:
         """One more engine (the next rank) takes requests from now on."""
         self.engines += 1
         self.load.append(0)
+        self.count.append(0)
+        self._recount(self.engines - 1, 0)
+        if self.slots is not None:
+            self._dispatch()
 
     @property
     def outstanding(self) -> int:
-        """Samples asked of engines and not yet back (aborted ones included until they are)."""
-        return sum(len(samples) for _, samples in self.live.values())
+        """Samples asked for and not yet back (aborted ones included until they are), held ones too."""
+        return sum(len(samples) for _, samples in self.live.values()) + sum(r.n for r in self.held.values())
 
     def busy_engines(self) -> list[int]:
         """Engines that owe samples."""

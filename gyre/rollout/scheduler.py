@@ -99,7 +99,8 @@ class RolloutScheduler:
     """id(trajectory) -> its group id, from when it is sent to be scored until its reward arrives."""
 
     def __post_init__(self) -> None:
-        self.requests = RequestBook(self.engines, self.outbox, self.spec.sampling.max_new_tokens)
+        self.requests = RequestBook(self.engines, self.outbox, self.spec.sampling.max_new_tokens,
+                                    slots=self.spec.engine_slots)
         if self.episodes is not None:
             self.episodes.bind(self.requests, self.outbox, self.stats)
         if self.spec.tail is not None and self.tail is None:
@@ -287,8 +288,7 @@ class RolloutScheduler:
 
     def _abort_spare_samples(self, flight: _Flight) -> None:
         """Abort the group's sampling requests still out; its greedy response, if still out, goes on."""
-        spare = {rid: e for rid, e in flight.requests.items()
-                 if GREEDY_SAMPLE not in self.requests.live.get(rid, (e, set()))[1]}
+        spare = {rid: e for rid, e in flight.requests.items() if GREEDY_SAMPLE not in self.requests.samples(rid)}
         self.requests.abort(spare)
         flight.requests = {rid: e for rid, e in flight.requests.items() if rid not in spare}
 

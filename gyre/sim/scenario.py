@@ -68,9 +68,13 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
         limits = EpisodeLimits(e.max_turns, e.turn_tokens, e.context_tokens, e.observation_tokens, e.window)
         agentic = Agentic(limits, sim.env_slots or e.workers * e.slots_per_worker, sim.env_latency_scale, e.turn_sync)
         workload = replace(workload, max_tokens=e.turn_tokens)
-    return SimSpec(schedule_spec(cfg, sampling), layout(cfg, devices or sim.devices), cost, workload,
+    schedule = schedule_spec(cfg, sampling)
+    max_rows = sim.max_rows or cfg.rollout.max_batch_size
+    if schedule.replicate and not schedule.lockstep and max_rows:  # queue scheduling: as the engines' rows free
+        schedule = replace(schedule, engine_slots=max_rows)
+    return SimSpec(schedule, layout(cfg, devices or sim.devices), cost, workload,
                    steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,
-                   max_rows=sim.max_rows or cfg.rollout.max_batch_size, reward_workers=sim.reward_workers,
+                   max_rows=max_rows, reward_workers=sim.reward_workers,
                    forward_passes=2 if cfg.algorithm.uses_reference else 1, agentic=agentic, seed=sim.seed,
                    padding=cfg.policy.remove_padding, micro_batch=cfg.policy.micro_batch_size,
                    elastic=elastic_spec(cfg))
