@@ -520,6 +520,12 @@ def _simulate(args) -> int:
     out = Path(args.out) if args.out else Path("runs/simulate") / f"{Path(args.config).stem}-{stamp}"
     if (out / "sweep.csv").exists() and not args.overwrite:
         raise ConfigError(f"{out} holds an earlier sweep (sweep.csv): pass --overwrite to replace it, or another --out")
+    from gyre.sim.scenario import describe, scenario
+
+    try:
+        print(describe(scenario(base, devices[0], args.calibrate)) + "\n")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     print(HEADER)
     try:
         rows = run_sweep(args.config, args.overrides, devices, args.sweep, args.calibrate)

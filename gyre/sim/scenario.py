@@ -83,3 +83,21 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
 def elastic_spec(cfg: RLVRConfig) -> ElasticSpec | None:
     e = cfg.simulate.elastic
     return ElasticSpec(e.lent, e.on_s, e.off_s, e.warning_s, seed=cfg.simulate.seed) if e.lent else None
+
+
+def describe(spec: SimSpec) -> str:
+    """What a simulation assumes, in a few lines (printed before a sweep: derived values made visible)."""
+    c, w = spec.cost, spec.workload
+    rows = c.kv_capacity_tokens() / (w.prompt_tokens + w.max_tokens)
+    lines = [f"model      {c.model.name}: {c.model.params / 1e9:.2f}B parameters, "
+             f"{c.model.kv_bytes_per_token / 1024:.0f} KiB of KV cache per token",
+             f"device     {c.device.name}: {c.device.peak_tflops:g} TFLOP/s, {c.device.mem_gbps:g} GB/s, "
+             f"{c.device.mem_gb:g} GB; rollout engines of {c.tp} device(s) hold {rows:.0f} full-length samples "
+             f"(KV cache){f', at most {spec.max_rows} rows' if spec.max_rows else ''}",
+             f"step       decode {c.decode_step_s(1, w.prompt_tokens) * 1e3:.1f} ms for one row, "
+             f"weight sync {c.sync_s():.1f} s",
+             f"workload   prompts ~{w.prompt_tokens:.0f} tokens; responses mean {w.response_tokens:.0f} tokens before "
+             f"the {w.max_tokens}-token cap, lognormal sigma {w.length_sigma:.2f}; reward {w.reward_latency_s:g} s",
+             f"schedule   {spec.schedule.batch_groups} prompts x {spec.schedule.group_size} samples per step, "
+             f"{spec.steps} steps ({spec.warmup} warm-up)"]
+    return "\n".join(lines)
