@@ -98,3 +98,14 @@ def test_gyre_simulate_writes_a_table_and_a_plot_and_keeps_an_earlier_sweep(tmp_
 def test_a_bad_simulate_key_names_the_valid_ones(capsys):
     assert main(["simulate", CONFIG, "simulate.device=tpu9"]) == 2
     assert "h100" in capsys.readouterr().err
+
+
+def test_calibrating_from_a_runs_metrics_fits_the_lengths_it_simulates(tmp_path, capsys):
+    metrics = tmp_path / "metrics.jsonl"
+    row = {"time/step": 1.0, "batch/samples": 256, "response_length/mean": 300.0, "response_length/max": 2500.0,
+           "response_length/truncated_frac": 0.0}
+    metrics.write_text("".join(json.dumps({"step": k, **row}) + "\n" for k in range(1, 6)))
+    assert main(["simulate", CONFIG, *SMALL, "--calibrate", str(metrics), "--out", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "responses mean 3" in out  # the fitted mean before the cap (about 300), not the config's 1024
+    assert main(["simulate", CONFIG, "--calibrate", str(tmp_path / "missing.jsonl")]) == 2
