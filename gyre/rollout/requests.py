@@ -122,6 +122,12 @@ class RequestBook:
     def _recount(self, engine: int, delta: int) -> None:
         self.count[engine] += delta
         heapq.heappush(self._open, (self.count[engine], engine))
+        # Entries are only dropped when they reach the top: while every engine is full, each sample that
+        # comes back leaves one behind, so a long run would grow the heap without bound. Rebuild it from
+        # ``count`` (one entry per up engine) once it holds a few times that.
+        if len(self._open) > 4 * self.engines + 64:
+            self._open = [(c, e) for e, c in enumerate(self.count) if e not in self.down]
+            heapq.heapify(self._open)
 
     def settle(self, result: GenerationResult) -> str | None:
         """A sample came back: its engine owes one less (and, with ``slots``, takes a held request).

@@ -54,3 +54,17 @@ def test_a_request_of_several_samples_fits_an_empty_engine_whatever_its_slots():
     for i in range(3):
         book.settle(done("big", i))
     assert generated(outbox) == [(0, ["next"])]  # 1 sample left + 1 fits in 2 slots
+
+
+def test_the_open_engine_heap_stays_bounded_over_a_long_run_of_full_engines():
+    outbox: list = []
+    book = RequestBook(4, outbox, 8, slots=4)
+    book.assign([req(f"r{k}") for k in range(5000)], lambda rid: "g")
+    for k in range(5000 - 16):  # every engine stays full: each sample back is replaced by a held one
+        book.settle(done(f"r{k}"))
+        outbox.clear()
+    assert book.count == [4, 4, 4, 4] and not book.held
+    assert len(book._open) <= 4 * 4 + 64
+    book.lose(1)  # a rebuilt heap still skips engines that are down and finds room where it frees
+    book.settle(done("r4986"))
+    assert book._room(1) in (0, 2, 3)
