@@ -21,6 +21,7 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
     """The rollout scheduler's rules, from the ``rollout`` section."""
     r = cfg.rollout
     ds, tail = r.dynamic_sampling, r.tail_batching
+    lockstep = r.async_ratio > 0 and r.async_mode == "lockstep"  # async_mode means nothing without asynchrony
     return ScheduleSpec(
         r.samples_per_prompt, r.prompts_per_step, sampling, cfg.run.seed, async_ratio=r.async_ratio,
         replicate=r.replicate, redundancy=r.redundancy,
@@ -30,7 +31,7 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
         extra_samples=cfg.env.extra_samples if cfg.env is not None else 0,
         restart_stale=cfg.env is not None and cfg.env.stale_episodes == "restart",
         greedy=cfg.algorithm.advantage_estimator.greedy,
-        lockstep=r.async_ratio > 0 and r.async_mode == "lockstep",
+        lockstep=lockstep,
         # Queue scheduling dispatches as capacity frees: an engine is given at most the rows it decodes at
         # once (lockstep keeps every request on its engine from admission: its batches must not depend on timing).
-        engine_slots=r.max_batch_size if r.replicate and r.async_mode != "lockstep" else None)
+        engine_slots=r.max_batch_size if r.replicate and not lockstep else None)

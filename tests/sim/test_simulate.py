@@ -109,3 +109,14 @@ def test_calibrating_from_a_runs_metrics_fits_the_lengths_it_simulates(tmp_path,
     out = capsys.readouterr().out
     assert "responses mean 3" in out  # the fitted mean before the cap (about 300), not the config's 1024
     assert main(["simulate", CONFIG, "--calibrate", str(tmp_path / "missing.jsonl")]) == 2
+
+
+@pytest.mark.parametrize("alpha, slots", [(0, 16), (1, None)])
+def test_queue_slots_follow_lockstep_only_under_asynchrony_in_training_and_simulation(alpha, slots):
+    from gyre.pipelines.schedule import sampling_params, schedule_spec
+
+    cfg = load_config(CONFIG, [*SMALL, "rollout.schedule=queue", "rollout.max_batch_size=16",
+                               "rollout.async_mode=lockstep", f"rollout.async_ratio={alpha}"])
+    # async_mode only means something with asynchrony: a synchronous queue run dispatches as capacity frees
+    assert schedule_spec(cfg, sampling_params(cfg)).engine_slots == slots
+    assert scenario(cfg, 8).schedule.engine_slots == slots  # the simulator runs what training would
