@@ -144,9 +144,10 @@ class SimEngine:
 
     def update(self, version: WeightVersion, partial: bool = True) -> list[GenerationResult]:
         """Suspend, load ``version`` (the sync's time), resume: what the engine loop does at a step boundary.
-        Without ``partial``, the rows in flight come back aborted."""
+        Without ``partial``, every request it holds comes back aborted, queued ones too (as the engine
+        loop aborts ``request_ids()``): the scheduler asks them again under the new weights."""
         self.suspend()
-        dropped = [] if partial else self.abort([row.request.request_id for row in self.rows])
+        dropped = [] if partial else self.abort(self.request_ids())
         self.now += self.cost.sync_s()
         self.load_weights(None, version)
         self.resume()

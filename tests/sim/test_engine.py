@@ -66,6 +66,16 @@ def test_without_partial_rollouts_an_update_hands_the_rows_back_aborted():
     assert not e.busy
 
 
+def test_without_partial_rollouts_an_update_also_hands_back_queued_requests_as_the_engine_loop_does():
+    e = engine(max_rows=1)
+    e.add([request("a"), request("b")])  # one row: b waits behind a
+    e.advance(e.now + COST.prefill_s(10) + COST.decode_span_s(1, 10, 2))
+    dropped = e.update(1, partial=False)
+    assert [(r.request_id, len(r.response_ids), r.finish_reason) for r in dropped] == [("a", 2, "abort"),
+                                                                                        ("b", 0, "abort")]
+    assert not e.busy
+
+
 def test_an_aborted_sample_continues_on_another_engine_from_its_tokens():
     first, second = engine(), engine()
     first.add([request("a", n=2)])
