@@ -100,7 +100,8 @@ class StepRecord:
     samples: int
     response_tokens: int
     rollout_busy: float
-    """Share of the rollout engines' time spent prefilling and decoding during the step."""
+    """Share of the rollout engines' time spent prefilling and decoding during the step (engine-seconds in
+    the pool: with elastic capacity, time-weighted over the engines present)."""
     engines: int
     """Rollout engines in the pool at the end of the step."""
     stats: dict[str, float] = field(default_factory=dict)
@@ -229,9 +230,12 @@ class SimRun:
         stats["staleness/max_start"] = max((n - 1 - g.admitted_version for g in groups), default=0)
         live = [e for e in cluster.engines if e is not None]
         step_s = cluster.now - start
+        # Engine-seconds the pool had over the step: with elastic capacity, the engines there over time
+        # (the busy seconds count engines that left meanwhile too), not the engines left at its end.
+        pool = self.elastic.mean_engines(start, cluster.now) if self.elastic is not None else len(live)
         return StepRecord(n, start, cluster.now, generate_s, train_s, sync_s, len(trajectories),
                           tokens - sum(len(t.prompt.prompt_ids) for t in trajectories),
-                          (self._busy() - busy) / max(1e-9, len(live) * step_s), len(live), stats)
+                          (self._busy() - busy) / max(1e-9, pool * step_s), len(live), stats)
 
     def _busy(self) -> float:
         if self.elastic is not None:  # engines that left keep their part

@@ -194,3 +194,20 @@ def test_no_sample_is_lost_or_duplicated_when_engines_leave(warning_s):
     else:
         assert seen["continued"] > 0 and seen["continued_trained"] > 0
     assert seen["multi_version"] > 0
+
+
+def test_rollout_busy_is_a_share_of_the_engine_seconds_the_pool_had_during_the_step():
+    run = SimRun(_spec(3, 0.0, 1.0, True, True))
+    busy, records = [], []
+    for n in range(1, 6):
+        before = run.elastic.busy_s
+        records.append(run.step(n))
+        busy.append(run.elastic.busy_s - before)
+    pool = run.elastic
+    for r, b in zip(records, busy, strict=True):
+        engine_s = sum(live * (min(t1, r.end) - max(t0, r.start))
+                       for (t0, live), (t1, _) in zip(pool.timeline, [*pool.timeline[1:], (float("inf"), 0)],
+                                                      strict=True) if min(t1, r.end) > max(t0, r.start))
+        assert r.rollout_busy == pytest.approx(b / engine_s)
+    # the pool changed size within some step: the engines at its end would have been the wrong count
+    assert any(r.rollout_busy != pytest.approx(b / (r.engines * r.step_s)) for r, b in zip(records, busy, strict=True))
