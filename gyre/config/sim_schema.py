@@ -93,7 +93,8 @@ class SimulateConfig(StrictModel):
     asynchrony asks for disjoint devices (ROLL Flash's 24 of 40)."""
     max_rows: PositiveInt | None = None
     """Most sequences an engine decodes at once. None: rollout.max_batch_size, else as many as the KV
-    cache holds (room for each sample's whole budget, so none is preempted)."""
+    cache holds (each sample reserves room for its whole drawn length, known to the simulator in advance,
+    so none is preempted; a real engine sees neither, and either reserves the budget or preempts)."""
     reward_workers: NonNegInt = 0
     """Reward calls that run at once; 0: as many as arrive (a serverless reward service)."""
     env_slots: PositiveInt | None = None
