@@ -92,6 +92,8 @@ class SimEnvs:
 
     def submit(self, call: EnvCall, now: float) -> None:
         self._seq += 1
+        episode, _, n = call.call_id.rpartition("@")
+        index = int(episode.rpartition("/")[2])  # the episode's index in its group
         if call.op == "reset":
             seed = int(call.arg)
             self._seed[call.slot], self._turns[call.slot] = seed, 0
@@ -101,13 +103,11 @@ class SimEnvs:
             self._turns[call.slot] += 1
             turn, seed = self._turns[call.slot], self._seed[call.slot]
             done = turn >= self._length[call.slot]
-            success = done and self.workload.env_success(seed)
+            success = done and self.workload.env_success(seed, index)
             value = EnvStep(self._words(self.workload.observation_tokens(seed, turn)), float(success), done, False,
                             {"success": success} if done else {})
         # Keyed by the episode's identity (seed, index in its group, call number), not by arrival order: every
         # schedule sees the same latency for the same call, so comparisons between schedules are paired.
-        episode, _, n = call.call_id.rpartition("@")
-        index = int(episode.rpartition("/")[2])
         latency = self.workload.env_latency((self._seed[call.slot], index, int(n)), call.op) * self.latency_scale
         self.busy_s += latency
         heapq.heappush(self._heap, (now + latency, self._seq, EnvResult(call.call_id, value)))

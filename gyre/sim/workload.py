@@ -121,9 +121,11 @@ class Workload:
         s = self.spec
         return max(1, round(lognormal(s.turns, s.turns_cv, self.seed, 6, env_seed)))
 
-    def env_success(self, env_seed: int) -> bool:
-        """Whether an episode on this environment seed ends in success (at the mean pass rate)."""
-        return uniform(self.seed, 11, env_seed) < self.spec.pass_rate
+    def env_success(self, env_seed: int, episode: int) -> bool:
+        """Whether episode ``episode`` (its index in the group) on this environment seed ends in success, at
+        the mean pass rate. Keyed by the episode too: a group's episodes share the seed, and if they all
+        passed or failed together no group would have reward variance (dynamic sampling would drop all)."""
+        return uniform(self.seed, 11, env_seed, episode) < self.spec.pass_rate
 
     def observation_tokens(self, env_seed: int, turn: int) -> int:
         return max(1, round(lognormal(self.spec.observation_tokens, 0.5, self.seed, 7, env_seed, turn)))

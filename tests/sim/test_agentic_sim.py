@@ -77,3 +77,15 @@ def test_env_latency_is_keyed_by_the_call_not_its_arrival_order():
         due.append({r.call_id: t for t, _, r in envs._heap})
     assert due[0] == due[1]
     assert len(set(due[0].values())) == 3  # and different calls draw different latencies
+
+
+def test_a_groups_episodes_succeed_or_fail_each_on_its_own():
+    run, trained = agentic_run(0.0)
+    run.run()
+    groups = [g for gs in trained for g in gs]
+    for g in groups:  # each episode's reward is its own draw, keyed by (environment seed, episode index)
+        index = int(g.prompt.columns["index"])
+        assert [t.reward.score for t in sorted(g.trajectories, key=lambda t: t.sample_index)] == \
+            [float(run.workload.env_success(index, t)) for t in range(4)]
+    # so groups have reward variance (all-equal groups would all be dropped by dynamic sampling)
+    assert any(len({t.reward.score for t in g.trajectories}) > 1 for g in groups)
