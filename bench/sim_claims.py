@@ -130,7 +130,7 @@ def claim_queue() -> ClaimTable:
     rows = int(QWEN7B.kv_capacity_tokens() / (wl.prompt_tokens + tokens))  # what an engine decodes at once
     for devices, P, R in QUEUE_SETTINGS:
         base = ScheduleSpec(R, P, sampling(tokens), 0)
-        queue = replace(base, replicate=True, engine_slots=rows)  # dispatched as an engine's rows free
+        queue = replace(base, replicate=True)  # per-sample requests to the least-loaded engines, at admission
         cases = [("sync (a group = one request)", base),
                  ("queue scheduling (per-sample dispatch)", queue),
                  (f"queue + {redundant} redundant prompts", replace(queue, redundancy=redundant))]

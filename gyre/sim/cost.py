@@ -41,6 +41,8 @@ class DeviceClass:
     """Fixed cost of one decoding step (scheduling, sampling, kernel launches)."""
     train_overhead_s: float = 0.5
     """Fixed cost of a training step (optimizer step, gradient reduction, scheduling)."""
+    pcie_gbps: float = 25.0
+    """Host-to-device bandwidth, GB/s (colocated roles swap their state over it)."""
     link_gbps: float = 25.0
     """Bandwidth of a weight update from the trainer to an engine, GB/s."""
     sync_overhead_s: float = 1.0
@@ -231,6 +233,9 @@ class CostModel:
         """A weight update: the weights over the trainer-to-engine link, plus a fixed cost."""
         return self.device.sync_overhead_s + self.model.weight_bytes / (self.device.link_gbps * 1e9)
 
-    def swap_s(self) -> float:
-        """Time-sharing a device (colocation): the other role's weights and optimizer out, these in (PCIe)."""
-        return 3 * self.model.weight_bytes / (self.device.link_gbps * 1e9) if not self.device.additive else 0.0
+    def swap_s(self, train_devices: int) -> float:
+        """Time-sharing the devices (colocation), one way: the trainer's state (bf16 weights, fp32 master
+        weights and two Adam moments: 14 bytes a parameter, sharded over ``train_devices``) over PCIe."""
+        if self.device.additive:  # a CPU swaps nothing
+            return 0.0
+        return 14 * self.model.params / train_devices / (self.device.pcie_gbps * 1e9)

@@ -180,7 +180,7 @@ class SimEngine:
         joining, admit_s = self._admission()
         rows = len(self.rows) + len(joining)
         context = self._context + sum(len(r.request.prompt_ids) + r.done0 for r in joining)
-        left = min([self._left()] + [r.target - r.done0 for r in joining])
+        left = min(([self._left()] if self.rows else []) + [r.target - r.done0 for r in joining])
         return self.now + admit_s + self.cost.decode_span_s(rows, context, left)
 
     def advance(self, until: float) -> list[GenerationResult]:

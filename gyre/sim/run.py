@@ -149,9 +149,21 @@ class SimResult:
 
     @property
     def cost_per_1k_samples(self) -> float:
-        """Device-hours of the layout's devices per thousand samples, times the device's price."""
-        price = self.spec.cost.device.price_per_hour * self.spec.layout.devices
-        return price * 1000 / self.samples_per_s / 3600
+        """Device-hours per thousand samples times the device's price: the layout's devices, and lent
+        engines for the share of the time they were there (spot capacity is paid for too)."""
+        devices = self.spec.layout.devices
+        if self.spec.elastic is not None:
+            devices += self.spec.elastic.lent * self.spec.elastic.duty * self.spec.layout.tp
+        return self.spec.cost.device.price_per_hour * devices * 1000 / self.samples_per_s / 3600
+
+    @property
+    def device_idle(self) -> float:
+        """Share of all device time spent neither decoding nor training (colocated devices do both in
+        turn; disaggregated ones each their own role)."""
+        lay, busy = self.spec.layout, self.mean("rollout_busy")
+        if lay.colocated:
+            return max(0.0, 1 - busy - self.trainer_busy)
+        return 1 - (lay.rollout_devices * busy + lay.train_devices * self.trainer_busy) / lay.devices
 
 
 class SimRun:
@@ -215,7 +227,7 @@ class SimRun:
         trained = train_tokens(rows, spec.padding, spec.micro_batch)
         train_s = spec.cost.train_s(trained, spec.layout.train_devices, spec.forward_passes)
         if spec.layout.colocated:
-            cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s())
+            cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s(spec.layout.train_devices))
         elif spec.schedule.async_ratio > 0:  # the rollout goes on, admitting for the step after next (wait_for)
             later = lambda: sched.admit(sched.version + 2, self.draw)  # noqa: E731
             cluster.run(lambda: False, later, until=cluster.now + train_s)

@@ -70,7 +70,7 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
         workload = replace(workload, max_tokens=e.turn_tokens)
     schedule = schedule_spec(cfg, sampling)
     max_rows = sim.max_rows or cfg.rollout.max_batch_size
-    if schedule.replicate and not schedule.lockstep and max_rows:  # queue scheduling: as the engines' rows free
+    if schedule.async_ratio > 0 and not schedule.lockstep and max_rows:  # as training does (schedule_spec)
         schedule = replace(schedule, engine_slots=max_rows)
     return SimSpec(schedule, layout(cfg, devices or sim.devices), cost, workload,
                    steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,

@@ -62,6 +62,7 @@ class SweepRow:
         return {**out, "layout": r.spec.layout.describe(), "step_s": r.step_s, "generate_s": r.mean("generate_s"),
                 "train_s": r.mean("train_s"), "samples_per_s": r.samples_per_s,
                 "rollout_idle": 1 - r.mean("rollout_busy"), "trainer_idle": 1 - r.trainer_busy,
+                "device_idle": r.device_idle,
                 "staleness_mean": r.mean("staleness/mean"), "staleness_max": r.staleness_max, "violations": violations,
                 "tokens_wasted": r.mean("rollout/tokens_wasted"), "cost_per_1k": r.cost_per_1k_samples,
                 "sim_wall_s": r.wall_s, "sim_s_per_step": r.wall_s / len(r.steps)}
@@ -83,7 +84,9 @@ def run_sweep(config: str | Path, overrides: list[str], devices: list[int], sets
 
 
 HEADER = (f"{'setting':<28}{'devices':>8}  {'layout':<22}{'step s':>9}{'samples/s':>11}{'vs first':>9}"
-          f"{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'$/1k':>8}{'sim s':>7}")
+          f"{'device idle':>12}{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'$/1k':>8}{'sim s':>7}")
+"""Columns: idle is the share of the step's time a role (or, device idle, all devices together) does no
+work: on shared devices rollout is idle while the policy trains and the reverse."""
 
 
 def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
@@ -93,7 +96,8 @@ def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
     first = next((x for x in rows if x.devices == row.devices and x.result is not None), row)
     ratio = r["samples_per_s"] / first.result.samples_per_s
     return (f"{row.label:<28}{row.devices:>8}  {r['layout']:<22}{r['step_s']:>9.1f}{r['samples_per_s']:>11.1f}"
-            f"{ratio:>8.2f}x{r['rollout_idle']:>12.0%}{r['trainer_idle']:>11.0%}{r['staleness_mean']:>7.2f}"
+            f"{ratio:>8.2f}x{r['device_idle']:>12.0%}{r['rollout_idle']:>13.0%}{r['trainer_idle']:>11.0%}"
+            f"{r['staleness_mean']:>7.2f}"
             f"{r['cost_per_1k']:>8.2f}{r['sim_wall_s']:>7.2f}")
 
 
@@ -119,7 +123,7 @@ def plot(rows: list[SweepRow], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("samples_per_s", "samples / s"), ("step_s", "step time (s)"), ("rollout_idle", "rollout idle"),
+    panels = [("samples_per_s", "samples / s"), ("step_s", "step time (s)"), ("device_idle", "device idle"),
               ("staleness_mean", "mean staleness (versions)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     by_label: dict[str, list[dict]] = {}
@@ -133,7 +137,7 @@ def plot(rows: list[SweepRow], path: Path) -> Path:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("devices")
         ax.set_title(title)
-        if key == "rollout_idle":
+        if key == "device_idle":
             ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)

@@ -47,7 +47,7 @@ def test_a_seed_gives_the_same_numbers_and_a_small_sweep_is_pinned():
     assert summary == PINNED
 
 
-PINNED = [(56.74, 4.51, 0.0), (19.77, 12.95, 1.445), (50.31, 5.09, 0.0), (12.99, 19.71, 1.312)]
+PINNED = [(54.16, 4.73, 0.0), (19.77, 12.95, 1.445), (46.93, 5.45, 0.0), (12.99, 19.71, 1.312)]
 
 
 @pytest.mark.parametrize("alpha", [0, 0.5, 1, 1.5, 2, 4])
@@ -111,12 +111,12 @@ def test_calibrating_from_a_runs_metrics_fits_the_lengths_it_simulates(tmp_path,
     assert main(["simulate", CONFIG, "--calibrate", str(tmp_path / "missing.jsonl")]) == 2
 
 
-@pytest.mark.parametrize("alpha, slots", [(0, 16), (1, None)])
-def test_queue_slots_follow_lockstep_only_under_asynchrony_in_training_and_simulation(alpha, slots):
+@pytest.mark.parametrize("alpha, mode, slots", [(0, "window", None), (1, "lockstep", None), (1, "window", 16)])
+def test_only_window_asynchrony_dispatches_as_capacity_frees_in_training_and_simulation(alpha, mode, slots):
     from gyre.pipelines.schedule import sampling_params, schedule_spec
 
     cfg = load_config(CONFIG, [*SMALL, "rollout.schedule=queue", "rollout.max_batch_size=16",
-                               "rollout.async_mode=lockstep", f"rollout.async_ratio={alpha}"])
-    # async_mode only means something with asynchrony: a synchronous queue run dispatches as capacity frees
+                               f"rollout.async_mode={mode}", f"rollout.async_ratio={alpha}"])
+    # synchronous and lockstep runs keep requests on their engines from admission (a seed reproduces them)
     assert schedule_spec(cfg, sampling_params(cfg)).engine_slots == slots
     assert scenario(cfg, 8).schedule.engine_slots == slots  # the simulator runs what training would
