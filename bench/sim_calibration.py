@@ -73,6 +73,17 @@ class EnginePoint:
 
 
 @dataclass
+class ShapePoint:
+    """The engine alone (no Ray) on one engine's share of a real sync-hybrid step: half the step's prompts,
+    ``samples_per_prompt`` each, the runs' max_new_tokens, sampled by the sync run's final model."""
+
+    seconds: float
+    decode_steps: int
+    samples: list[list]
+    """Per group: [prompt tokens, [response tokens of each sample]]."""
+
+
+@dataclass
 class RunRecord:
     """One real training run: its resolved settings, per-step records and trained samples."""
 
@@ -160,12 +171,11 @@ def run_setting(name: str, model: str, data: dict, out: Path, steps: int, seed: 
                      trained_samples(out, steps, prompt_len), [load_before, os.getloadavg()[0]])
 
 
-def training_prompts(model: str, data: dict, out: Path) -> tuple[list[int], dict[str, int]]:
-    """Token lengths of the training prompts as a run renders them, and prompt text -> length."""
+def training_prompts(model: str, data: dict, out: Path) -> list:
+    """The training prompts (``PromptRecord``) as a run renders and tokenises them."""
     from gyre.pipelines.rlvr_data import RunData
 
-    loaded = RunData.load(run_config(SETTINGS[0], model, data, out, 1, 0))
-    return [len(p.prompt_ids) for p in loaded.train], {p.prompt_text: len(p.prompt_ids) for p in loaded.train}
+    return RunData.load(run_config(SETTINGS[0], model, data, out, 1, 0)).train
 
 
 # ---- engine microbenchmark ----------------------------------------------------------------------------------
@@ -211,13 +221,86 @@ def engine_sweep(model_path: str, threads: int) -> list[EnginePoint]:
     vocab = min(len(tokenizer), model.config.vocab_size)
     engine_point(engine, vocab, 8, 8, 0)  # warms the allocator and kernels
     points = []
-    for prompt in DECODE_PROMPTS:
-        for rows in DECODE_ROWS:
+    # Prompt lengths interleaved within each row count: a slow spell of the machine (or the allocator's
+    # first growth) then skews neighbouring rows a little, not a whole prompt length's curve.
+    for rows in DECODE_ROWS:
+        for prompt in DECODE_PROMPTS:
             points.append(engine_point(engine, vocab, rows, prompt, rows * 1000 + prompt))
             p = points[-1]
             print(f"  engine rows {rows:>3} prompt {prompt:>3}: decode {p.decode_step_s * 1e3:7.2f} ms "
                   f"(±{p.decode_step_std_pct:4.1f}%), prefill {p.prefill_s * 1e3:7.2f} ms", flush=True)
     return points
+
+
+def engine_run_shape(model_path: str, prompts: list[list[int]], facts: dict, repeats: int = 6) -> list[ShapePoint]:
+    """What one engine's generate costs outside a run, for the same shape as inside it: the gap between
+    these seconds and a run's time/generate is what Ray, streaming and the run's other processes add."""
+    from gyre.engines.hf_rollout import HFRolloutEngine
+    from gyre.models.loading import load_causal_lm, load_tokenizer
+    from gyre.types import GenerationRequest, SamplingParams
+
+    engine = HFRolloutEngine(load_causal_lm(model_path), load_tokenizer(model_path), "cpu")
+    per_engine = facts["prompts_per_step"] // len(facts["rollout_devices"])
+    params = SamplingParams(max_new_tokens=facts["max_new_tokens"])
+    points = []
+    for rep in range(repeats):
+        chosen = prompts[rep * per_engine:(rep + 1) * per_engine]
+        engine.add([GenerationRequest(f"s{rep}-{i}", ids, params, n=facts["samples_per_prompt"], seed=rep * 1000 + i)
+                    for i, ids in enumerate(chosen)])
+        results, steps, t0 = [], 0, time.perf_counter()
+        while engine.busy:
+            results += engine.step()
+            steps += 1
+        seconds = time.perf_counter() - t0
+        groups: dict[str, list] = {}
+        for res in results:
+            groups.setdefault(res.request_id, [len(res.prompt_ids), []])[1].append(len(res.response_ids))
+        points.append(ShapePoint(seconds, steps, list(groups.values())))
+    return points
+
+
+def predict_generate(groups: list[list], coef: dict[str, dict[str, float]]) -> float:
+    """One engine's generate seconds for ``groups`` ([prompt tokens, [response tokens]]) from the decode
+    and prefill fits, counting only live rows (the engine keeps finished rows until a quarter of the
+    batch has finished, so this is a lower bound)."""
+    dec, pre = coef["decode_step_s"], coef["prefill_s"]
+    lens = [(p, r) for p, rs in groups for r in rs]
+    total = pre["overhead_s"] + pre["per_prefill_token_s"] * sum(p for p, _ in groups)
+    for t in range(1, max((r for _, r in lens), default=0) + 1):
+        live = [p + t for p, r in lens if r >= t]
+        total += dec["overhead_s"] + dec["per_row_s"] * len(live) + dec["per_ctx_token_s"] * sum(live)
+    return total
+
+
+def generate_checks(runs: list[RunRecord], shapes: list[ShapePoint], fits: list[LinearFit]) -> dict:
+    """Engine fits against the engine alone on the runs' shape, and against time/generate inside the
+    synchronous hybrid runs (each engine taken to hold half the step's groups; the slower one counts)."""
+    coef = {f.target: f.coef for f in fits}
+    alone = [s.seconds / predict_generate(s.samples, coef) for s in shapes]
+    in_run = []
+    for run in runs:
+        if run.facts["mode"] == "hybrid" and run.facts["tail_batching"] is None:
+            for rec, groups in list(zip(run.steps, run.samples))[2:]:
+                half = len(groups) // 2
+                fit = max(predict_generate(groups[:half], coef), predict_generate(groups[half:], coef))
+                in_run.append(rec["time/generate"] / fit)
+    return {"engine_alone_over_fit": statistics.mean(alone) if alone else None,
+            "in_run_generate_over_fit": statistics.mean(in_run) if in_run else None,
+            "engine_alone_s": [s.seconds for s in shapes]}
+
+
+def generate_fit(runs: list[RunRecord]) -> list[LinearFit]:
+    """time/generate of the synchronous hybrid runs (sync, queue) against decode steps (the step's longest
+    response) and decoded tokens per engine: the in-run cost, Ray and the other processes included."""
+    xs, ys = [], []
+    for run in runs:
+        if run.facts["mode"] == "hybrid" and run.facts["tail_batching"] is None:
+            for rec, groups in list(zip(run.steps, run.samples))[1:]:
+                lens = [r for _, rs in groups for r in rs]
+                xs.append([max(lens), sum(lens) / len(run.facts["rollout_devices"])])
+                ys.append(rec["time/generate"])
+    return [fit_linear("generate_s[sync hybrid] in run", ["per_decode_step_s", "per_decoded_token_s"], xs, ys)
+            ] if len(ys) >= 3 else []
 
 
 # ---- fits -----------------------------------------------------------------------------------------------------
@@ -323,7 +406,8 @@ def measure(args: argparse.Namespace) -> None:
         model, data = warm_start(tmp)
         warm_s = time.perf_counter() - t0
         print(f"warm start: {warm_s:.1f} s", flush=True)
-        lengths, by_text = training_prompts(model, data, tmp / "prompts")
+        prompts = training_prompts(model, data, tmp / "prompts")
+        by_text = {p.prompt_text: len(p.prompt_ids) for p in prompts}
         runs = []
         for name in args.only:
             runs.append(run_setting(name, model, data, tmp / name, args.steps, args.seed, by_text))
@@ -331,10 +415,16 @@ def measure(args: argparse.Namespace) -> None:
         threads = runs[0].facts["threads_per_worker"] if runs else 1
         t0 = time.perf_counter()
         points = engine_sweep(model, threads)
+        trained = tmp / "sync-hybrid" / "final_model"
+        shapes = engine_run_shape(str(trained), [p.prompt_ids for p in prompts], runs[0].facts) if (
+            trained.exists()) else []
         raw = {"machine": machine(), "threads_per_worker": threads, "warm_start_s": warm_s,
                "engine_sweep_s": time.perf_counter() - t0, "total_s": time.perf_counter() - t_all,
-               "common_overrides": COMMON, "train_prompt_tokens": {"mean": statistics.mean(lengths), "all": lengths},
-               "engine_points": [asdict(p) for p in points], "runs": [asdict(r) for r in runs]}
+               "common_overrides": COMMON,
+               "train_prompt_tokens": {"mean": statistics.mean(len(p.prompt_ids) for p in prompts),
+                                       "all": [len(p.prompt_ids) for p in prompts]},
+               "engine_points": [asdict(p) for p in points], "engine_run_shape": [asdict(p) for p in shapes],
+               "runs": [asdict(r) for r in runs]}
     analyse(raw, Path(args.json))
 
 
@@ -343,14 +433,19 @@ def analyse(raw: dict, path: Path) -> None:
     print the table (``report`` re-runs this on a stored JSON, e.g. after changing a fit)."""
     runs = [RunRecord(**{"loadavg": [], **r}) for r in raw["runs"]]
     points = [EnginePoint(**p) for p in raw["engine_points"]]
-    fits = engine_fits(points) + train_fits(runs)
+    shapes = [ShapePoint(**p) for p in raw.get("engine_run_shape", [])]
+    fits = engine_fits(points) + generate_fit(runs) + train_fits(runs)
     summaries = [summarize(r) for r in runs]
     noise = paired_train_noise(runs)
+    checks = generate_checks(runs, shapes, fits)
     result = {**raw, "summaries": summaries, "fits": [asdict(f) for f in fits], "train_noise_pct": noise,
-              "train_tokens": {r.setting: step_tokens(r) for r in runs}}
+              "generate_checks": checks, "train_tokens": {r.setting: step_tokens(r) for r in runs}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, separators=(",", ":")))
     print_summary(summaries, fits)
+    alone, in_run = (checks[k] or float("nan") for k in ("engine_alone_over_fit", "in_run_generate_over_fit"))
+    print(f"\nengine alone on a run's shape / engine fits: {alone:.2f}x; "
+          f"in-run time/generate (sync, queue) / engine fits: {in_run:.2f}x")
     if noise is not None:
         print(f"\ntime/train noise (sync vs queue, same samples each step): {noise:.1f}% per run")
     print(f"\nwrote {path} ({path.stat().st_size / 1024:.0f} KiB); measuring took {raw['total_s']:.0f} s "
