@@ -12,8 +12,16 @@ count a run's workers use) and fits
 
 writing everything to ``bench/results/sim_calibration_real.json`` and printing a summary table.
 
-    python bench/sim_calibration.py measure [--steps 12] [--out DIR] [--json PATH]
+``predict`` fits the simulator's CPU ``DeviceClass`` and workload from each pass's sync-hybrid run alone
+(``bench/sim_predict.py``: the in-run generate time, the trainer side, the weight sync, the lengths),
+simulates every setting of the pass from its own config and writes measured against predicted to
+``bench/results/sim_calibration.md``; ``both`` measures and predicts in one sitting (the machine's speed
+drifts between sittings), ``--repeats`` passes over the settings interleaved.
+
+    python bench/sim_calibration.py measure [--steps 12] [--repeats 1] [--out DIR] [--json PATH]
     python bench/sim_calibration.py report [--json PATH]    # re-fit and re-print a stored JSON
+    python bench/sim_calibration.py predict [--json PATH] [--md PATH]
+    python bench/sim_calibration.py both [--steps 12] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -30,15 +38,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_schedules import COMMON, SCHEDULES, warm_start  # noqa: E402
+from sim_predict import fit_cpu, train_microbench  # noqa: E402
 
 SETTINGS = ("sync-hybrid", "queue-hybrid", "tail-hybrid", "async-2")
-KEPT_PREFIXES = ("time/", "batch/", "response_length/", "staleness/", "rollout/")
+KEPT_PREFIXES = ("time/", "batch/", "response_length/", "staleness/", "rollout/", "reward/")
 DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_PROMPTS = (8, 32, 128)
 """Prompt lengths of the engine sweep: the repeat task's prompts are ~5 tokens, its contexts reach ~70."""
 # Single steps take 1-60 ms on a shared VM: medians over many keep the sweep's points within a few percent.
 WARMUP_STEPS, TIMED_STEPS, PREFILL_REPEATS = 2, 16, 5
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "sim_calibration_real.json"
+DEFAULT_MD = Path(__file__).resolve().parent / "results" / "sim_calibration.md"
 
 
 @dataclass
@@ -99,6 +109,8 @@ class RunRecord:
     loadavg: list[float]
     """The machine's 1-minute load average before and after the run (it uses 2 cores: much above 2 means
     something else competed for the CPU, and its timings are slower than this machine's own)."""
+    repeat: int = 0
+    """Which pass over the settings this run belongs to (``--repeats``: settings interleaved per pass)."""
 
 
 def fit_linear(target: str, names: list[str], xs: list[list[float]], ys: list[float]) -> LinearFit:
@@ -117,13 +129,14 @@ def fit_linear(target: str, names: list[str], xs: list[list[float]], ys: list[fl
 
 
 # ---- real runs ----------------------------------------------------------------------------------------------
-def run_config(name: str, model: str, data: dict, out: Path, steps: int, seed: int):
+def run_config(name: str, model: str, data: dict, out: Path, steps: int, seed: int, extra: tuple[str, ...] = ()):
     from gyre.config import load_config
 
     return load_config(None, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}",
                               f"model.path={model}", f"data.train_files=[{data['train']}]",
                               f"data.val_files=[{data['val']}]", "validation.every=0", "logging.generations_every=1",
-                              "logging.generations_samples=100000", "logging.report=false", *COMMON, *SCHEDULES[name]])
+                              "logging.generations_samples=100000", "logging.report=false", *COMMON, *SCHEDULES[name],
+                              *extra])
 
 
 def facts_of(cfg) -> dict:
@@ -156,7 +169,7 @@ def trained_samples(run_dir: Path, steps: int, prompt_len: dict[str, int]) -> li
 
 
 def run_setting(name: str, model: str, data: dict, out: Path, steps: int, seed: int,
-                prompt_len: dict[str, int]) -> RunRecord:
+                prompt_len: dict[str, int], repeat: int = 0) -> RunRecord:
     """Train one setting with the real launcher and collect what the calibration needs from its run dir."""
     from gyre.pipelines import launch
 
@@ -168,7 +181,7 @@ def run_setting(name: str, model: str, data: dict, out: Path, steps: int, seed: 
     kept = [{k: v for k, v in r.items() if k in ("step", "time") or k.startswith(KEPT_PREFIXES)}
             for r in records if r.get("step", 0) > 0 and "time/step" in r]
     return RunRecord(name, list(SCHEDULES[name]), facts_of(cfg), wall, kept,
-                     trained_samples(out, steps, prompt_len), [load_before, os.getloadavg()[0]])
+                     trained_samples(out, steps, prompt_len), [load_before, os.getloadavg()[0]], repeat)
 
 
 def training_prompts(model: str, data: dict, out: Path) -> list:
@@ -396,7 +409,7 @@ def print_summary(summaries: list[dict], fits: list[LinearFit]) -> None:
               f"|resid| mean {f.residual_mean_abs_pct:.1f}% max {f.residual_max_abs_pct:.1f}%")
 
 
-def measure(args: argparse.Namespace) -> None:
+def measure(args: argparse.Namespace) -> dict:
     """Warm start, the real runs, the engine sweep; then ``analyse`` fits, writes the JSON and prints."""
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp_dir:
@@ -409,23 +422,28 @@ def measure(args: argparse.Namespace) -> None:
         prompts = training_prompts(model, data, tmp / "prompts")
         by_text = {p.prompt_text: len(p.prompt_ids) for p in prompts}
         runs = []
-        for name in args.only:
-            runs.append(run_setting(name, model, data, tmp / name, args.steps, args.seed, by_text))
-            print(f"  {name:<13} {runs[-1].wall_s:.1f} s for {args.steps} steps", flush=True)
+        for rep in range(args.repeats):  # settings interleaved within a pass: the machine's drift hits them alike
+            for name in args.only:
+                runs.append(run_setting(name, model, data, tmp / f"{name}-r{rep}", args.steps, args.seed + rep,
+                                        by_text, rep))
+                print(f"  {name:<13} pass {rep}: {runs[-1].wall_s:.1f} s for {args.steps} steps", flush=True)
         threads = runs[0].facts["threads_per_worker"] if runs else 1
         t0 = time.perf_counter()
         points = engine_sweep(model, threads)
-        trained = tmp / "sync-hybrid" / "final_model"
+        train_points = train_microbench(model, threads)
+        trained = tmp / "sync-hybrid-r0" / "final_model"
         shapes = engine_run_shape(str(trained), [p.prompt_ids for p in prompts], runs[0].facts) if (
             trained.exists()) else []
         raw = {"machine": machine(), "threads_per_worker": threads, "warm_start_s": warm_s,
                "engine_sweep_s": time.perf_counter() - t0, "total_s": time.perf_counter() - t_all,
-               "common_overrides": COMMON,
+               "common_overrides": COMMON, "model_config": json.loads((Path(model) / "config.json").read_text()),
                "train_prompt_tokens": {"mean": statistics.mean(len(p.prompt_ids) for p in prompts),
                                        "all": [len(p.prompt_ids) for p in prompts]},
-               "engine_points": [asdict(p) for p in points], "engine_run_shape": [asdict(p) for p in shapes],
+               "engine_points": [asdict(p) for p in points], "train_points": train_points,
+               "engine_run_shape": [asdict(p) for p in shapes],
                "runs": [asdict(r) for r in runs]}
     analyse(raw, Path(args.json))
+    return raw
 
 
 def analyse(raw: dict, path: Path) -> None:
@@ -452,6 +470,53 @@ def analyse(raw: dict, path: Path) -> None:
           f"(warm start {raw['warm_start_s']:.0f} s, engine sweep {raw['engine_sweep_s']:.0f} s)")
 
 
+def predict(raw: dict, md: Path) -> None:
+    """Per pass: fit the CPU class from that pass's sync-hybrid run, simulate every run of the pass from its
+    own config (plus simulate.* keys), print and write the comparison (``bench/sim_predict.py``)."""
+    from sim_predict import comparison_rows, fit_record, fit_summary, table
+
+    from gyre.sim.cost import ModelShape
+
+    engine = next(f for f in engine_fits([EnginePoint(**p) for p in raw["engine_points"]])
+                  if f.target == "decode_step_s").coef
+    if "model_config" not in raw:
+        raise SystemExit("this JSON predates predict (no model_config): measure again")
+    prompts = raw["train_prompt_tokens"]["all"]
+    out, fits = [f"# Simulator calibration on this machine's CPU ({raw['machine']['cpus']} cores)\n"], []
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        model_dir = tmp / "model"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(raw["model_config"]))
+        model = ModelShape.from_hf_config(model_dir)
+        for rep in sorted({r.get("repeat", 0) for r in raw["runs"]}):
+            runs = [r for r in raw["runs"] if r.get("repeat", 0) == rep]
+            sync = next(r for r in runs if r["setting"] == "sync-hybrid")
+            fit = fit_cpu(sync, engine, model, prompts, raw.get("train_points"))
+            calibrate = tmp / f"metrics-r{rep}.jsonl"
+            calibrate.write_text("".join(json.dumps(r) + "\n" for r in sync["steps"]))
+
+            def config_of(run: dict):
+                sim = ["simulate.model=config", "simulate.device=cpu", "simulate.devices=2",
+                       f"simulate.steps={len(run['steps'])}", "simulate.warmup_steps=2"]
+                return run_config(run["setting"], str(model_dir), {"train": "unused", "val": "unused"}, tmp / "cfg",
+                                  len(run["steps"]), run["facts"]["seed"], tuple(sim))
+
+            rows = comparison_rows(runs, fit, config_of, calibrate, None)
+            empirical = comparison_rows(runs, fit, config_of, calibrate, sync["samples"])
+            fits.append({"repeat": rep, "fit": fit_record(fit), "rows": rows, "empirical_rows": empirical})
+            out += [f"## Pass {rep}\n", "```", fit_summary(fit), "```\n",
+                    "Lengths from `fit_lengths` (the lognormal of `--calibrate metrics.jsonl`):\n", table(rows), "",
+                    "Lengths drawn from the sync run's recorded groups (`EmpiricalWorkload`, a prototype):\n",
+                    table(empirical), ""]
+    text = "\n".join(out)
+    print(text)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(text + "\n")
+    md.with_name(md.stem + "_fits.json").write_text(json.dumps(fits, indent=1))
+    print(f"\nwrote {md}")
+
+
 def machine() -> dict:
     import platform
 
@@ -472,11 +537,29 @@ def main() -> None:
     m.add_argument("--json", default=str(DEFAULT_JSON))
     r = sub.add_parser("report", help="recompute the fits and table of a stored JSON (rewritten in place)")
     r.add_argument("--json", default=str(DEFAULT_JSON))
+    p = sub.add_parser("predict", help="fit the CPU class from the sync-hybrid run of a stored JSON, simulate "
+                                       "every run's setting, compare")
+    p.add_argument("--json", default=str(DEFAULT_JSON))
+    p.add_argument("--md", default=str(DEFAULT_MD))
+    b = sub.add_parser("both", help="measure, then predict, in one sitting")
+    for sp in (m, b):
+        sp.add_argument("--repeats", type=int, default=1, help="passes over the settings (interleaved)")
+    b.add_argument("--steps", type=int, default=12)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--only", nargs="+", choices=list(SCHEDULES), default=list(SETTINGS))
+    b.add_argument("--out", default=None)
+    b.add_argument("--json", default=str(DEFAULT_JSON))
+    b.add_argument("--md", default=str(DEFAULT_MD))
     args = ap.parse_args()
     if args.command == "measure":
         measure(args)
-    else:
+    elif args.command == "report":
         analyse(json.loads(Path(args.json).read_text()), Path(args.json))
+    elif args.command == "predict":
+        predict(json.loads(Path(args.json).read_text()), Path(args.md))
+    else:
+        measure(args)
+        predict(json.loads(Path(args.json).read_text()), Path(args.md))
 
 
 if __name__ == "__main__":
