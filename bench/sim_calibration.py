@@ -504,11 +504,15 @@ def predict(raw: dict, md: Path) -> None:
 
             rows = comparison_rows(runs, fit, config_of, calibrate, None)
             empirical = comparison_rows(runs, fit, config_of, calibrate, sync["samples"])
-            fits.append({"repeat": rep, "fit": fit_record(fit), "rows": rows, "empirical_rows": empirical})
+            own = [row for run in runs for row in comparison_rows([run], fit, config_of, calibrate, run["samples"])]
+            fits.append({"repeat": rep, "fit": fit_record(fit), "rows": rows, "empirical_rows": empirical,
+                         "own_length_rows": own})
             out += [f"## Pass {rep}\n", "```", fit_summary(fit), "```\n",
                     "Lengths from `fit_lengths` (the lognormal of `--calibrate metrics.jsonl`):\n", table(rows), "",
                     "Lengths drawn from the sync run's recorded groups (`EmpiricalWorkload`, a prototype):\n",
-                    table(empirical), ""]
+                    table(empirical), "", "A diagnostic, not a prediction: the same class, each run's lengths drawn "
+                    "from its *own* trained groups (what the cost model and scheduler give when the lengths are "
+                    "right):\n", table(own), ""]
     text = "\n".join(out)
     print(text)
     md.parent.mkdir(parents=True, exist_ok=True)
