@@ -24,7 +24,7 @@ PROMPTS, SAMPLES = 32, 8
 COMMON = ["cluster.cpu_slots=2", f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}",
           "rollout.sampling.max_new_tokens=64", "policy.micro_batch_size=128", "policy.optimizer.lr=5e-4",
           "reward.type=function", "reward.function=gyre.tasks.repeat:repeat_reward", "data.max_val_prompts=64",
-          "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", "checkpoint.every=0"]
+          "logging.progress=false", "logging.trackers=[]", "logging.plot=false", "checkpoint.every=0"]
 HYBRID = ["rollout.mode=hybrid", "rollout.devices=[0,1]", "policy.devices=[0,1]"]
 SPLIT = ["rollout.devices=[0]", "policy.devices=[1]"]
 SCHEDULES: dict[str, list[str]] = {

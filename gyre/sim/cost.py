@@ -62,9 +62,13 @@ DEVICES: dict[str, DeviceClass] = {
     "h20": DeviceClass("h20", 148.0, 4000.0, 96.0, 1.0),
     "a100": DeviceClass("a100", 312.0, 2039.0, 80.0, 1.8),
     "l40s": DeviceClass("l40s", 362.0, 864.0, 48.0, 1.1),
-    # Calibrated on this repository's 2-core CPU with the tiny model (bench/sim_calibration.py).
-    "cpu": DeviceClass("cpu", 0.0035, 2.0, 8.0, 0.05, compute_eff=1.0, mem_eff=1.0, train_mfu=1.0,
-                       step_overhead_s=0.0035, link_gbps=0.5, sync_overhead_s=0.02, additive=True),
+    # Calibrated on this repository's 2-core CPU with the tiny model (bench/sim_calibration.py both: the
+    # sync-hybrid run's in-run generate and trainer times over the engine and training microbenchmarks'
+    # shapes; bench/results/sim_calibration.md). peak/mem are what the in-run decode costs per row and per
+    # context token imply; train_mfu > 1 only says batched training gets more FLOP/s than decoding does.
+    "cpu": DeviceClass("cpu", 0.019, 1.19, 8.0, 0.05, compute_eff=1.0, mem_eff=1.0, train_mfu=2.275,
+                       step_overhead_s=0.001033, train_overhead_s=0.0, link_gbps=1.19, sync_overhead_s=0.002028,
+                       additive=True),
 }
 
 
