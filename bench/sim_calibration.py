@@ -509,7 +509,7 @@ def predict(raw: dict, md: Path) -> None:
                          "own_length_rows": own})
             out += [f"## Pass {rep}\n", "```", fit_summary(fit), "```\n",
                     "Lengths from `fit_lengths` (the lognormal of `--calibrate metrics.jsonl`):\n", table(rows), "",
-                    "Lengths drawn from the sync run's recorded groups (`EmpiricalWorkload`, a prototype):\n",
+                    "Lengths drawn from the sync run's recorded groups (`gyre.sim.workload.RecordedWorkload`):\n",
                     table(empirical), "", "A diagnostic, not a prediction: the same class, each run's lengths drawn "
                     "from its *own* trained groups (what the cost model and scheduler give when the lengths are "
                     "right):\n", table(own), ""]

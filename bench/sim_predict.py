@@ -30,9 +30,7 @@ from pathlib import Path
 
 from gyre.sim.cost import CostModel, DeviceClass, ModelShape
 from gyre.sim.run import train_tokens
-from gyre.sim.tokens import Filler
-from gyre.sim.workload import Workload, WorkloadSpec, _mix, fit_lengths
-from gyre.types import PromptRecord
+from gyre.sim.workload import RecordedWorkload, WorkloadSpec, fit_lengths
 
 SIM_SEEDS = (0, 1, 2, 3)
 """Workload seeds each prediction averages over: a 10-step mean of one draw of a long-tailed task is
@@ -191,40 +189,11 @@ def device_literal(d: DeviceClass) -> str:
 
 
 # ---- prediction -----------------------------------------------------------------------------------------
-class EmpiricalWorkload(Workload):
-    """A prototype of a general mechanism the simulator lacks (see the module notes and the report): each
-    simulated prompt is one of the calibration run's recorded groups, drawn by the run seed and the
-    prompt's index, its samples the group's recorded response lengths (capped at the run's budget, as
-    they were) and its prompt length the group's. A lognormal cannot carry a bimodal task (the repeat
-    task: most answers 1-6 tokens, one prompt in twelve runs to the cap), and which samples an
-    asynchronous run expires, and how much a micro-batch pads, turn on that shape."""
-
-    def __init__(self, spec: WorkloadSpec, seed: int, steps: list[list[list]], per_step: int):
-        """``steps``: per training step of the calibration run, its groups; the ``index``-th prompt drawn is
-        one of step ``index // per_step``'s groups (the last step's beyond), so lengths follow the run's
-        own course: an RL policy's lengths drift as it learns (here runaway samples fade over the steps)."""
-        super().__init__(spec, seed)
-        self.steps = [s for s in steps if s]
-        self.per_step = per_step
-
-    def _group(self, index: int) -> list:
-        pool = self.steps[min(index // self.per_step, len(self.steps) - 1)]
-        return pool[_mix(self.seed, 12, index) % len(pool)]
-
-    def prompt(self, index: int) -> PromptRecord:
-        rec = super().prompt(index)
-        return replace(rec, prompt_ids=Filler(max(1, self._group(index)[0])))
-
-    def response_tokens(self, prompt: PromptRecord, sample: int) -> int:
-        lengths = self._group(prompt.columns["index"])[1]
-        return max(1, lengths[sample % len(lengths)])
-
-
 def predict_setting(cfg, fit: CpuFit, calibrate: Path, groups: list[list[list]] | None = None) -> dict:
     """Mean seconds per step (and generate, train) over steps 3..N of the simulation of ``cfg`` (a real
     run's config with simulate.* keys), with the fitted class and lengths, averaged over ``SIM_SEEDS``;
     ``groups`` (the calibration run's [prompt tokens, [response tokens]] per step): draw lengths from them
-    (``EmpiricalWorkload``) instead of the fitted lognormal."""
+    (``gyre.sim.workload.RecordedWorkload``) instead of the fitted lognormal."""
     from gyre.sim.run import SimRun
     from gyre.sim.scenario import scenario
 
@@ -239,7 +208,7 @@ def predict_setting(cfg, fit: CpuFit, calibrate: Path, groups: list[list[list]] 
                                         pass_rate=fit.workload.pass_rate))
         sim = SimRun(spec)
         if groups is not None:  # the rewards keep the lognormal workload: they read only pass rates, latency
-            sim.workload = EmpiricalWorkload(spec.workload, seed, groups, spec.schedule.batch_groups)
+            sim.workload = RecordedWorkload(spec.workload, seed, groups, spec.schedule.batch_groups)
         res = sim.run()
         out["step_s"].append(res.step_s)
         out["generate_s"].append(res.mean("generate_s"))

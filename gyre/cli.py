@@ -172,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "simulate.devices)")
     p.add_argument("--set", dest="sweep", action="append", default=[], metavar="KEY=V1,V2",
                    help="sweep a key over values, e.g. --set rollout.async_ratio=0,1,2 (repeat for a grid)")
-    p.add_argument("--calibrate", default=None, metavar="METRICS_JSONL",
-                   help="fit the response lengths from a real run's metrics.jsonl")
+    p.add_argument("--calibrate", default=None, metavar="RUN",
+                   help="a real run's metrics.jsonl (response lengths fitted to it) or its directory (its recorded "
+                        "groups' lengths replayed when its generation files hold whole groups)")
     p.add_argument("--out", default=None, help="where sweep.csv/json/png go (default: runs/simulate/<config>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files in --out")
 
@@ -514,8 +515,9 @@ def _simulate(args) -> int:
     except ValueError:
         raise ConfigError(f"--devices takes device counts separated by commas, e.g. 8,32,128; got {args.devices!r}") \
             from None
-    if args.calibrate is not None and not Path(args.calibrate).is_file():
-        raise ConfigError(f"--calibrate {args.calibrate}: no such file (give a gyre run's metrics.jsonl)")
+    calibrate = Path(args.calibrate) if args.calibrate is not None else None
+    if calibrate is not None and not (calibrate.is_file() or (calibrate / "metrics.jsonl").is_file()):
+        raise ConfigError(f"--calibrate {calibrate}: give a gyre run's metrics.jsonl or its run directory")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs/simulate") / f"{Path(args.config).stem}-{stamp}"
     if (out / "sweep.csv").exists() and not args.overwrite:

@@ -22,7 +22,7 @@ from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticPool, ElasticSpec, install
 from gyre.sim.engine import SimEngine
 from gyre.sim.services import SimEnvs, SimRewards, WordTokenizer
-from gyre.sim.workload import Workload, WorkloadSpec
+from gyre.sim.workload import RecordedWorkload, Workload, WorkloadSpec
 from gyre.types import GenerationRequest, PromptRecord
 
 
@@ -78,6 +78,9 @@ class SimSpec:
     """Forward passes besides the update (old log-probs; 2 with a KL reference)."""
     agentic: Agentic | None = None
     seed: int = 0
+    recorded: tuple | None = None
+    """Response lengths replayed from a real run (``workload.recorded_groups``): per step, its groups'
+    (prompt tokens, response tokens per sample); None draws them from ``workload``."""
     padding: str = "pack"
     """How training batches its rows (``policy.remove_padding``): none pads consecutive micro-batches of
     ``micro_batch`` rows to their longest, sort pads after ordering rows by length, pack pads nothing."""
@@ -169,7 +172,8 @@ class SimResult:
 class SimRun:
     def __init__(self, spec: SimSpec):
         self.spec = spec
-        self.workload = Workload(spec.workload, spec.seed)
+        self.workload = Workload(spec.workload, spec.seed) if spec.recorded is None else \
+            RecordedWorkload(spec.workload, spec.seed, spec.recorded, spec.schedule.batch_groups)
         engines = [self.new_engine() for _ in range(spec.layout.engines)]
         envs, episodes = None, None
         if spec.agentic is not None:

@@ -22,7 +22,7 @@ from gyre.pipelines.schedule import sampling_params, schedule_spec
 from gyre.sim.cost import CostModel, ModelShape, device_class, model_shape
 from gyre.sim.elastic import ElasticSpec
 from gyre.sim.run import Agentic, Layout, SimSpec
-from gyre.sim.workload import WorkloadSpec, fit_lengths
+from gyre.sim.workload import WorkloadSpec, fit_lengths, recorded_groups
 
 ASYNC_SHARE = 0.6
 """Rollout's share of the devices when asynchrony splits a colocated config (ROLL Flash: 24 of 40)."""
@@ -60,8 +60,13 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
                             sampling.max_new_tokens, w.pass_rate, w.reward_latency_s, w.reward_latency_cv, w.turns,
                             w.turns_cv, w.turn_tokens, w.observation_tokens, w.env_latency_s, w.env_latency_cv,
                             w.reset_latency_s)
-    if calibrate is not None:
-        workload = fit_lengths(calibrate, sampling.max_new_tokens, workload)
+    recorded = None
+    if calibrate is not None:  # a run's metrics.jsonl, or its directory (whole recorded groups replayed)
+        run_dir = Path(calibrate) if Path(calibrate).is_dir() else None
+        metrics = run_dir / "metrics.jsonl" if run_dir is not None else calibrate
+        workload = fit_lengths(metrics, sampling.max_new_tokens, workload)
+        groups = recorded_groups(run_dir) if run_dir is not None else None
+        recorded = tuple(tuple(step) for step in groups) if groups else None
     agentic = None
     if cfg.env is not None:
         e = cfg.env
@@ -77,7 +82,7 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
                    max_rows=max_rows, reward_workers=sim.reward_workers,
                    forward_passes=2 if cfg.algorithm.uses_reference else 1, agentic=agentic, seed=sim.seed,
                    padding=cfg.policy.remove_padding, micro_batch=cfg.policy.micro_batch_size,
-                   elastic=elastic_spec(cfg))
+                   elastic=elastic_spec(cfg), recorded=recorded)
 
 
 def elastic_spec(cfg: RLVRConfig) -> ElasticSpec | None:
@@ -98,6 +103,8 @@ def describe(spec: SimSpec) -> str:
              f"weight sync {c.sync_s():.1f} s",
              f"workload   prompts ~{w.prompt_tokens:.0f} tokens; responses mean {w.response_tokens:.0f} tokens before "
              f"the {w.max_tokens}-token cap, lognormal sigma {w.length_sigma:.2f}; reward {w.reward_latency_s:g} s",
+             *([f"replayed   response lengths of {sum(len(g) for g in spec.recorded)} recorded groups over "
+                f"{len(spec.recorded)} steps of the calibration run"] if spec.recorded else []),
              f"schedule   {spec.schedule.batch_groups} prompts x {spec.schedule.group_size} samples per step, "
              f"{spec.steps} steps ({spec.warmup} warm-up)"]
     return "\n".join(lines)

@@ -8,13 +8,17 @@ events happen in: the same seed gives the same lengths under every schedule, and
 on another engine comes out as long as the lost one would have.
 
 ``fit_lengths(metrics.jsonl)`` recovers the length distribution from a real run's logged mean, max and
-truncated fraction of response lengths.
+truncated fraction of response lengths. A lognormal cannot carry every task (a bimodal one, short answers
+and a few that run to the cap, fits with a huge sigma), so ``RecordedWorkload`` replays a real run's
+recorded groups instead (``recorded_groups(run_dir)``: its generation files, when they hold whole groups).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import NormalDist
@@ -186,3 +190,57 @@ def fit_lengths(metrics: str | Path, max_tokens: int, spec: WorkloadSpec | None 
     _, mu, sigma = best
     return replace(spec or WorkloadSpec(), response_tokens=math.exp(mu + sigma ** 2 / 2), length_sigma=sigma,
                    max_tokens=max_tokens)
+
+
+# ---- replaying a real run -------------------------------------------------------------------------
+RecordedGroup = tuple[int | None, tuple[int, ...]]
+"""(prompt tokens, or None when not recorded; the response tokens of each sample)."""
+
+
+class RecordedWorkload(Workload):
+    """Lengths replayed from a real run: the ``index``-th prompt drawn is one of the recorded groups of
+    step ``index // per_step`` (the last step's beyond), picked by the seed and the index, and its samples
+    have that group's lengths (its prompt that group's prompt length, when recorded). Lengths follow the
+    run's own course: an RL policy's lengths drift as it learns. Rewards and latencies keep the spec's."""
+
+    def __init__(self, spec: WorkloadSpec, seed: int, steps: Sequence[Sequence[RecordedGroup]], per_step: int):
+        super().__init__(spec, seed)
+        self.steps = [list(groups) for groups in steps if groups]
+        if not self.steps:
+            raise ValueError("no recorded groups to replay")
+        self.per_step = max(1, per_step)
+
+    def _group(self, index: int) -> RecordedGroup:
+        pool = self.steps[min(index // self.per_step, len(self.steps) - 1)]
+        return pool[_mix(self.seed, 12, index) % len(pool)]
+
+    def prompt(self, index: int) -> PromptRecord:
+        record = super().prompt(index)
+        tokens = self._group(index)[0]
+        return replace(record, prompt_ids=Filler(max(1, tokens))) if tokens is not None else record
+
+    def response_tokens(self, prompt: PromptRecord, sample: int) -> int:
+        lengths = self._group(prompt.columns["index"])[1]
+        return max(1, lengths[sample % len(lengths)])
+
+
+def recorded_groups(run_dir: str | Path) -> list[list[RecordedGroup]] | None:
+    """A run's training samples' lengths by step and group, from ``generations/step_N.jsonl``; None when
+    the files do not hold whole groups (a run records only ``logging.generations_samples`` samples a step:
+    set it to the batch size, and ``logging.generations_every=1``, to calibrate from its groups)."""
+    files = sorted(((int(m.group(1)), f) for f in Path(run_dir, "generations").glob("step_*.jsonl")
+                    if (m := re.fullmatch(r"step_(\d+)\.jsonl", f.name))), key=lambda e: e[0])
+    steps = []
+    for _, f in files:
+        groups: dict[str, dict[int, int]] = {}
+        for line in f.read_text().splitlines():
+            try:
+                r = json.loads(line)
+                groups.setdefault(r["group"], {})[int(r["sample"])] = int(r["response_tokens"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+        steps.append([(None, tuple(v for _, v in sorted(g.items()))) for g in groups.values()])
+    sizes = {len(lengths) for groups in steps for _, lengths in groups}
+    if not steps or len(sizes) != 1 or sizes == {1}:
+        return None
+    return steps

@@ -62,3 +62,22 @@ def test_fitting_a_file_without_training_steps_says_what_it_needs(tmp_path):
     path.write_text('{"step": 0, "val/accuracy": 0.1}\n')
     with pytest.raises(ValueError, match="response_length/mean"):
         fit_lengths(path, 512)
+
+
+def test_a_runs_recorded_groups_are_replayed_step_by_step(tmp_path):
+    from gyre.sim.workload import RecordedWorkload, recorded_groups
+
+    gen = tmp_path / "generations"
+    gen.mkdir()
+    for step, lengths in ((1, {"g1": [3, 5], "g2": [60, 64]}), (2, {"g3": [7, 9]})):
+        rows = [{"group": g, "sample": i, "response_tokens": n} for g, ns in lengths.items() for i, n in enumerate(ns)]
+        (gen / f"step_{step}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (gen / "val_step_2.jsonl").write_text('{"group": "v", "sample": 0, "response_tokens": 999}')
+    steps = recorded_groups(tmp_path)
+    assert steps == [[(None, (3, 5)), (None, (60, 64))], [(None, (7, 9))]]
+    w = RecordedWorkload(WorkloadSpec(), 0, steps, per_step=2)
+    first = [tuple(w.response_tokens(w.prompt(i), s) for s in range(2)) for i in range(2)]
+    assert set(first) <= {(3, 5), (60, 64)}  # step 1's prompts get step 1's groups
+    assert [w.response_tokens(w.prompt(i), s) for i in (2, 5) for s in range(2)] == [7, 9, 7, 9]  # then step 2's
+    (gen / "step_3.jsonl").write_text('{"group": "g4", "sample": 0, "response_tokens": 4}')
+    assert recorded_groups(tmp_path) is None  # a partial group: the files do not hold whole groups
