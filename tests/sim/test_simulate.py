@@ -120,3 +120,20 @@ def test_only_window_asynchrony_dispatches_as_capacity_frees_in_training_and_sim
     # synchronous and lockstep runs keep requests on their engines from admission (a seed reproduces them)
     assert schedule_spec(cfg, sampling_params(cfg)).engine_slots == slots
     assert scenario(cfg, 8).schedule.engine_slots == slots  # the simulator runs what training would
+
+
+def test_calibrating_from_a_run_directory_replays_its_recorded_groups(tmp_path):
+    row = {"time/step": 1.0, "batch/samples": 4, "response_length/mean": 30.0, "response_length/max": 64.0,
+           "response_length/truncated_frac": 0.25}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, **row}) + "\n")
+    (tmp_path / "generations").mkdir()
+    samples = [{"group": g, "sample": i, "response_tokens": n} for g, ns in (("a", (2, 3)), ("b", (64, 51))) for i, n
+               in enumerate(ns)]
+    (tmp_path / "generations" / "step_1.jsonl").write_text("\n".join(json.dumps(s) for s in samples))
+    cfg = load_config(CONFIG, [*SMALL, "rollout.samples_per_prompt=2", "rollout.sampling.max_new_tokens=64"])
+    spec_ = scenario(cfg, 8, calibrate=tmp_path)
+    assert spec_.recorded == (((None, (2, 3)), (None, (64, 51))),)
+    run = SimRun(spec_)
+    prompts = [run.workload.prompt(i) for i in range(20)]
+    assert {run.workload.response_tokens(p, s) for p in prompts for s in range(2)} == {2, 3, 64, 51}
+    assert run.run().steps[-1].samples == 32 * 2
