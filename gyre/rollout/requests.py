@@ -92,7 +92,8 @@ class RequestBook:
         """Held requests to the engines with room, least-held first (lowest rank on ties), in order."""
         placed: dict[str, int] = {}
         by_engine: dict[int, list[GenerationRequest]] = {}
-        for request_id, r in list(self.held.items()):
+        while self.held:  # oldest first; only what is dispatched is looked at (thousands may be held)
+            request_id, r = next(iter(self.held.items()))
             engine = self._room(r.n)
             if engine is None:
                 break

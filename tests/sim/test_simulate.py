@@ -50,7 +50,7 @@ def test_a_seed_gives_the_same_numbers_and_a_small_sweep_is_pinned():
 PINNED = [(54.16, 4.73, 0.0), (19.77, 12.95, 1.445), (46.93, 5.45, 0.0), (12.99, 19.71, 1.312)]
 
 
-@pytest.mark.parametrize("alpha", [0, 0.5, 1, 1.5, 2, 4])
+@pytest.mark.parametrize("alpha", [0, 0.5, 1.5, 4])
 @pytest.mark.parametrize("devices", [8, 64, 512])
 def test_the_staleness_window_holds_at_every_scale(alpha, devices):
     result = simulate(spec(devices, f"rollout.async_ratio={alpha}", "simulate.steps=6", "rollout.prompts_per_step=64"))
