@@ -56,6 +56,7 @@ def test_the_prompt_row_s_columns_reach_the_reward_function():
     workers.kill()
 
 
+@pytest.mark.slow  # about 12 s (CI time); the default suite keeps the stopped and killed worker cases
 def test_a_dying_worker_is_retried_then_reported(ray_local, tmp_path):
     scorer = DomainScorer("k", group(ray_local, "k", "kill_worker_once", {"marker": str(tmp_path / "m")}), retries=1)
     pool = RewardPool({"k": scorer})
@@ -125,7 +126,7 @@ def duo(ray_local, tmp_path_factory):
     pool.scorers["duo"].group.kill()
 
 
-@pytest.mark.slow  # about 12 s; the default suite keeps the dying and stopped worker cases
+@pytest.mark.slow  # about 12 s; the default suite keeps the stopped and killed worker cases
 def test_the_only_worker_killed_mid_batch_is_waited_for_then_replaced_when_ray_gives_up(duo, tmp_path):
     expected = duo[2]
     pool = slow_pool("solo", 1, tmp_path, max_restarts=1)
