@@ -102,7 +102,7 @@ def test_a_private_run_beside_another_ray_stops_cleanly_on_sigterm_and_resumes(
         registered_ray, tmp_path, tiny_model_dir, arithmetic_data):
     """Another Ray is registered on the machine and $RAY_ADDRESS points at it: gyre starts its own Ray
     anyway. SIGTERM mid-run stops it within 20 s (exit 143) naming the last checkpoint and the resume
-    command, leaves no process of the run behind and the other cluster running; that command completes it."""
+    command, and leaves no process of the run behind and the other cluster running."""
     config = _config(tmp_path, tiny_model_dir, arithmetic_data, steps=1000, checkpoint={"every": 1},
                      logging={"progress": False, "trackers": ["tensorboard"], "plot": False})
     mark = f"gyre-test-{uuid.uuid4().hex}"
@@ -136,15 +136,8 @@ def test_a_private_run_beside_another_ray_stops_cleanly_on_sigterm_and_resumes(
         time.sleep(0.2)
     assert _marked(mark) == []
     assert registered_ray["process"].poll() is None  # the other cluster was left alone
-
-    # The printed command continues the run (one more step, beside the other Ray still).
-    step = int(message[0].split("(step ")[1].split(")")[0])
-    args = shlex.split(command)[1:]
-    proc = _gyre([*args[:2], f"run.steps={step + 1}", *args[2:]], env=registered_ray)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out[-3000:]
-    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, step + 2))
+    # That the printed command continues the run is tested where resuming is (tests/pipelines): a second
+    # start beside the other Ray would take the private-start path above again, for 15-20 s of CI time.
 
 
 def test_an_interruption_wrapped_by_native_code_is_still_an_interruption():
