@@ -93,7 +93,8 @@ def elastic_spec(cfg: RLVRConfig) -> ElasticSpec | None:
 def describe(spec: SimSpec) -> str:
     """What a simulation assumes, in a few lines (printed before a sweep: derived values made visible)."""
     c, w = spec.cost, spec.workload
-    rows = c.kv_capacity_tokens() / (w.prompt_tokens + w.max_tokens)
+    whole = w.prompt_tokens + w.max_tokens if spec.agentic is None else spec.agentic.limits.context_tokens
+    rows = c.kv_capacity_tokens() / whole
     lines = [f"model      {c.model.name}: {c.model.params / 1e9:.2f}B parameters, "
              f"{c.model.kv_bytes_per_token / 1024:.0f} KiB of KV cache per token",
              f"device     {c.device.name}: {c.device.peak_tflops:g} TFLOP/s, {c.device.mem_gbps:g} GB/s, "
@@ -102,7 +103,12 @@ def describe(spec: SimSpec) -> str:
              f"step       decode {c.decode_step_s(1, w.prompt_tokens) * 1e3:.1f} ms for one row, "
              f"weight sync {c.sync_s():.1f} s",
              f"workload   prompts ~{w.prompt_tokens:.0f} tokens; responses mean {w.response_tokens:.0f} tokens before "
-             f"the {w.max_tokens}-token cap, lognormal sigma {w.length_sigma:.2f}; reward {w.reward_latency_s:g} s",
+             f"the {w.max_tokens}-token cap, lognormal sigma {w.length_sigma:.2f}; reward {w.reward_latency_s:g} s"
+             if spec.agentic is None else
+             f"episodes   ~{w.turns:g} turns of ~{w.turn_tokens:.0f} tokens "
+             f"(at most {spec.agentic.limits.turn_tokens}), "
+             f"observations ~{w.observation_tokens:.0f} tokens; environment step {w.env_latency_s:g} s "
+             f"(cv {w.env_latency_cv:g}) x {spec.agentic.latency_scale:g} on {spec.agentic.slots} environments",
              *([f"replayed   response lengths of {sum(len(g) for g in spec.recorded)} recorded groups over "
                 f"{len(spec.recorded)} steps of the calibration run"] if spec.recorded else []),
              f"schedule   {spec.schedule.batch_groups} prompts x {spec.schedule.group_size} samples per step, "
