@@ -507,6 +507,7 @@ def _simulate(args) -> int:
     from pathlib import Path
 
     from gyre.config.load import ConfigError, load_config
+    from gyre.sim.scenario import describe, scenario
     from gyre.sim.sweep import HEADER, run_sweep, write_outputs
 
     base = load_config(args.config, args.overrides)  # a bad config fails here, once, before any sweep
@@ -522,14 +523,9 @@ def _simulate(args) -> int:
     out = Path(args.out) if args.out else Path("runs/simulate") / f"{Path(args.config).stem}-{stamp}"
     if (out / "sweep.csv").exists() and not args.overwrite:
         raise ConfigError(f"{out} holds an earlier sweep (sweep.csv): pass --overwrite to replace it, or another --out")
-    from gyre.sim.scenario import describe, scenario
-
-    try:
+    try:  # what the simulation cannot take (an unknown model, a bad --set) is the user's to change
         print(describe(scenario(base, devices[0], args.calibrate)) + "\n")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    print(HEADER)
-    try:
+        print(HEADER)
         rows = run_sweep(args.config, args.overrides, devices, args.sweep, args.calibrate)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -152,8 +152,8 @@ class RequestBook:
         return self.live[request_id][1] if request_id in self.live else set()
 
     def abort(self, requests) -> None:
-        """Abort these requests (ids; an id -> engine mapping is read for its keys) and forget them: held
-        ones never start, live ones are stopped on their engines, and their late samples find no owner."""
+        """Abort these requests (ids) and forget them: held ones never start, live ones are stopped on their
+        engines, and their late samples find no owner."""
         by_engine: dict[int, list[str]] = {}
         for request_id in requests:
             if request_id in self.live:  # finished requests have nothing left to abort

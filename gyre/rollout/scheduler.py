@@ -60,8 +60,8 @@ class _Flight:
     """The step it was admitted for."""
     launched: int
     """Samples asked for (more than the group's size when speculating)."""
-    requests: dict[str, int] = field(default_factory=dict)
-    """Live request id -> engine."""
+    requests: set[str] = field(default_factory=set)
+    """Its live request ids (the request book knows where each runs)."""
     accepted: int = 0
     retries: int = 0
     partial: dict[int, Trajectory] = field(default_factory=dict)
@@ -228,8 +228,8 @@ class RolloutScheduler:
     def _assign(self, requests: list[GenerationRequest]) -> None:
         """Spread requests over engines on top of their outstanding work (prompt + budget per sample)."""
         placed = self.requests.assign(requests, lambda request_id: request_id.split("/")[0])
-        for request_id, engine in placed.items():
-            self.flights[request_id.split("/")[0]].requests[request_id] = engine
+        for request_id in placed:
+            self.flights[request_id.split("/")[0]].requests.add(request_id)
 
     # ---- events ----------------------------------------------------------------------------------
     def on_generated(self, results: Sequence[GenerationResult]) -> None:
@@ -288,9 +288,9 @@ class RolloutScheduler:
 
     def _abort_spare_samples(self, flight: _Flight) -> None:
         """Abort the group's sampling requests still out; its greedy response, if still out, goes on."""
-        spare = {rid: e for rid, e in flight.requests.items() if GREEDY_SAMPLE not in self.requests.samples(rid)}
+        spare = {rid for rid in flight.requests if GREEDY_SAMPLE not in self.requests.samples(rid)}
         self.requests.abort(spare)
-        flight.requests = {rid: e for rid, e in flight.requests.items() if rid not in spare}
+        flight.requests -= spare
 
     def _retry(self, flight: _Flight, sample_index: int) -> None:
         """Regenerate a sample from scratch under the current weights (same seed, same stream: under the
@@ -312,7 +312,7 @@ class RolloutScheduler:
             if self.episodes is not None:
                 self.episodes.retry_turn(rid)
                 continue
-            flight.requests.pop(rid, None)
+            flight.requests.discard(rid)
             for i in samples:
                 part = held.get((rid, i))
                 if part is not None and i != GREEDY_SAMPLE and (part.response_ids or part.offset):
@@ -391,10 +391,9 @@ class RolloutScheduler:
         in admission order. Only the groups an event touched are looked at: a thousand engines' rewards
         arrive one by one, and each would otherwise scan every group in flight."""
         greedy_done = lambda g: not self.spec.greedy or (g.greedy is not None and g.greedy.status == "scored")
-        flights = self.flights if candidates is None else \
+        flights = self.flights.values() if candidates is None else \
             sorted((self.flights[g] for g in candidates if g in self.flights), key=lambda f: f.seq)
-        done = [f.group.group_id for f in (flights.values() if candidates is None else flights)
-                if f.group.complete and greedy_done(f.group)]
+        done = [f.group.group_id for f in flights if f.group.complete and greedy_done(f.group)]
         for gid in done:
             flight = self.flights.pop(gid)
             self._forget(flight)

@@ -56,8 +56,7 @@ class SimCluster:
             elif isinstance(command, Abort):
                 self._add(adds)
                 for rank, ids in command.by_engine.items():
-                    engine = self._engine(rank)
-                    engine.advance(self.now)
+                    engine = self._catch_up(self._engine(rank))
                     self._deliver(engine.abort(ids))
                     self._touch(rank)
             elif isinstance(command, Score):
@@ -70,14 +69,15 @@ class SimCluster:
 
     def _add(self, adds: dict[int, list]) -> None:
         for rank, requests in adds.items():
-            engine = self._engine(rank)
-            if engine.busy:
-                self._deliver(engine.advance(self.now))
-            else:
-                engine.idle_to(self.now)
-            engine.add(requests)
+            self._catch_up(self._engine(rank)).add(requests)
             self._touch(rank)
         adds.clear()
+
+    def _catch_up(self, engine: SimEngine) -> SimEngine:
+        """Bring ``engine`` to the clock before a command reaches it: what it finished by now is delivered
+        (an idle engine's clock just moves); the command then takes effect at its next step boundary."""
+        self._deliver(engine.advance(self.now))
+        return engine
 
     def _engine(self, rank: int) -> SimEngine:
         engine = self.engines[rank]
@@ -158,9 +158,7 @@ class SimCluster:
         for rank, engine in enumerate(self.engines):
             if engine is None:
                 continue
-            if engine.busy:
-                self._deliver(engine.advance(self.now))
-            engine.now = max(engine.now, until)
+            self._catch_up(engine).now = max(engine.now, until)
             self._touch(rank)
         self.now = max(self.now, until)
 
@@ -170,16 +168,12 @@ class SimCluster:
         for rank, engine in enumerate(self.engines):
             if engine is None:
                 continue
-            if engine.busy:
-                self._deliver(engine.advance(self.now))
-            else:
-                engine.idle_to(self.now)
-            self._deliver(engine.update(version, partial))
+            self._deliver(self._catch_up(engine).update(version, partial))
             self._touch(rank)
 
     def join(self, engine: SimEngine) -> int:
         """A new engine (lent serving capacity, a spot instance) joins; returns its rank."""
-        engine.idle_to(self.now)
+        self._catch_up(engine)  # a fresh engine's clock starts now
         self.engines.append(engine)
         self._stamp.append(0)
         rank = len(self.engines) - 1
@@ -190,8 +184,7 @@ class SimCluster:
     def leave(self, rank: int, hand_back: bool = True) -> None:
         """Engine ``rank`` leaves: with ``hand_back`` (a warning came in time) its samples' tokens so far
         come back and continue elsewhere; without, they are regenerated from scratch."""
-        engine = self._engine(rank)
-        self._deliver(engine.advance(self.now))  # samples that finished by now are delivered, not re-asked
+        engine = self._catch_up(self._engine(rank))  # samples that finished by now are delivered, not re-asked
         held = engine.abort(engine.request_ids()) if hand_back else []
         self.engines[rank] = None
         self._stamp[rank] += 1

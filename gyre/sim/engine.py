@@ -185,7 +185,8 @@ class SimEngine:
 
     def advance(self, until: float) -> list[GenerationResult]:
         """Run every whole step that ends by ``until``; the samples that finished meanwhile. Commands that
-        arrive at ``until`` then take effect at the engine's next step boundary."""
+        arrive at ``until`` then take effect at the engine's next step boundary; an engine left idle waits
+        there (its clock moves to ``until``)."""
         out: list[GenerationResult] = []
         slack = _SLACK * max(1.0, abs(until))
         while not self.suspended and self.busy:
@@ -207,11 +208,6 @@ class SimEngine:
         if not self.busy and until != float("inf"):
             self.now = max(self.now, until)
         return out
-
-    def idle_to(self, t: float) -> None:
-        """Nothing to do until ``t``: the engine's clock moves there."""
-        if not self.rows:
-            self.now = max(self.now, t)
 
     # ---- internals ----------------------------------------------------------------------------------
     def _done(self, row: _SimRow) -> int:

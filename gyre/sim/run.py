@@ -226,8 +226,8 @@ class SimRun:
         groups = sched.take(n)
         cluster.send(sched.drain())
         trajectories = [t for g in groups for t in g.trajectories]
-        rows = [len(t.prompt.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories]
-        tokens = sum(rows)
+        responses = [sum(len(s.token_ids) for s in t.segments) for t in trajectories]
+        rows = [len(t.prompt.prompt_ids) + n for t, n in zip(trajectories, responses, strict=True)]
         trained = train_tokens(rows, spec.padding, spec.micro_batch)
         train_s = spec.cost.train_s(trained, spec.layout.train_devices, spec.forward_passes)
         if spec.layout.colocated:
@@ -249,8 +249,7 @@ class SimRun:
         # Engine-seconds the pool had over the step: with elastic capacity, the engines there over time
         # (the busy seconds count engines that left meanwhile too), not the engines left at its end.
         pool = self.elastic.mean_engines(start, cluster.now) if self.elastic is not None else len(live)
-        return StepRecord(n, start, cluster.now, generate_s, train_s, sync_s, len(trajectories),
-                          tokens - sum(len(t.prompt.prompt_ids) for t in trajectories),
+        return StepRecord(n, start, cluster.now, generate_s, train_s, sync_s, len(trajectories), sum(responses),
                           (self._busy() - busy) / max(1e-9, pool * step_s), len(live), stats)
 
     def _busy(self) -> float:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import NormalDist
 
+from gyre.envs.latency import lognormal_params
 from gyre.sim.tokens import Filler
 from gyre.types import PromptRecord
 
@@ -53,8 +54,8 @@ def lognormal(mean: float, cv: float, *parts: int) -> float:
     """A lognormal draw with this mean and coefficient of variation (cv 0: the mean itself)."""
     if cv <= 0 or mean <= 0:
         return max(mean, 0.0)
-    sigma = math.sqrt(math.log1p(cv * cv))
-    return mean * math.exp(sigma * normal(*parts) - sigma * sigma / 2)
+    mu, sigma = lognormal_params(mean, cv)
+    return math.exp(mu + sigma * normal(*parts))
 
 
 @dataclass(frozen=True)
