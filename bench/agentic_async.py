@@ -51,8 +51,8 @@ same barrier, so redundancy there only adds work: ask for it with --only."""
 
 def run(name: str, model: str, out: Path, args, mean_s: float, cv: float) -> dict:
     """Train ``args.steps`` steps under schedule ``name``; the timed steps' numbers."""
+    from gyre.app import launch
     from gyre.config import load_config
-    from gyre.pipelines import launch
 
     extra = [o.format(extra=args.extra) for o in SCHEDULES[name]]
     episodes = GROUPS * (SAMPLES + (args.extra if "redundancy" in name else 0))

@@ -127,9 +127,9 @@ def measure(model_dir: str, config: dict, rows: int, max_len: int, repeats: int)
     from gyre.algos.aggregation import denominator_for
     from gyre.config.schema import OptimizerConfig, SchedulerConfig
     from gyre.engines.losses import PolicyLoss, PolicyLossSpec
-    from gyre.engines.microbatch import MemoryLevers
+    from gyre.engines.specs import MemoryLevers
     from gyre.engines.trainer import TrainerBackend, TrainerSpec
-    from gyre.tracking.sums import MetricSums
+    from gyre.types import MetricSums
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # On a CPU shared with other work, wall time measures the neighbours: one thread and its CPU time instead.

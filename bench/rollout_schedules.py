@@ -42,9 +42,9 @@ SYNC = ("sync-hybrid", "sync-split")
 
 def warm_start(tmp: Path) -> tuple[str, dict]:
     """A tiny model taught the task's format by a short SFT, shared by every run."""
+    from gyre.app.ablation import warm_start as shared_warm_start
     from gyre.config import load_config
     from gyre.models.presets import init_model
-    from gyre.pipelines.ablation import warm_start as shared_warm_start
     from gyre.tasks.repeat import RepeatSpec, write_repeat_task
 
     data = write_repeat_task(tmp / "data", RepeatSpec(short=(1, 6), long=(40, 60), long_frac=0.08))
@@ -57,8 +57,8 @@ def warm_start(tmp: Path) -> tuple[str, dict]:
 
 
 def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int) -> dict:
+    from gyre.app import launch
     from gyre.config import load_config
-    from gyre.pipelines import launch
 
     cfg = load_config(None, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}", f"model.path={model}",
                              f"data.train_files=[{data['train']}]", f"data.val_files=[{data['val']}]",

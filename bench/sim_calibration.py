@@ -171,7 +171,7 @@ def trained_samples(run_dir: Path, steps: int, prompt_len: dict[str, int]) -> li
 def run_setting(name: str, model: str, data: dict, out: Path, steps: int, seed: int,
                 prompt_len: dict[str, int], repeat: int = 0) -> RunRecord:
     """Train one setting with the real launcher and collect what the calibration needs from its run dir."""
-    from gyre.pipelines import launch
+    from gyre.app import launch
 
     cfg = run_config(name, model, data, out, steps, seed)
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
@@ -186,7 +186,7 @@ def run_setting(name: str, model: str, data: dict, out: Path, steps: int, seed: 
 
 def training_prompts(model: str, data: dict, out: Path) -> list:
     """The training prompts (``PromptRecord``) as a run renders and tokenises them."""
-    from gyre.pipelines.rlvr_data import RunData
+    from gyre.training.run_data import RunData
 
     return RunData.load(run_config(SETTINGS[0], model, data, out, 1, 0)).train
 
@@ -475,7 +475,7 @@ def predict(raw: dict, md: Path) -> None:
     own config (plus simulate.* keys), print and write the comparison (``bench/sim_predict.py``)."""
     from sim_predict import comparison_rows, fit_record, fit_summary, table
 
-    from gyre.sim.cost import ModelShape
+    from gyre.config.catalog import ModelShape
 
     engine = next(f for f in engine_fits([EnginePoint(**p) for p in raw["engine_points"]])
                   if f.target == "decode_step_s").coef

@@ -41,10 +41,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gyre.config.catalog import MODELS, device_class
 from gyre.envs.episode import EpisodeLimits
 from gyre.rollout.policies import TailSpec
 from gyre.rollout.scheduler import ScheduleSpec
-from gyre.sim.cost import MODELS, CostModel, device_class
+from gyre.sim.cost import CostModel
 from gyre.sim.run import Agentic, Layout, SimResult, SimSpec, simulate
 from gyre.sim.workload import WorkloadSpec
 from gyre.types import SamplingParams

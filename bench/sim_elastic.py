@@ -24,8 +24,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from gyre.config.catalog import MODELS, device_class
 from gyre.rollout.scheduler import ScheduleSpec
-from gyre.sim.cost import MODELS, CostModel, device_class
+from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticSpec
 from gyre.sim.run import Layout, SimRun, SimSpec
 from gyre.sim.workload import WorkloadSpec

@@ -28,7 +28,8 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from gyre.sim.cost import CostModel, DeviceClass, ModelShape
+from gyre.config.catalog import DeviceClass, ModelShape
+from gyre.sim.cost import CostModel
 from gyre.sim.run import train_tokens
 from gyre.sim.workload import RecordedWorkload, WorkloadSpec, fit_lengths
 

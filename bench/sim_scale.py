@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 
+from gyre.config.catalog import MODELS, device_class
 from gyre.rollout.scheduler import ScheduleSpec
-from gyre.sim.cost import MODELS, CostModel, device_class
+from gyre.sim.cost import CostModel
 from gyre.sim.run import Layout, SimSpec, simulate
 from gyre.sim.workload import WorkloadSpec
 from gyre.types import SamplingParams

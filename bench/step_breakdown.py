@@ -26,8 +26,8 @@ LAYOUTS = {
 
 
 def run_layout(model: str, data: Path, out: Path, steps: int, overrides: list[str]) -> list[dict]:
+    from gyre.app import launch
     from gyre.config import load_config
-    from gyre.pipelines import launch
 
     cfg = load_config(None, [
         f"run.output_dir={out}", f"run.steps={steps}", f"model.path={model}", f"data.train_files=[{data}]",

@@ -37,8 +37,8 @@ def gyre_reward(response: str, ground_truth: str) -> float:
 
 
 def run_gyre(model: str, data: Path, out: Path, steps: int, layout: str) -> list[float]:
+    from gyre.app import launch
     from gyre.config import load_config
-    from gyre.pipelines import launch
 
     devices = {
         "1x2": ["cluster.cpu_slots=1", "cluster.threads_per_slot=2", "policy.devices=[0]", "rollout.devices=[0]"],

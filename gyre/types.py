@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from gyre.tracking.sums import MetricSums
-
 if TYPE_CHECKING:  # torch is imported where tensors are touched: reward processes never need it
     import torch
 
@@ -354,6 +352,27 @@ class TrainBatch:
         return int(self.input_ids.shape[0])
 
 
+class MetricSums:
+    """Token- (or sample-) weighted metric sums; ``means`` divides once everything is merged, so a
+    metric averages over all tokens of a step, not over ranks or micro-batches of unequal size."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, float] = {}
+
+    def add(self, name: str, total: float, count: float = 1.0) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + float(total)
+        self.counts[name] = self.counts.get(name, 0.0) + float(count)
+
+    def merge(self, other: MetricSums) -> MetricSums:
+        for name, total in other.sums.items():
+            self.add(name, total, other.counts[name])
+        return self
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
+
+
 @dataclass
 class TrainStepResult:
     """What one trainer rank reports for one ``train`` / ``train_sft`` call."""
@@ -400,3 +419,36 @@ def trim_to_length(batch: TrainBatch) -> TrainBatch:
         if isinstance(value, torch.Tensor) and value.dim() >= 2:  # per-token fields; [B] fields stay whole
             changes[f.name] = value[..., :used]
     return dataclasses.replace(batch, **changes)
+
+
+@dataclass
+class PreferenceBatch:
+    """Whole pairs for the trainer: their sequences on adjacent rows, and their reference log-probs."""
+
+    rows: TrainBatch
+    """[2P, L]: pair i's chosen sequence on row 2i, its rejected one on row 2i + 1; ``response_mask`` on
+    the completion tokens."""
+    ref_chosen: torch.Tensor | None = None
+    """[P] reference log-prob of each chosen completion (summed); None for a reference-free loss."""
+    ref_rejected: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows) // 2
+
+    def select(self, pairs: slice) -> PreferenceBatch:
+        """Pairs ``pairs.start`` to ``pairs.stop``, their rows trimmed of all-padding columns."""
+        start, stop, _ = pairs.indices(len(self))
+        rows = trim_to_length(select_rows(self.rows, slice(2 * start, 2 * stop)))
+        refs = [None if t is None else t[start:stop] for t in (self.ref_chosen, self.ref_rejected)]
+        return dataclasses.replace(self, rows=rows, ref_chosen=refs[0], ref_rejected=refs[1])
+
+    def split(self, parts: int) -> list[PreferenceBatch]:
+        """``parts`` contiguous shares of equal size (the pair count must divide)."""
+        if len(self) % parts:
+            raise ValueError(f"{len(self)} pairs do not split into {parts} equal shares")
+        share = len(self) // parts
+        return [self.select(slice(i * share, (i + 1) * share)) for i in range(parts)]
+
+    def micro_batches(self, pairs: int) -> list[PreferenceBatch]:
+        """Consecutive slices of at most ``pairs`` pairs."""
+        return [self.select(slice(i, i + pairs)) for i in range(0, len(self), pairs)]

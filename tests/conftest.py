@@ -44,8 +44,8 @@ def trained_run(ray_local, tiny_model_dir, arithmetic_data, tmp_path_factory):
     the generation tests read."""
     from pathlib import Path
 
+    from gyre.app import launch
     from gyre.config import load_config
-    from gyre.pipelines import launch
 
     out = tmp_path_factory.mktemp("runs") / "grpo"
     reward = Path(__file__).parent / "pipelines" / "reward_fns.py"

@@ -1,4 +1,4 @@
-"""Malformed input of every kind through ``gyre.cli.main``, in-process: each must exit with code 2 and
+"""Malformed input of every kind through ``gyre.app.cli.main``, in-process: each must exit with code 2 and
 one short paragraph that names the fix, never a traceback. Almost all fail in pre-flight, before Ray."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gyre.cli import main
-from gyre.pipelines.checkpoint import CheckpointManager, DriverState
+from gyre.app.cli import main
+from gyre.training.checkpoint import CheckpointManager, DriverState
 
 
 @dataclass

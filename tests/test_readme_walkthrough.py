@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from gyre.cli import main
+from gyre.app.cli import main
 from tests.hub_cache import cache_model
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -9,63 +9,45 @@ returns), ``tables`` (the ``Registry`` behind the tables), ``preference`` (pairw
 hinge, robust DPO, SimPO, RPO), ``aggregation`` (loss modes with global denominators; ``AGGREGATIONS``),
 ``kl`` (estimators, straight-through), ``masks``, ``mismatch`` (train-inference correction), ``value``
 (critic loss), ``stats`` and ``pass_at_k`` (evaluation over k samples).
+
+The names below are importable from ``gyre.algos`` itself; each module is imported on first use (PEP 562),
+so importing the package stays free of torch.
 """
 
-from gyre.algos.advantages import (
-    ESTIMATORS,
-    AdvantageEstimator,
-    discounted_returns,
-    gae_advantages,
-    group_centred_batch_std_advantages,
-    group_normalized_advantages,
-    normalize_rewards,
-    outcome_token_rewards,
-    rloo_advantages,
-)
-from gyre.algos.agentic import (
-    chunk_returns,
-    gigpo_advantages,
-    gigpo_step_advantages,
-    grouped_normalize,
-    rebn_advantages,
-    turn_returns,
-)
-from gyre.algos.aggregation import LossDenominator, aggregate_loss, denominator_for
-from gyre.algos.kl import AdaptiveKLController, kl_estimate, kl_penalized_rewards
-from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
-from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
-from gyre.algos.pass_at_k import mean_at_k, mean_pass_at_k, pass_at_k
-from gyre.algos.policy_loss import (
-    POLICY_LOSSES,
-    PolicyLossInputs,
-    PolicyLossOutput,
-    PolicyLossSpec,
-    PolicyLossVariant,
-    cispo_loss,
-    decoupled_ppo_loss,
-    kimi15_loss,
-    ppo_clip_loss,
-    tis_loss,
-    topr_loss,
-    vanilla_pg_loss,
-)
-from gyre.algos.preference import PairLogps, PreferenceLossOutput, PreferenceLossSpec, preference_loss
-from gyre.algos.stats import RunningMoments, masked_mean, masked_sum, masked_whiten
-from gyre.algos.tables import Registry
-from gyre.algos.value import explained_variance, value_loss
+from __future__ import annotations
 
-__all__ = [
-    "ESTIMATORS", "POLICY_LOSSES", "AdaptiveKLController", "AdvantageEstimator", "LossDenominator",
-    "PairLogps", "PolicyLossInputs", "PolicyLossOutput", "PolicyLossSpec", "PolicyLossVariant", "PreferenceLossOutput",
-    "PreferenceLossSpec", "Registry", "RunningMoments",
-    "aggregate_loss",
-    "chunk_returns", "cispo_loss", "decoupled_ppo_loss", "denominator_for", "difficulty_mask", "discounted_returns",
-    "explained_variance", "gae_advantages", "gigpo_advantages", "gigpo_step_advantages",
-    "group_centred_batch_std_advantages", "group_normalized_advantages",
-    "grouped_normalize", "importance_weights", "kimi15_loss",
-    "kl_estimate", "kl_penalized_rewards", "masked_mean", "mean_at_k", "mean_pass_at_k", "pass_at_k",
-    "masked_sum", "masked_whiten", "mismatch_filter", "preference_loss",
-    "mismatch_metrics", "normalize_rewards", "outcome_token_rewards", "overlong_mask", "ppo_clip_loss",
-    "rebn_advantages", "rloo_advantages", "soft_overlong_penalty", "tis_loss",
-    "topr_loss", "turn_returns", "vanilla_pg_loss", "value_loss",
-]
+import importlib
+
+_MODULES: dict[str, tuple[str, ...]] = {
+    "advantages": (
+        "AdvantageEstimator", "ESTIMATORS", "discounted_returns", "gae_advantages",
+        "group_centred_batch_std_advantages", "group_normalized_advantages", "normalize_rewards",
+        "outcome_token_rewards", "rloo_advantages"
+    ),
+    "agentic": (
+        "chunk_returns", "gigpo_advantages", "gigpo_step_advantages", "grouped_normalize", "rebn_advantages",
+        "turn_returns"
+    ),
+    "aggregation": ("LossDenominator", "aggregate_loss", "denominator_for"),
+    "kl": ("AdaptiveKLController", "kl_estimate", "kl_penalized_rewards"),
+    "masks": ("difficulty_mask", "overlong_mask", "soft_overlong_penalty"),
+    "mismatch": ("importance_weights", "mismatch_filter", "mismatch_metrics"),
+    "pass_at_k": ("mean_at_k", "mean_pass_at_k", "pass_at_k"),
+    "policy_loss": (
+        "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossOutput", "PolicyLossSpec", "PolicyLossVariant", "cispo_loss",
+        "decoupled_ppo_loss", "kimi15_loss", "ppo_clip_loss", "tis_loss", "topr_loss", "vanilla_pg_loss"
+    ),
+    "preference": ("PairLogps", "PreferenceLossOutput", "PreferenceLossSpec", "preference_loss"),
+    "stats": ("RunningMoments", "masked_mean", "masked_sum", "masked_whiten"),
+    "tables": ("Registry",),
+    "value": ("explained_variance", "value_loss"),
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gyre.algos' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"gyre.algos.{module}"), name)

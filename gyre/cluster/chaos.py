@@ -180,7 +180,7 @@ class DrillReport:
 
 
 def _start(config: Path, log, resume: bool) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "gyre.cli", "train", str(config), *(["--resume", "auto"] if resume else [])]
+    cmd = [sys.executable, "-m", "gyre.app.cli", "train", str(config), *(["--resume", "auto"] if resume else [])]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

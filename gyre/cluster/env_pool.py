@@ -16,8 +16,8 @@ import time
 from gyre.cluster import transport
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.workers import ENV, EnvWorker
+from gyre.envs.calls import EnvCall, EnvResult, SlotPool
 from gyre.envs.protocol import EnvFailure
-from gyre.rollout.episodes import EnvCall, EnvResult, SlotPool
 
 log = logging.getLogger(__name__)
 

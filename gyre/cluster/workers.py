@@ -15,18 +15,17 @@ import torch
 
 from gyre.algos import LossDenominator
 from gyre.algos.preference import PreferenceLossSpec
+from gyre.cluster.spans import recorder_of, timed
 from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
 from gyre.engines.losses import DPOLoss, PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
-from gyre.engines.microbatch import MemoryLevers
+from gyre.engines.specs import MemoryLevers
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
 from gyre.rewards.base import RewardRequest
 from gyre.rewards.runner import RewardRunner, ScoreReply
-from gyre.tracking.spans import recorder_of, timed
-from gyre.tracking.sums import MetricSums
-from gyre.types import GenerationRequest, RewardResult, TrainBatch, TrainStepResult
+from gyre.types import GenerationRequest, MetricSums, RewardResult, TrainBatch, TrainStepResult
 
 if TYPE_CHECKING:
-    from gyre.data.preference import PreferenceBatch
+    from gyre.types import PreferenceBatch
 
 
 def _device(kind: str) -> torch.device:

@@ -79,11 +79,21 @@ def attribute_docstrings(cls: type) -> dict[str, str]:
     return docs
 
 
-def section_from_spec(spec: type, name: str, module: str, doc: str) -> type[StrictModel]:
+class SpecSection(StrictModel):
+    """A config section declared by a spec dataclass (``section_from_spec``), which ``spec`` builds back."""
+
+    _spec: typing.ClassVar[type]
+
+    def spec(self, **run_fields: typing.Any) -> typing.Any:
+        """The spec of this section's values, with the driver's ``run_field`` values added."""
+        return self._spec(**{name: getattr(self, name) for name in type(self).model_fields}, **run_fields)
+
+
+def section_from_spec(spec: type, name: str, module: str, doc: str | None = None) -> type[SpecSection]:
     """A strict config section whose keys are the fields of the dataclass ``spec``: same names, types and
     defaults; a ``knob``'s choices (a ``Registry``) become a Literal of its names and its bounds become
     constraints; ``run_field`` fields are left out. So a knob is declared once, on the spec, and the spec
-    is built back from the section by field name."""
+    is built back from the section by field name (``SpecSection.spec``). ``doc`` defaults to the spec's."""
     hints = typing.get_type_hints(spec)
     docs = attribute_docstrings(spec)
     fields: dict[str, typing.Any] = {}
@@ -94,4 +104,6 @@ def section_from_spec(spec: type, name: str, module: str, doc: str) -> type[Stri
         choices = rules.pop("choices", None)
         kind = Literal[choices.names] if choices is not None else hints[f.name]
         fields[f.name] = (kind, Field(f.default, description=docs.get(f.name), **rules))
-    return create_model(name, __base__=StrictModel, __module__=module, __doc__=doc, **fields)
+    section = create_model(name, __base__=SpecSection, __module__=module, __doc__=doc or spec.__doc__, **fields)
+    section._spec = spec
+    return section

@@ -148,9 +148,10 @@ def _lora_line(cfg: RLVRConfig) -> str:
     model.path is a local model directory (pre-flight resolves it)."""
     from pathlib import Path
 
-    lora = cfg.policy.lora
-    saved = f" + {lora.modules_to_save} in full" if lora.modules_to_save else ""
-    counted = f"{lora.target_modules} layers{saved}"
+    lora = cfg.policy.lora.spec()
+    saved = f" + {list(lora.modules_to_save)} in full" if lora.modules_to_save else ""
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    counted = f"{targets} layers{saved}"
     if (Path(cfg.model.path) / "config.json").is_file():
         from gyre.models.lora import lora_size
 

@@ -13,7 +13,7 @@ from typing import Literal
 from gyre.config.base import DeviceList, NonNegInt, PositiveInt, StrictModel
 from gyre.config.logging_schema import SFTLoggingSection
 from gyre.config.schema import ClusterConfig, LoraConfig, ModelConfig, SFTConfig, WatchdogConfig
-from gyre.engines.microbatch import MemoryLevers, RemovePadding
+from gyre.engines.specs import MemoryLevers, RemovePadding
 
 
 class SFTRunSection(StrictModel):

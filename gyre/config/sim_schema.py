@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from gyre.config.base import NonNegInt, PositiveInt, StrictModel
-from gyre.sim.cost import DEVICES, MODELS
+from gyre.config.catalog import DEVICES, MODELS
 
 Fraction = Annotated[float, Field(gt=0, lt=1)]
 NonNegFloat = Annotated[float, Field(ge=0)]

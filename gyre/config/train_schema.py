@@ -4,71 +4,25 @@ LoRA and memory levers) and supervised fine-tuning (``sft_warmup`` and ``gyre sf
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
-from gyre.config.base import DeviceList, NonNegInt, PositiveFloat, PositiveInt, StrictModel, UnitFloat
+from gyre.config.base import (
+    DeviceList,
+    PositiveFloat,
+    PositiveInt,
+    StrictModel,
+    section_from_spec,
+)
 from gyre.config.data_schema import DataSource
-from gyre.engines.microbatch import MemoryLevers, RemovePadding
+from gyre.engines.specs import MemoryLevers, OptimizerSpec, RemovePadding, SchedulerSpec
+from gyre.models.specs import LoraSpec
 
-
-class OptimizerConfig(StrictModel):
-    """AdamW (torch.optim.AdamW; fused on GPU) over the trainable parameters."""
-
-    lr: PositiveFloat = 1e-5
-    """Peak learning rate (the scheduler scales it each optimizer step)."""
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    """Decoupled weight decay (AdamW's), applied to every trainable parameter."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW's decay rates of the first and second moment estimates."""
-    eps: PositiveFloat = 1e-8
-    """AdamW's term added to the second moment's square root, for numerical stability."""
-
-
-class SchedulerConfig(StrictModel):
-    """The learning rate over the run's optimizer steps."""
-
-    type: Literal["constant", "linear", "cosine"] = "constant"
-    """After warm-up: constant keeps the peak; linear and cosine decay it to min_lr_ratio x the peak at the
-    last step."""
-    warmup_steps: NonNegInt = 0
-    """Optimizer steps of linear warm-up from 0."""
-    min_lr_ratio: UnitFloat = 0.0
-    """For linear and cosine decay: the final learning rate as a fraction of the peak."""
-
-
-class LoraConfig(StrictModel):
-    """LoRA (peft) on the policy: the base weights stay frozen and only low-rank adapters train, so the
-    optimizer state, the checkpoints and every weight sync hold the adapter alone. The rollout engines
-    merge each published adapter into their copy of the base weights; the KL reference is the policy's
-    own base model with the adapter switched off (no reference role, no second copy of the model)."""
-
-    r: PositiveInt = 16
-    """Rank of every adapter: a targeted weight W [out, in] becomes W + scale * B @ A with B [out, r], A [r, in]."""
-    alpha: PositiveFloat = 32.0
-    """The scale's numerator: scale = alpha / r (alpha / sqrt(r) with rslora); peft's lora_alpha."""
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    """Dropout on the adapters' input in training forward passes. Log-prob passes run without it, so a
-    non-zero value makes the first optimizer step's ratio differ from 1; 0 (the default) keeps them equal."""
-    target_modules: str | list[str] = "all-linear"
-    """Which layers get an adapter: all-linear (every linear layer of the attention and MLP blocks, not the
-    output head), or a list of module names or name suffixes such as [q_proj, v_proj] (peft's
-    target_modules). Only linear layers can be targeted: the engines merge adapters into linear weights."""
-    modules_to_save: list[str] = []
-    """Modules trained in full beside the adapters, e.g. [norm] (peft's modules_to_save: a name or suffix).
-    Their whole weights travel with every weight sync. Not the embeddings of a model that ties them to
-    the output head."""
-    rslora: bool = False
-    """Rank-stabilised LoRA: scale = alpha / sqrt(r)."""
-    save: Literal["both", "merged", "adapter"] = "both"
-    """What the run writes at its end: merged (base + adapter, in model.save_dtype) in final_model/, which
-    AutoModelForCausalLM loads; adapter (peft format, PeftModel.from_pretrained) in final_adapter/; or both."""
-
-    @property
-    def scale(self) -> float:
-        """The factor of B @ A in every targeted weight."""
-        return self.alpha / (self.r ** 0.5 if self.rslora else self.r)
+OptimizerConfig = section_from_spec(OptimizerSpec, "OptimizerConfig", __name__)
+SchedulerConfig = section_from_spec(SchedulerSpec, "SchedulerConfig", __name__)
+LoraConfig = section_from_spec(LoraSpec, "LoraConfig", __name__)
+"""``policy.lora``: the fields of ``gyre.models.specs.LoraSpec`` (declared and documented there)."""
 
 
 class ForwardLevers(StrictModel):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gyre.config.data_schema import DataConfig
+from gyre.data.answers import last_boxed
 from gyre.data.sources import DataError, RawRow
-from gyre.rewards.math import last_boxed
 
 Chat = list[dict[str, str]]
 MISSING = object()

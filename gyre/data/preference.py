@@ -22,7 +22,7 @@ contiguous slice of pairs (a rank's share, a micro-batch) always holds whole pai
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -32,7 +32,7 @@ from gyre.data.columns import MISSING, Chat, lookup, missing_column, text_or_cha
 from gyre.data.prompts import PromptRenderer
 from gyre.data.sft import SFTExample, completion_tokens, sft_batch
 from gyre.data.sources import DataError, RawRow, read_sources
-from gyre.types import TrainBatch, select_rows, trim_to_length
+from gyre.types import PreferenceBatch, TrainBatch
 
 PairOverlong = Literal["error", "drop", "truncate"]
 
@@ -162,39 +162,6 @@ def _text_prompt(chosen: str, rejected: str) -> tuple[str, str, str] | None:
     if n == 0 or n == len(chosen) or n == len(rejected):
         return None
     return chosen[:n], chosen[n:], rejected[n:]
-
-
-@dataclass
-class PreferenceBatch:
-    """Whole pairs for the trainer: their sequences on adjacent rows, and their reference log-probs."""
-
-    rows: TrainBatch
-    """[2P, L]: pair i's chosen sequence on row 2i, its rejected one on row 2i + 1; ``response_mask`` on
-    the completion tokens."""
-    ref_chosen: torch.Tensor | None = None
-    """[P] reference log-prob of each chosen completion (summed); None for a reference-free loss."""
-    ref_rejected: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self.rows) // 2
-
-    def select(self, pairs: slice) -> PreferenceBatch:
-        """Pairs ``pairs.start`` to ``pairs.stop``, their rows trimmed of all-padding columns."""
-        start, stop, _ = pairs.indices(len(self))
-        rows = trim_to_length(select_rows(self.rows, slice(2 * start, 2 * stop)))
-        refs = [None if t is None else t[start:stop] for t in (self.ref_chosen, self.ref_rejected)]
-        return replace(self, rows=rows, ref_chosen=refs[0], ref_rejected=refs[1])
-
-    def split(self, parts: int) -> list[PreferenceBatch]:
-        """``parts`` contiguous shares of equal size (the pair count must divide)."""
-        if len(self) % parts:
-            raise ValueError(f"{len(self)} pairs do not split into {parts} equal shares")
-        share = len(self) // parts
-        return [self.select(slice(i * share, (i + 1) * share)) for i in range(parts)]
-
-    def micro_batches(self, pairs: int) -> list[PreferenceBatch]:
-        """Consecutive slices of at most ``pairs`` pairs."""
-        return [self.select(slice(i, i + pairs)) for i in range(0, len(self), pairs)]
 
 
 def preference_batch(pairs: Sequence[PreferencePair], pad_id: int, with_reference: bool = True) -> PreferenceBatch:

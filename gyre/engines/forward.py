@@ -14,8 +14,9 @@ import torch
 
 from gyre.engines import memory
 from gyre.engines.logit_head import ChunkedLogprobHead, check_chunkable, output_layer, swapped_output_layer
-from gyre.engines.microbatch import MemoryLevers, plan_micro_batches
+from gyre.engines.microbatch import plan_micro_batches
 from gyre.engines.packing import RowLayout, attn_implementation_of
+from gyre.engines.specs import MemoryLevers
 from gyre.models.logprobs import entropy_from_logits, token_logprobs
 from gyre.types import TrainBatch, select_rows, trim_to_length
 

@@ -40,7 +40,7 @@ class EngineLoop:
         """``engine`` implements ``gyre.engines.base.RolloutEngine``. Finished samples are yielded once
         ``emit_every`` are ready, ``emit_after_s`` after the first of them, or when the engine goes idle.
         ``on_busy`` / ``on_idle`` run when decoding starts and stops (a hybrid policy switches its module
-        between eval and train mode). ``spans``, a ``gyre.tracking.spans.SpanRecorder``, records decoding
+        between eval and train mode). ``spans``, a ``gyre.cluster.spans.SpanRecorder``, records decoding
         (consecutive steps merged into busy intervals) as "generate" and weight updates as "weight_sync"."""
         self.engine = engine
         self.emit_every, self.emit_after_s = max(1, emit_every), emit_after_s

@@ -33,11 +33,10 @@ from gyre.algos.preference import PairLogps, PreferenceLossSpec, preference_loss
 from gyre.algos.stats import masked_sum, where_valid
 from gyre.algos.value import value_loss
 from gyre.engines.forward import ForwardContext, sequence_logprobs, sequence_values
-from gyre.tracking.sums import MetricSums
-from gyre.types import TrainBatch
+from gyre.types import MetricSums, TrainBatch
 
 if TYPE_CHECKING:
-    from gyre.data.preference import PreferenceBatch
+    from gyre.types import PreferenceBatch
 
 __all__ = ["DPOLoss", "OldSource", "PolicyLoss", "PolicyLossSpec", "SFTLoss", "ValueLoss"]
 

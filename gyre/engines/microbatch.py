@@ -9,41 +9,9 @@ denominators of the whole optimizer step (``gyre.algos.aggregation``), never by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
-RemovePadding = Literal["none", "sort", "pack"]
-
-
-@dataclass(frozen=True)
-class MemoryLevers:
-    """How a role cuts a batch into forward passes and computes log-probs (the role's config section)."""
-
-    micro_batch_tokens: int | None = None
-    """Token budget of one forward pass (padding counted unless packed); None cuts by row count."""
-    remove_padding: RemovePadding = "none"
-    """none: consecutive rows, right-padded; sort: rows longest-first, so each micro-batch carries little
-    padding; pack: rows longest-first, each micro-batch concatenated into one sequence without padding."""
-    logprob_chunk_tokens: int | None = None
-    """Log-probs from the final hidden states this many tokens at a time; None: all logits at once."""
-
-    @property
-    def pack(self) -> bool:
-        return self.remove_padding == "pack"
-
-    def describe(self, rows: int, logprobs: bool = True) -> str:
-        """One line for ``gyre check``: what is on (``rows``: the row count used without a token budget;
-        ``logprobs``: the role computes log-probs)."""
-        cut = f"<= {self.micro_batch_tokens} tokens" if self.micro_batch_tokens else f"<= {rows} rows"
-        padding = {"none": "padded rows", "sort": "rows sorted by length (little padding)",
-                   "pack": "rows packed without padding"}[self.remove_padding]
-        text = f"micro-batches {cut}, {padding}"
-        if logprobs:
-            text += (f", log-probs in chunks of {self.logprob_chunk_tokens} tokens" if self.logprob_chunk_tokens
-                     else ", log-probs from the full logits")
-        return text
+from gyre.engines.specs import MemoryLevers
 
 
 def plan_micro_batches(lengths: torch.Tensor, rows: int, levers: MemoryLevers) -> list[torch.Tensor]:

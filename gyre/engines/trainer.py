@@ -16,14 +16,14 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from gyre.config.schema import LoraConfig, OptimizerConfig, SchedulerConfig
 from gyre.engines import memory
 from gyre.engines.forward import ForwardContext, batch_logprobs, batch_values, micro_batches
 from gyre.engines.logit_head import check_chunkable
-from gyre.engines.microbatch import MemoryLevers, plan_micro_batches, split_to_count
+from gyre.engines.microbatch import plan_micro_batches, split_to_count
+from gyre.engines.specs import MemoryLevers, OptimizerSpec, SchedulerSpec
 from gyre.models.loading import load_causal_lm, load_value_model
-from gyre.tracking.sums import MetricSums
-from gyre.types import TrainBatch
+from gyre.models.specs import LoraSpec
+from gyre.types import MetricSums, TrainBatch
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class TrainerSpec:
     """lm: the policy (a causal LM); value: a critic (the backbone with a scalar value head)."""
     attn_implementation: str | None = None
     """transformers' attention kernel (model.attn_implementation); None: transformers' choice."""
-    lora: LoraConfig | None = None
+    lora: LoraSpec | None = None
     """Train LoRA adapters only (policy.lora; ``gyre.models.lora``); None trains every weight."""
     seed: int = 0
     """The run's seed: the LoRA adapters' initial values (the same on every rank)."""
@@ -46,7 +46,7 @@ class TrainerSpec:
     """Micro-batches by token budget, padding removal or packing, chunked log-probs (the role's config)."""
 
 
-def lr_lambda(spec: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
+def lr_lambda(spec: SchedulerSpec, total_steps: int) -> Callable[[int], float]:
     """Multiplier of the peak LR at optimizer step ``s``: linear warm-up, then constant/linear/cosine."""
 
     def factor(step: int) -> float:
@@ -101,7 +101,7 @@ class TrainerBackend:
         if self.spec.head == "lm" and self.spec.levers.logprob_chunk_tokens:
             check_chunkable(self.model, self.device, "policy.logprob_chunk_tokens")
 
-    def configure_optimizer(self, opt: OptimizerConfig, schedule: SchedulerConfig, total_steps: int,
+    def configure_optimizer(self, opt: OptimizerSpec, schedule: SchedulerSpec, total_steps: int,
                             grad_clip: float | None) -> None:
         """A fresh AdamW and LR schedule (e.g. RL after an SFT warm-up starts its own)."""
         fused = self.device.type == "cuda"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from gyre.config.schema import LoraConfig
+from gyre.models.specs import LoraSpec
 
 ADAPTER = "default"
 """peft's name of the one adapter gyre trains."""
@@ -78,7 +78,7 @@ class AdapterWeights:
         return cls(factors, dict(targets), full)
 
 
-def peft_config(cfg: LoraConfig):
+def peft_config(cfg: LoraSpec):
     """peft's LoraConfig for gyre's ``policy.lora`` section."""
     import peft
 
@@ -88,7 +88,7 @@ def peft_config(cfg: LoraConfig):
                            bias="none", task_type="CAUSAL_LM")
 
 
-def apply_lora(model: torch.nn.Module, cfg: LoraConfig, gradient_checkpointing: bool = False, seed: int = 0):
+def apply_lora(model: torch.nn.Module, cfg: LoraSpec, gradient_checkpointing: bool = False, seed: int = 0):
     """Inject adapters into ``model`` in place (its other parameters are frozen); returns peft's wrapper,
     whose ``disable_adapter()`` gives the base model back. The adapters' random init (A; B starts at 0)
     comes from ``seed`` alone: every rank starts from the same adapters (FSDP2 does not broadcast them),
@@ -120,7 +120,7 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
 
 
-def _no_target_message(model: torch.nn.Module, cfg: LoraConfig, exc: ValueError) -> str:
+def _no_target_message(model: torch.nn.Module, cfg: LoraSpec, exc: ValueError) -> str:
     return (f"policy.lora.target_modules={cfg.target_modules!r} / modules_to_save={cfg.modules_to_save!r} "
             f"cannot be applied to this model ({str(exc).splitlines()[0][:200]}). Its linear layers are named "
             f"{', '.join(_linear_names(model))}: list some of those, or use all-linear.")
@@ -133,7 +133,7 @@ def _tied_embeddings(model: torch.nn.Module) -> dict[int, str]:
     return {id(model.get_input_embeddings()): "output head", id(model.get_output_embeddings()): "input embeddings"}
 
 
-def _check_targets(model: torch.nn.Module, cfg: LoraConfig, tied: dict[int, str]) -> None:
+def _check_targets(model: torch.nn.Module, cfg: LoraSpec, tied: dict[int, str]) -> None:
     from peft.tuners.lora import LoraLayer
     from transformers.pytorch_utils import Conv1D
 
@@ -163,10 +163,10 @@ class LoraSize:
     """Parameters of the model with its adapters."""
 
 
-def lora_size(model_path: str, cfg: LoraConfig, trust_remote_code: bool = False) -> LoraSize:
+def lora_size(model_path: str, cfg: LoraSpec, trust_remote_code: bool = False) -> LoraSize:
     """Inject the adapters into the model of ``model_path`` built on the meta device (no weight is read or
     allocated) and count. Raises ``LoraTargetError`` as a run would, before any worker starts."""
-    return _lora_size(str(model_path), cfg.model_dump_json(), trust_remote_code)
+    return _lora_size(str(model_path), json.dumps(cfg.to_dict()), trust_remote_code)
 
 
 @functools.lru_cache(maxsize=8)
@@ -179,7 +179,7 @@ def _lora_size(model_path: str, cfg_json: str, trust_remote_code: bool) -> LoraS
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    apply_lora(model, LoraConfig.model_validate_json(cfg_json))
+    apply_lora(model, LoraSpec.from_dict(json.loads(cfg_json)))
     params = list(model.parameters())
     return LoraSize(len(lora_targets(model)), sum(p.numel() for p in params if p.requires_grad),
                     sum(p.numel() for p in params))
@@ -245,18 +245,18 @@ class AdapterMerger:
 
 
 # ---- checkpoints and saved models -------------------------------------------------------------------
-def write_marker(directory: str | Path, cfg: LoraConfig) -> None:
+def write_marker(directory: str | Path, cfg: LoraSpec) -> None:
     """Say in a policy checkpoint that its weights are an adapter, and which (``export_lora`` reads it)."""
-    (Path(directory) / MARKER).write_text(json.dumps(cfg.model_dump(mode="json"), indent=1) + "\n")
+    (Path(directory) / MARKER).write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
 
 
-def read_marker(directory: str | Path) -> LoraConfig | None:
+def read_marker(directory: str | Path) -> LoraSpec | None:
     """The LoRA config a policy checkpoint was trained with; None for a full-weight checkpoint."""
     path = Path(directory) / MARKER
-    return LoraConfig.model_validate_json(path.read_text()) if path.is_file() else None
+    return LoraSpec.from_dict(json.loads(path.read_text())) if path.is_file() else None
 
 
-def resume_problem(directory: str | Path, now: LoraConfig | None) -> str | None:
+def resume_problem(directory: str | Path, now: LoraSpec | None) -> str | None:
     """Why the policy checkpoint in ``directory`` cannot continue a run configured with ``now`` (its
     policy.lora), or None: adapters and full weights do not mix, and adapters need their own shape."""
     saved = read_marker(directory)
@@ -265,9 +265,10 @@ def resume_problem(directory: str | Path, now: LoraConfig | None) -> str | None:
         fix = "set policy.lora as it was" if saved else "remove policy.lora"
         return f"its policy checkpoint holds {what}; {fix}, or start a fresh run"
     shape = {"save"}  # what the run writes at its end may change; the adapters may not
-    if saved is not None and saved.model_dump(exclude=shape) != now.model_dump(exclude=shape):
-        return (f"it trained LoRA adapters {saved.model_dump(exclude=shape)}, the config now asks for "
-                f"{now.model_dump(exclude=shape)}; set policy.lora as it was, or start a fresh run")
+    kept = lambda spec: {k: v for k, v in spec.to_dict().items() if k not in shape}  # noqa: E731
+    if saved is not None and kept(saved) != kept(now):
+        return (f"it trained LoRA adapters {kept(saved)}, the config now asks for {kept(now)}; set policy.lora "
+                "as it was, or start a fresh run")
     return None
 
 

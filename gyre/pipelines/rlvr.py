@@ -18,24 +18,24 @@ import torch
 
 from gyre.cluster.env_pool import EnvPool
 from gyre.cluster.reward_pool import RewardPool
+from gyre.cluster.roles import Roles, reward_scorers
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import collate_groups
 from gyre.envs.episode import EpisodeLimits
-from gyre.pipelines.advantage import AlgorithmState, correct_mismatch, estimate_advantages
-from gyre.pipelines.checkpoint import CheckpointManager, DriverState, ResumeError
-from gyre.pipelines.learner import Learner
-from gyre.pipelines.reward_checks import check_reward_failures
-from gyre.pipelines.rlvr_data import RunData, config_fingerprint
-from gyre.pipelines.roles import Roles, reward_scorers
-from gyre.pipelines.schedule import sampling_params, schedule_spec
+from gyre.rewards.checks import check_reward_failures
 from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.machine import RolloutMachine
+from gyre.rollout.schedule import sampling_params, schedule_spec
 from gyre.tracking.generations import GenerationWriter
 from gyre.tracking.progress import Progress
 from gyre.tracking.report import refresh_report
 from gyre.tracking.tables import write_validation_table
 from gyre.tracking.timeline import Timeline
+from gyre.training.advantage import AlgorithmState, correct_mismatch, estimate_advantages
+from gyre.training.checkpoint import CheckpointManager, DriverState, ResumeError
+from gyre.training.learner import Learner
+from gyre.training.run_data import RunData, config_fingerprint
 from gyre.types import Group, SamplingParams, TrainBatch, Trajectory
 
 REPORT_INTERVAL_S = 60.0
@@ -184,7 +184,7 @@ class RLVRPipeline:
                 "reward/latency_mean": sum(latency) / len(latency), "reward/latency_max": max(latency)}
 
     def compute_advantages(self, groups: list[Group], batch: TrainBatch) -> dict:
-        """Advantages, returns and loss masks (``gyre.pipelines.advantage``), group statistics over ``groups``."""
+        """Advantages, returns and loss masks (``gyre.training.advantage``), group statistics over ``groups``."""
         keep, metrics = correct_mismatch(batch, self.cfg.algorithm.mismatch)
         env = self.cfg.env
         budget = env.turn_tokens if env is not None else self.cfg.rollout.sampling.max_new_tokens  # per response

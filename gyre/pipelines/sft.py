@@ -1,7 +1,7 @@
 """Supervised fine-tuning with the policy trainer ranks: the loop shared by the warm-up and ``gyre sft``.
 
 As the warm-up before RL (``sft_warmup`` in a run config) it teaches the answer format, so that RL starts
-from a policy whose samples sometimes earn reward; as a standalone run (``gyre.pipelines.sft_run``) it is
+from a policy whose samples sometimes earn reward; as a standalone run (``gyre.app.sft_run``) it is
 ordinary SFT. Each step draws ``batch_size`` examples (seeded epochs), pads or packs them into rows
 (``gyre.data.sft.sft_batch``), and takes one optimizer step of the token-mean loss over the trained
 tokens of the whole batch (a global denominator: the result does not depend on the ranks or rows).
@@ -60,7 +60,8 @@ def optimizer_steps(section, items: int, seed: int, trainer: SFTTrainer, phase: 
     steps = section.total_steps(items)
     sampler = EpochSampler(items, seed=derive_seed(seed, phase))
     trainer.activate()
-    trainer.policy.call("configure_optimizer", section.optimizer, section.scheduler, steps, section.grad_clip)
+    trainer.policy.call("configure_optimizer", section.optimizer.spec(), section.scheduler.spec(), steps,
+                        section.grad_clip)
     metrics: dict = {}
     for n in range(1, steps + 1):
         start = time.perf_counter()

@@ -33,7 +33,7 @@ import string
 from collections import deque
 from dataclasses import dataclass
 
-from gyre.rewards.math import last_boxed
+from gyre.data.answers import last_boxed
 from gyre.types import RewardResult
 
 _DEFAULT_LAST = "D"

@@ -33,40 +33,16 @@ import logging
 import re
 from collections import deque
 
+from gyre.data.answers import last_boxed
 from gyre.types import RewardResult
 
 # math-verify warns on every call that its own timeouts are off; the runner's limit applies instead.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _INT = re.compile(r"^[+-]?\d+$")
-# A box opener, an escaped brace or "\\" (skipped so that "\\{" is not read as an escaped brace), a brace.
-_BOX_TOKENS = re.compile(r"\\boxed\s*\{|\\[\\{}]|[{}]")
 _BOX_OPEN = re.compile(r"\\boxed\s*\{")
 _BOXED_MODES = ("auto", "always", "never")
 _INFO_CHARS = 500
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` to close, braces matched (nested ``\\frac{1}{2}`` included,
-    escaped ``\\{`` ignored); None if no box closes. One pass, linear in ``len(text)`` even for adversarial
-    input such as thousands of unclosed boxes."""
-    start = text.find("\\boxed")
-    if start < 0:
-        return None
-    stack: list[int] = []  # per open brace: where the box content starts, or -1 for a plain brace
-    last = None
-    for m in _BOX_TOKENS.finditer(text, start):
-        token = m.group()
-        if token == "{":
-            stack.append(-1)
-        elif token == "}":
-            if stack:  # a stray "}" closes nothing
-                begin = stack.pop()
-                if begin >= 0:
-                    last = (begin, m.start())
-        elif token.startswith("\\boxed"):
-            stack.append(m.end())
-    return None if last is None else text[last[0]:last[1]]
 
 
 def _gold(ground_truth: str):

@@ -22,7 +22,7 @@ from gyre.cluster import transport
 from gyre.cluster.faults import CallClock, RoleFault, fault_from
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.workers import SERVE, EngineHost
-from gyre.rollout.episodes import EnvCall
+from gyre.envs.calls import EnvCall
 from gyre.rollout.requests import Abort, Generate
 from gyre.rollout.scheduler import RolloutScheduler, Score
 

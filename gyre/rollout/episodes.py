@@ -27,11 +27,11 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
+from gyre.envs.calls import EnvCall, EnvResult, SlotPool
 from gyre.envs.context import ContextBuilder
 from gyre.envs.episode import Episode, EpisodeLimits
-from gyre.envs.protocol import EnvError, EnvFailure, EnvReset, EnvStep
+from gyre.envs.protocol import EnvError, EnvFailure, EnvReset
 from gyre.rollout.requests import RequestBook
 from gyre.seeding import derive_seed
 from gyre.types import GenerationResult, Group, SamplingParams, Trajectory, WeightVersion
@@ -41,36 +41,6 @@ log = logging.getLogger(__name__)
 GIVE_UP_LIMIT = 8
 """Groups given up in a row (no episode finishing meanwhile) that stop the run, or the slot count if
 larger: one lost environment worker may fail every episode in flight at once."""
-
-
-@dataclass(frozen=True)
-class EnvCall:
-    """Command: reset environment slot ``slot`` to seed ``arg``, or step it with action ``arg``."""
-
-    slot: int
-    call_id: str
-    """"<episode key>@<n>": unique, and names the episode the answer belongs to."""
-    op: Literal["reset", "step"]
-    arg: int | str | None
-
-
-@dataclass(frozen=True)
-class EnvResult:
-    """Event: the answer to ``EnvCall`` ``call_id``."""
-
-    call_id: str
-    value: EnvReset | EnvStep | EnvFailure
-
-
-@dataclass
-class SlotPool:
-    """Environment slots (one environment instance each), shared by every scheduler on the same workers."""
-
-    size: int
-    free: deque[int] = field(default_factory=deque)
-
-    def __post_init__(self) -> None:
-        self.free.extend(range(self.size))
 
 
 @dataclass

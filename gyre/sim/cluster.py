@@ -15,7 +15,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gyre.rollout.episodes import EnvCall
+from gyre.envs.calls import EnvCall
 from gyre.rollout.requests import Abort, Generate
 from gyre.rollout.scheduler import RolloutScheduler, Score
 from gyre.sim.engine import SimEngine

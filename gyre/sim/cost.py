@@ -7,132 +7,15 @@ overlaps there). Prefill is compute-bound (``2 P T`` FLOPs for T tokens). Traini
 costs ``6 P T`` FLOPs at the device's training MFU, each extra forward pass (old and reference
 log-probs) ``2 P T``. Weight sync moves ``P x bytes`` over the link between trainer and engines.
 
-Device classes are data (``DEVICES``): name, peak dense bf16 TFLOP/s, HBM bandwidth, memory, efficiency
-factors and a price per hour (RollArt's hardware-affinity comparison is "at equal cost"). ``cpu`` is
-this repository's 2-core CPU running the tiny test model, calibrated by ``bench/sim_calibration.py``.
+Device classes and model shapes are data (``gyre.config.catalog``).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class DeviceClass:
-    name: str
-    peak_tflops: float
-    """Dense bf16 tensor throughput, TFLOP/s."""
-    mem_gbps: float
-    """Memory bandwidth, GB/s."""
-    mem_gb: float
-    """Device memory, GB."""
-    price_per_hour: float
-    """What an hour of one device costs (relative units; RollArt compares pools at equal cost)."""
-    compute_eff: float = 0.6
-    """Share of peak FLOP/s that prefill and decoding reach."""
-    mem_eff: float = 0.75
-    """Share of peak bandwidth that decoding's weight and KV reads reach."""
-    train_mfu: float = 0.4
-    """Model FLOPs utilisation of training (forward and backward)."""
-    step_overhead_s: float = 0.004
-    """Fixed cost of one decoding step (scheduling, sampling, kernel launches)."""
-    train_overhead_s: float = 0.5
-    """Fixed cost of a training step (optimizer step, gradient reduction, scheduling)."""
-    pcie_gbps: float = 25.0
-    """Host-to-device bandwidth, GB/s (colocated roles swap their state over it)."""
-    link_gbps: float = 25.0
-    """Bandwidth of a weight update from the trainer to an engine, GB/s."""
-    sync_overhead_s: float = 1.0
-    """Fixed cost of a weight update (suspend, barrier, resume)."""
-    kv_fraction: float = 0.9
-    """Share of the memory left after the weights that the KV cache may take."""
-    additive: bool = False
-    """Compute and memory time add up instead of overlapping (small models on a CPU)."""
-
-
-DEVICES: dict[str, DeviceClass] = {
-    # Public spec-sheet figures (dense bf16, SXM); prices are relative: an H20 costs a third of an H800
-    # (RollArt's 6 x H20 = 2 x H800 cost-equivalent pools).
-    "h100": DeviceClass("h100", 989.0, 3350.0, 80.0, 3.0),
-    "h800": DeviceClass("h800", 989.0, 3350.0, 80.0, 3.0),
-    "h200": DeviceClass("h200", 989.0, 4800.0, 141.0, 3.8),
-    "h20": DeviceClass("h20", 148.0, 4000.0, 96.0, 1.0),
-    "a100": DeviceClass("a100", 312.0, 2039.0, 80.0, 1.8),
-    "l40s": DeviceClass("l40s", 362.0, 864.0, 48.0, 1.1),
-    # Calibrated on this repository's 2-core CPU with the tiny model (bench/sim_calibration.py both: the
-    # sync-hybrid run's in-run generate and trainer times over the engine and training microbenchmarks'
-    # shapes; bench/results/sim_calibration.md). peak/mem are what the in-run decode costs per row and per
-    # context token imply; train_mfu > 1 only says batched training gets more FLOP/s than decoding does.
-    "cpu": DeviceClass("cpu", 0.019, 1.19, 8.0, 0.05, compute_eff=1.0, mem_eff=1.0, train_mfu=2.275,
-                       step_overhead_s=0.001033, train_overhead_s=0.0, link_gbps=1.19, sync_overhead_s=0.002028,
-                       additive=True),
-}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the cost model needs of a model: its size and the size of its KV cache per token."""
-
-    name: str
-    params: float
-    layers: int
-    kv_heads: int
-    head_dim: int
-    bytes_per_param: int = 2
-
-    @property
-    def weight_bytes(self) -> float:
-        return self.params * self.bytes_per_param
-
-    @property
-    def kv_bytes_per_token(self) -> float:
-        """Keys and values of every layer, bf16."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2
-
-    @classmethod
-    def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelShape:
-        """From a local model directory's ``config.json`` (parameters counted from its shapes)."""
-        path = Path(path)
-        cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
-        h, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-        heads = cfg["num_attention_heads"]
-        kv, head_dim = cfg.get("num_key_value_heads", heads), cfg.get("head_dim") or h // heads
-        inter = cfg.get("intermediate_size", 4 * h)
-        per_layer = h * head_dim * (heads * 2 + kv * 2) + 3 * h * inter
-        embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
-        return cls(name or path.name, float(layers * per_layer + embed), layers, kv, head_dim)
-
-
-MODELS: dict[str, ModelShape] = {
-    # Qwen2.5 / Qwen3 shapes (parameters, layers, KV heads, head dim), the sizes the ROLL papers train.
-    "0.5b": ModelShape("0.5b", 0.49e9, 24, 2, 64),
-    "1.5b": ModelShape("1.5b", 1.54e9, 28, 2, 128),
-    "3b": ModelShape("3b", 3.09e9, 36, 2, 128),
-    "7b": ModelShape("7b", 7.6e9, 28, 4, 128),
-    "8b": ModelShape("8b", 8.2e9, 36, 8, 128),
-    "14b": ModelShape("14b", 14.7e9, 48, 8, 128),
-    "32b": ModelShape("32b", 32.5e9, 64, 8, 128),
-}
-
-
-def model_shape(name: str) -> ModelShape:
-    """A named size ("7b") or a local model directory."""
-    if name.lower() in MODELS:
-        return MODELS[name.lower()]
-    path = Path(name)
-    if (path / "config.json").is_file():
-        return ModelShape.from_hf_config(path)
-    raise ValueError(f"unknown model size {name!r}: give one of {sorted(MODELS)} or a local model directory "
-                     f"with a config.json")
-
-
-def device_class(name: str, overrides: dict | None = None) -> DeviceClass:
-    if name.lower() not in DEVICES:
-        raise ValueError(f"unknown device class {name!r}: give one of {sorted(DEVICES)}")
-    return replace(DEVICES[name.lower()], **(overrides or {}))
+from gyre.config.catalog import DeviceClass, ModelShape
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from gyre.envs.calls import SlotPool
 from gyre.envs.context import ContextBuilder
 from gyre.envs.episode import EpisodeLimits
-from gyre.rollout.episodes import EpisodeRunner, SlotPool
+from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
 from gyre.sim.cluster import SimCluster
 from gyre.sim.cost import CostModel

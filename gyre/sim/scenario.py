@@ -1,6 +1,6 @@
 """From a run config to a simulation: the same scheduler rules, a cluster of the planned size.
 
-``scenario(cfg)`` reads the config as ``gyre train`` would (``gyre.pipelines.schedule.schedule_spec``
+``scenario(cfg)`` reads the config as ``gyre train`` would (``gyre.rollout.schedule.schedule_spec``
 gives the scheduler's rules, so a simulated step runs exactly the run's admission, asynchrony, queueing,
 redundancy, filters and tail batching) and the ``simulate`` section for what the config cannot say: the
 device count and class, the model size and the task's shape.
@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from gyre.config.catalog import ModelShape, device_class, model_shape
 from gyre.config.schema import RLVRConfig
 from gyre.envs.episode import EpisodeLimits
-from gyre.pipelines.schedule import sampling_params, schedule_spec
-from gyre.sim.cost import CostModel, ModelShape, device_class, model_shape
+from gyre.rollout.schedule import sampling_params, schedule_spec
+from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticSpec
 from gyre.sim.run import Agentic, Layout, SimSpec
 from gyre.sim.workload import WorkloadSpec, fit_lengths, recorded_groups

@@ -13,8 +13,8 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
+from gyre.envs.calls import EnvCall, EnvResult
 from gyre.envs.protocol import EnvReset, EnvStep
-from gyre.rollout.episodes import EnvCall, EnvResult
 from gyre.sim.workload import Workload
 from gyre.types import RewardResult, Trajectory
 

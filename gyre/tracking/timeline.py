@@ -1,5 +1,5 @@
 """The driver's side of the phase timeline: it takes the spans every worker recorded
-(``gyre.tracking.spans``), names their lanes and appends them to ``RUN_DIR/timeline.jsonl``.
+(``gyre.cluster.spans``), names their lanes and appends them to ``RUN_DIR/timeline.jsonl``.
 
 One JSON object per span: ``{role, rank, phase, start, end, step}``, start and end in wall-clock
 seconds. ``role`` is the RL role (policy, rollout, reference, critic, teacher, reward, env, driver);
@@ -23,8 +23,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gyre.cluster.spans import take_spans
 from gyre.tracking.logger import BEFORE_EVERYTHING, truncate_after
-from gyre.tracking.spans import take_spans
 
 TAKE_DEADLINE_S = 5.0
 """How long one take waits for the workers' answers (they answer on their probe thread, in milliseconds)."""

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gyre.algos.mismatch import divergence_filter, importance_weights, normalize_weights
-from gyre.pipelines.advantage import correct_mismatch
-from tests.pipelines.test_advantage import sample, stage, to_batch
+from gyre.training.advantage import correct_mismatch
+from tests.training.test_advantage import sample, stage, to_batch
 
 NAN = float("nan")
 # delta = log pi_old - log mu: row 0 [0.1, -0.05, 0.3, 0.0] (algorithms.md section 7), row 1 [0.2, 0.2] + a NaN pad.

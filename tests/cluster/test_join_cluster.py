@@ -29,7 +29,7 @@ def test_train_joins_an_existing_cluster(external_cluster, tmp_path, tiny_model_
         "policy": {"devices": [0], "micro_batch_size": 4},
         "logging": {"progress": False, "trackers": [], "plot": False},
     }))
-    cmd = [sys.executable, "-m", "gyre.cli", "train", str(config), "--address", external_cluster.address]
+    cmd = [sys.executable, "-m", "gyre.app.cli", "train", str(config), "--address", external_cluster.address]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # 3 CPUs in the cluster: 2 device slots (one is kept for the reward worker), disaggregated placement.

@@ -54,7 +54,7 @@ def _free_port():
 
 def _gyre(args, env=None, **kw):
     extra = {k: v for k, v in (env or {}).items() if isinstance(v, str)}
-    return subprocess.Popen([sys.executable, "-m", "gyre.cli", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "gyre.app.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **extra},
                             start_new_session=True, **kw)
 
@@ -145,7 +145,7 @@ def test_an_interruption_wrapped_by_native_code_is_still_an_interruption():
     ours as its context; the run still stops as interrupted, with the exit code of the signal."""
     import signal
 
-    from gyre.pipelines.interrupt import RunInterrupted, interruption_in, stop_on_signals
+    from gyre.app.interrupt import RunInterrupted, interruption_in, stop_on_signals
 
     def wrapped():
         try:

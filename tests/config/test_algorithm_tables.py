@@ -14,11 +14,10 @@ from gyre.config import ConfigError, load_config, make_plan
 from gyre.config.schema import AlgorithmConfig, PolicyLossKnobs
 from gyre.data.batching import collate_groups
 from gyre.engines.losses import PolicyLoss
-from gyre.pipelines.advantage import AlgorithmState, estimate_advantages
-from gyre.tracking.sums import MetricSums
-from gyre.types import TrainBatch
-from tests.pipelines.test_advantage import groups_of, sample, stage, to_batch
-from tests.pipelines.test_turn_advantages import episode, group
+from gyre.training.advantage import AlgorithmState, estimate_advantages
+from gyre.types import MetricSums, TrainBatch
+from tests.training.test_advantage import groups_of, sample, stage, to_batch
+from tests.training.test_turn_advantages import episode, group
 
 RUN_FIELDS = {f.name for f in dataclasses.fields(PolicyLossSpec) if "from_run" in f.metadata}  # filled by the driver
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gyre.cli import main
+from gyre.app.cli import main
 from gyre.config.load import ConfigError
 from gyre.config.reference import children, describe, field_docs, find, first_sentence, schema_for, type_text
 

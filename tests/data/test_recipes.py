@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gyre.app.preflight import load_data, resolve_paths
 from gyre.config import load_config
-from gyre.pipelines.preflight import load_data, resolve_paths
 from gyre.rewards.base import RewardRequest, call_reward, load_function
 from gyre.rewards.registry import function_spec
 from tests.chat_models import with_chat_template

@@ -123,9 +123,9 @@ def test_packed_rows_restart_positions_and_give_the_padded_loss_and_gradient(tin
     from gyre.algos import LossDenominator
     from gyre.engines.forward import ForwardContext
     from gyre.engines.losses import SFTLoss
-    from gyre.engines.microbatch import MemoryLevers
+    from gyre.engines.specs import MemoryLevers
     from gyre.models.loading import load_causal_lm
-    from gyre.tracking.sums import MetricSums
+    from gyre.types import MetricSums
 
     examples = examples_of([7, 3, 5, 4, 2], [3, 2, 2, 3, 1])
     packed, padded = sft_batch(examples, 0, pack_tokens=10, rows_multiple=2), sft_batch(examples, 0)

@@ -5,8 +5,7 @@ import torch
 
 from gyre.algos import LossDenominator
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec
-from gyre.tracking.sums import MetricSums
-from gyre.types import TrainBatch
+from gyre.types import MetricSums, TrainBatch
 
 
 def test_entropy_mask_filters_the_bonus_but_keeps_the_denominator():

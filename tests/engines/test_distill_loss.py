@@ -7,8 +7,7 @@ import torch
 
 from gyre.algos import LossDenominator
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec
-from gyre.tracking.sums import MetricSums
-from gyre.types import TrainBatch
+from gyre.types import MetricSums, TrainBatch
 
 
 def test_distill_loss_term_adds_half_the_squared_log_ratio_to_the_teacher():

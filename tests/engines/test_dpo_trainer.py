@@ -10,14 +10,13 @@ import torch.multiprocessing as mp
 
 from gyre.algos import LossDenominator
 from gyre.algos.preference import PreferenceLossSpec
-from gyre.config.schema import OptimizerConfig, SchedulerConfig
 from gyre.data.preference import PreferencePair, preference_batch
 from gyre.data.sft import SFTExample
 from gyre.engines.forward import ForwardContext
 from gyre.engines.losses import DPOLoss
-from gyre.engines.microbatch import MemoryLevers
+from gyre.engines.specs import MemoryLevers, OptimizerSpec, SchedulerSpec
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
-from gyre.tracking.sums import MetricSums
+from gyre.types import MetricSums
 from tests.engines.test_trainer import _free_port
 
 
@@ -66,7 +65,7 @@ def _dpo_worker(rank, world, model_dir, port, out, spec):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     backend = TrainerBackend(TrainerSpec(str(model_dir)), torch.device("cpu"))
     backend.setup()
-    backend.configure_optimizer(OptimizerConfig(lr=1e-3), SchedulerConfig(), 1, grad_clip=None)
+    backend.configure_optimizer(OptimizerSpec(lr=1e-3), SchedulerSpec(), 1, grad_clip=None)
     batch = preference_batch(_pairs(), pad_id=0)
     denom = LossDenominator(tokens=float(batch.rows.response_mask.sum()), sequences=float(len(batch)), dp_size=world)
     metrics = MetricSums()

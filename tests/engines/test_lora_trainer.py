@@ -9,15 +9,16 @@ import torch
 import torch.multiprocessing as mp
 
 from gyre.algos import LossDenominator
-from gyre.config.schema import LoraConfig, OptimizerConfig, SchedulerConfig
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec
+from gyre.engines.specs import OptimizerSpec, SchedulerSpec
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
-from gyre.tracking.sums import MetricSums
+from gyre.models.specs import LoraSpec
+from gyre.types import MetricSums
 from tests.engines.test_trainer import _batch, _free_port
 
 pytest.importorskip("peft")
 
-LORA = LoraConfig(r=4, alpha=8)
+LORA = LoraSpec(r=4, alpha=8)
 
 
 def _init(rank: int, world: int, port: int) -> None:
@@ -31,7 +32,7 @@ def _init(rank: int, world: int, port: int) -> None:
 def _trainer(model_dir, lora=LORA, **spec) -> TrainerBackend:
     b = TrainerBackend(TrainerSpec(str(model_dir), micro_batch_size=2, lora=lora, **spec), torch.device("cpu"))
     b.setup()
-    b.configure_optimizer(OptimizerConfig(lr=1e-2), SchedulerConfig(type="linear", warmup_steps=2), 10, 1.0)
+    b.configure_optimizer(OptimizerSpec(lr=1e-2), SchedulerSpec(type="linear", warmup_steps=2), 10, 1.0)
     return b
 
 
@@ -81,7 +82,7 @@ def _weights_worker(rank, model_dir, port):
     served = engine.model.state_dict()
     assert merged.keys() == served.keys() and all(torch.equal(merged[k], served[k]) for k in merged)
     # modules_to_save: the norms train in full and replace the engine's own (their base copies stay aside).
-    full = _trainer(model_dir, lora=LoraConfig(r=4, alpha=8, modules_to_save=["norm"]))
+    full = _trainer(model_dir, lora=LoraSpec(r=4, alpha=8, modules_to_save=("norm",)))
     _step(full, batch)
     adapter = AdapterWeights.from_trainable_state(full.trainable_state_dict(), lora_targets(full.hf_model))
     assert sorted(adapter.full) == sorted([f"model.layers.{i}.{n}.weight" for i in (0, 1)
@@ -155,8 +156,8 @@ def _checkpoint_worker(rank, model_dir, port, out):
     with pytest.raises(ValueError, match="exists and is not empty"):
         export_lora(out / "ckpt", model_dir, out / "export")
     # The same through `gyre export`'s own path: a LoRA checkpoint is merged, or written as the adapter.
-    from gyre.pipelines.export import ExportSpec, export_model
-    from gyre.pipelines.model_source import ModelSource
+    from gyre.app.export import ExportSpec, export_model
+    from gyre.app.model_source import ModelSource
 
     (out / "step").mkdir()  # a run's checkpoint step holds the trainer's save as policy/
     (out / "step" / "policy").symlink_to(out / "ckpt")
@@ -188,7 +189,7 @@ def _fsdp2_worker(rank, model_dir, port):
         b = TrainerBackend(TrainerSpec(model_dir, strategy=strategy, micro_batch_size=1, lora=LORA),
                            torch.device("cpu"))
         b.setup()
-        b.configure_optimizer(OptimizerConfig(lr=1e-9), SchedulerConfig(), 1, None)
+        b.configure_optimizer(OptimizerSpec(lr=1e-9), SchedulerSpec(), 1, None)
         b.optimizer_step(b.split_micro(shard), loss, MetricSums())
         grads[strategy] = {name.removeprefix("module."): (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
                                                           else p.grad).clone()

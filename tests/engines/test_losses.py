@@ -5,8 +5,7 @@ import torch
 
 from gyre.algos import POLICY_LOSSES, LossDenominator
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
-from gyre.tracking.sums import MetricSums
-from gyre.types import TrainBatch
+from gyre.types import MetricSums, TrainBatch
 
 
 def batch():

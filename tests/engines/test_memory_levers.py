@@ -10,10 +10,11 @@ from gyre.engines.forward import ForwardContext, ReferenceModel, micro_batches, 
 from gyre.engines.logit_head import check_chunkable
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec, ValueLoss
 from gyre.engines.memory import enable_activation_checkpointing
-from gyre.engines.microbatch import MemoryLevers, plan_micro_batches, split_to_count
+from gyre.engines.microbatch import plan_micro_batches, split_to_count
 from gyre.engines.packing import RowLayout, block_causal_mask
+from gyre.engines.specs import MemoryLevers
 from gyre.models.loading import load_causal_lm, load_value_model
-from gyre.tracking.sums import MetricSums
+from gyre.types import MetricSums
 
 CPU = torch.device("cpu")
 LEVERS = {
@@ -202,11 +203,11 @@ def test_levers_with_lora_adapters_give_the_plain_loss_and_gradient(tiny_model_d
     """LoRA (peft wraps the model and its layers) under every lever at once: the chunked head must find
     the output layer through the wrapper, packing must reach the adapted attention."""
     pytest.importorskip("peft")
-    from gyre.config.schema import LoraConfig
     from gyre.models.lora import apply_lora
+    from gyre.models.specs import LoraSpec
 
     model = load_causal_lm(tiny_model_dir, attn_implementation="sdpa")
-    apply_lora(model, LoraConfig(r=4, alpha=8), seed=3)
+    apply_lora(model, LoraSpec(r=4, alpha=8), seed=3)
     with torch.no_grad():  # B starts at 0: move it so the adapters change the log-probs and get A's gradient
         for name, p in model.named_parameters():
             if ".lora_B." in name:

@@ -9,12 +9,12 @@ import torch.multiprocessing as mp
 
 from gyre.algos import LossDenominator
 from gyre.algos.aggregation import denominator_for
-from gyre.config.schema import OptimizerConfig, SchedulerConfig
 from gyre.data.batching import collate, split_for_ranks
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec
-from gyre.engines.microbatch import MemoryLevers, plan_micro_batches
+from gyre.engines.microbatch import plan_micro_batches
+from gyre.engines.specs import MemoryLevers, OptimizerSpec, SchedulerSpec
 from gyre.engines.trainer import TrainerBackend, TrainerSpec, lr_lambda
-from gyre.tracking.sums import MetricSums
+from gyre.types import MetricSums
 
 
 def _free_port() -> int:
@@ -43,7 +43,7 @@ def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu",
     spec = TrainerSpec(str(model_dir), strategy=strategy, micro_batch_size=1, **(memory or {}))
     backend = TrainerBackend(spec, device)
     backend.setup()
-    backend.configure_optimizer(OptimizerConfig(lr=1e-9), SchedulerConfig(), 1, grad_clip=None)
+    backend.configure_optimizer(OptimizerSpec(lr=1e-9), SchedulerSpec(), 1, grad_clip=None)
     batch = _batch()
     shard = split_for_ranks(batch, world)[0][rank]
     denom = denominator_for(batch.response_mask, world, norm_length=8)
@@ -129,7 +129,7 @@ def _ckpt_worker(rank, model_dir, port, directory):
     def fresh():
         b = TrainerBackend(TrainerSpec(str(model_dir), micro_batch_size=2), torch.device("cpu"))
         b.setup()
-        b.configure_optimizer(OptimizerConfig(lr=1e-2), SchedulerConfig(type="linear", warmup_steps=2), 10, 1.0)
+        b.configure_optimizer(OptimizerSpec(lr=1e-2), SchedulerSpec(type="linear", warmup_steps=2), 10, 1.0)
         return b
 
     batch = _batch()
@@ -165,12 +165,12 @@ def test_checkpoint_round_trip_resumes_identically(tiny_model_dir, tmp_path):
 
 
 def test_lr_schedules():
-    warm_linear = lr_lambda(SchedulerConfig(type="linear", warmup_steps=2, min_lr_ratio=0.1), total_steps=12)
+    warm_linear = lr_lambda(SchedulerSpec(type="linear", warmup_steps=2, min_lr_ratio=0.1), total_steps=12)
     # warm-up 1/2, 2/2; then linear from 1.0 at step 2 to 0.1 at step 12
     assert [round(warm_linear(s), 4) for s in (0, 1, 2, 7, 12)] == [0.5, 1.0, 1.0, 0.55, 0.1]
-    cosine = lr_lambda(SchedulerConfig(type="cosine"), total_steps=10)
+    cosine = lr_lambda(SchedulerSpec(type="cosine"), total_steps=10)
     assert cosine(0) == pytest.approx(1.0) and cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
-    assert lr_lambda(SchedulerConfig(), 10)(7) == 1.0
+    assert lr_lambda(SchedulerSpec(), 10)(7) == 1.0
 
 
 def _offload_worker(rank, model_dir, port):
@@ -183,7 +183,7 @@ def _offload_worker(rank, model_dir, port):
         b = TrainerBackend(TrainerSpec(str(model_dir), dtype="bfloat16", strategy=strategy, micro_batch_size=2),
                            torch.device("cuda", 0))
         b.setup()
-        b.configure_optimizer(OptimizerConfig(lr=1e-3), SchedulerConfig(), 10, 1.0)
+        b.configure_optimizer(OptimizerSpec(lr=1e-3), SchedulerSpec(), 10, 1.0)
         batch = _batch()
         loss = PolicyLoss(LossDenominator(tokens=float(batch.response_mask.sum())),
                           PolicyLossSpec(old_source="rollout"))

@@ -4,9 +4,8 @@ the plan (no reference role) and what `gyre check` prints."""
 import pytest
 import torch
 
-from gyre.cli import main
+from gyre.app.cli import main
 from gyre.config import ConfigError, load_config, make_plan
-from gyre.config.schema import LoraConfig
 from gyre.models.lora import (
     AdapterMerger,
     AdapterWeights,
@@ -20,6 +19,7 @@ from gyre.models.lora import (
     resume_problem,
     write_marker,
 )
+from gyre.models.specs import LoraSpec
 
 pytest.importorskip("peft")
 
@@ -36,8 +36,8 @@ def test_merged_weight_is_base_plus_scaled_product():
 
 
 def test_scale_follows_peft():
-    assert LoraConfig(r=8, alpha=16).scale == 2.0
-    assert LoraConfig(r=16, alpha=8, rslora=True).scale == 2.0  # alpha / sqrt(r)
+    assert LoraSpec(r=8, alpha=16).scale == 2.0
+    assert LoraSpec(r=16, alpha=8, rslora=True).scale == 2.0  # alpha / sqrt(r)
 
 
 def test_adapter_weights_round_trip_and_merge_from_the_base_each_time():
@@ -66,10 +66,10 @@ def test_merged_state_dict_renames_and_merges():
 
 def test_lora_size_counts_the_adapters(tiny_model_dir):
     """tiny: 2 layers of q, k, v, o (128 -> 128), gate, up (128 -> 256), down (256 -> 128); r (in + out) each."""
-    size = lora_size(tiny_model_dir, LoraConfig(r=4))
+    size = lora_size(tiny_model_dir, LoraSpec(r=4))
     per_layer = 4 * (4 * 256) + 4 * (2 * 384 + 384)
     assert size.layers == 14 and size.trainable == 2 * per_layer == 17408
-    with_norms = lora_size(tiny_model_dir, LoraConfig(r=4, modules_to_save=["norm"]))
+    with_norms = lora_size(tiny_model_dir, LoraSpec(r=4, modules_to_save=("norm",)))
     assert with_norms.trainable == 17408 + 5 * 128  # two norms per layer and the final one, in full
 
 
@@ -81,13 +81,13 @@ def test_targets_that_cannot_be_adapted_are_refused(tiny_model_dir):
             return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir))
 
     with pytest.raises(LoraTargetError, match=r"linear layers are named down_proj, gate_proj, .*q_proj"):
-        apply_lora(fresh(), LoraConfig(target_modules=["qkv"]))
+        apply_lora(fresh(), LoraSpec(target_modules=["qkv"]))
     with pytest.raises(LoraTargetError, match="embed_tokens, a Embedding: gyre merges adapters into linear layers"):
-        apply_lora(fresh(), LoraConfig(target_modules=["q_proj", "embed_tokens"]))
+        apply_lora(fresh(), LoraSpec(target_modules=["q_proj", "embed_tokens"]))
     with pytest.raises(LoraTargetError, match="lm_head, which this model ties to its input embeddings"):
-        apply_lora(fresh(), LoraConfig(modules_to_save=["lm_head"]))
+        apply_lora(fresh(), LoraSpec(modules_to_save=["lm_head"]))
     model = fresh()
-    apply_lora(model, LoraConfig(target_modules=["q_proj", "v_proj"], r=2, alpha=3))
+    apply_lora(model, LoraSpec(target_modules=["q_proj", "v_proj"], r=2, alpha=3))
     assert lora_targets(model) == {f"model.layers.{i}.self_attn.{m}": LoraTarget(1.5) for i in (0, 1)
                                    for m in ("q_proj", "v_proj")}
 
@@ -128,8 +128,8 @@ def test_check_prints_what_lora_trains_and_refuses_bad_targets(tiny_model_dir, a
 
 def test_resume_needs_the_lora_config_the_checkpoint_was_trained_with(tmp_path):
     assert resume_problem(tmp_path, None) is None  # a full-weight checkpoint, a full-weight run
-    assert "holds every weight (policy.lora was not set); remove policy.lora" in resume_problem(tmp_path, LoraConfig())
-    write_marker(tmp_path, LoraConfig(r=4))
+    assert "holds every weight (policy.lora was not set); remove policy.lora" in resume_problem(tmp_path, LoraSpec())
+    write_marker(tmp_path, LoraSpec(r=4))
     assert "holds LoRA adapters only (policy.lora was set); set policy.lora as it was" in resume_problem(tmp_path, None)
-    assert "'r': 4" in resume_problem(tmp_path, LoraConfig(r=8))
-    assert resume_problem(tmp_path, LoraConfig(r=4, save="merged")) is None
+    assert "'r': 4" in resume_problem(tmp_path, LoraSpec(r=8))
+    assert resume_problem(tmp_path, LoraSpec(r=4, save="merged")) is None

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gyre.app import launch
 from gyre.config import load_config
-from gyre.pipelines import launch
 
 HOSTILE = Path(__file__).parents[1] / "envs" / "hostile_envs.py"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gyre.app import launch
 from gyre.cluster.chaos import compare_runs
 from gyre.config import load_config
-from gyre.pipelines import launch
-from gyre.pipelines.learner import Learner
+from gyre.training.learner import Learner
 
 
 def asyppo_config(tmp_path, model_dir, data, *extra):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gyre.app import launch
 from gyre.config import load_config
-from gyre.pipelines import launch
 
 
 @pytest.mark.slow  # make test-all; the attention pass and the stage are tested without Ray

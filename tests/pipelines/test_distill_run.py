@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from gyre.app import launch
+from gyre.app.preflight import check_teacher_tokenizer
 from gyre.config import load_config
 from gyre.models.checks import ModelPathError
-from gyre.pipelines import launch
-from gyre.pipelines.preflight import check_teacher_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import math
 import pytest
 import yaml
 
+from gyre.app.dpo_run import train_dpo
+from gyre.app.rundir import RunDirError
 from gyre.config.derive import make_dpo_plan
 from gyre.config.dpo_schema import DPOJobConfig
 from gyre.config.load import ConfigError, load_config
-from gyre.pipelines.dpo_run import train_dpo
-from gyre.pipelines.rundir import RunDirError
 from tests.chat_models import with_chat_template
 from tests.data.test_sft import TEMPLATE
 

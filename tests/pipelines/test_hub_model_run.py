@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gyre.cli import main
+from gyre.app import launch
+from gyre.app.cli import main
 from gyre.config import load_config
-from gyre.pipelines import launch
 from tests.hub_cache import cache_model
 from tests.models.test_hub import MAIN, V2, user_model
 

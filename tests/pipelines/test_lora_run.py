@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
+from gyre.app import launch
 from gyre.cluster.chaos import compare_runs
-from gyre.pipelines import launch
 from tests.pipelines.test_rlvr_integration import quick_config
 
 pytest.importorskip("peft")

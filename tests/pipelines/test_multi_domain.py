@@ -5,8 +5,8 @@ import math
 
 import pytest
 
+from gyre.app import launch
 from gyre.config import load_config
-from gyre.pipelines import launch
 
 
 def _write(path, rows):

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gyre.app import launch
 from gyre.cluster.group import RoleGroup
 from gyre.cluster.reward_pool import DomainScorer, RewardPool
 from gyre.cluster.workers import RewardWorker, RolloutWorker
-from gyre.pipelines import launch
 from gyre.rollout.driver import RolloutDriver
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
 from gyre.types import GREEDY_SAMPLE, PromptRecord, SamplingParams

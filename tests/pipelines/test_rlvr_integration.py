@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gyre.app import launch
 from gyre.config import load_config
-from gyre.pipelines import launch
 from gyre.tracking.timeline import read_spans
 
 
@@ -111,7 +111,7 @@ def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_dat
         "reference": {"devices": [0]},
         "logging": {"progress": False, "trackers": [], "plot": False},
     }))
-    proc = subprocess.run([sys.executable, "-m", "gyre.cli", "train", str(config)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "gyre.app.cli", "train", str(config)], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "time-shared with offload" in proc.stdout

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.pipelines import launch
+from gyre.app import launch
 from gyre.tracking.timeline import read_spans
 from tests.pipelines.test_rlvr_integration import quick_config
 

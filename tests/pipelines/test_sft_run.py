@@ -5,10 +5,10 @@ import json
 import pytest
 import yaml
 
+from gyre.app.rundir import RunDirError
+from gyre.app.sft_run import train_sft
 from gyre.config.load import ConfigError, load_config
 from gyre.config.sft_schema import SFTJobConfig
-from gyre.pipelines.rundir import RunDirError
-from gyre.pipelines.sft_run import train_sft
 from tests.chat_models import with_chat_template
 from tests.data.test_sft import TEMPLATE
 

@@ -1,6 +1,7 @@
 import pytest
 
-from gyre.rewards.math import last_boxed, math_reward
+from gyre.data.answers import last_boxed
+from gyre.rewards.math import math_reward
 
 
 @pytest.mark.parametrize("response,truth,ok", [

@@ -9,11 +9,12 @@ import random
 import pytest
 
 from gyre.envs.builtin.guess import GuessNumber
+from gyre.envs.calls import EnvCall, EnvResult, SlotPool
 from gyre.envs.context import ContextBuilder
 from gyre.envs.episode import EpisodeLimits
 from gyre.envs.protocol import EnvError, EnvFailure, check_reset, check_step
 from gyre.models.presets import build_char_tokenizer
-from gyre.rollout.episodes import EnvCall, EnvResult, EpisodeRunner, SlotPool
+from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.requests import Abort, Generate
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
 from gyre.types import GenerationResult, PromptRecord, SamplingParams

@@ -2,10 +2,11 @@
 
 import pytest
 
+from gyre.config.catalog import MODELS, device_class
+from gyre.envs.calls import EnvCall
 from gyre.envs.episode import EpisodeLimits
-from gyre.rollout.episodes import EnvCall
 from gyre.rollout.scheduler import ScheduleSpec
-from gyre.sim.cost import MODELS, CostModel, device_class
+from gyre.sim.cost import CostModel
 from gyre.sim.run import Agentic, Layout, SimRun, SimSpec
 from gyre.sim.services import SimEnvs
 from gyre.sim.workload import Workload, WorkloadSpec

@@ -10,7 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from sim_predict import engine_parts, fit_cpu  # noqa: E402
 
-from gyre.sim.cost import CostModel, ModelShape  # noqa: E402
+from gyre.config.catalog import ModelShape  # noqa: E402
+from gyre.sim.cost import CostModel  # noqa: E402
 from gyre.sim.run import train_tokens  # noqa: E402
 
 ENGINE = {"overhead_s": 1e-3, "per_row_s": 3e-5, "per_ctx_token_s": 6e-7}

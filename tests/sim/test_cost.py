@@ -2,7 +2,8 @@
 
 import pytest
 
-from gyre.sim.cost import CostModel, DeviceClass, ModelShape, device_class, model_shape
+from gyre.config.catalog import DeviceClass, ModelShape, device_class, model_shape
+from gyre.sim.cost import CostModel
 
 # A toy device and model whose numbers are easy to follow: 1e12 FLOP/s, 1e9 B/s, 1 ms per step.
 DEVICE = DeviceClass("toy", peak_tflops=1.0, mem_gbps=1.0, mem_gb=10.0, price_per_hour=1.0, compute_eff=1.0,

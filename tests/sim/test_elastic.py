@@ -11,9 +11,10 @@ import random
 
 import pytest
 
+from gyre.config.catalog import MODELS, device_class
 from gyre.rollout.requests import Generate
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec, Score
-from gyre.sim.cost import MODELS, CostModel, device_class
+from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticSpec
 from gyre.sim.engine import SimEngine
 from gyre.sim.run import Layout, SimRun, SimSpec

@@ -2,8 +2,9 @@
 
 import pytest
 
+from gyre.config.catalog import DeviceClass, ModelShape
 from gyre.engines.base import RolloutEngine
-from gyre.sim.cost import CostModel, DeviceClass, ModelShape
+from gyre.sim.cost import CostModel
 from gyre.sim.engine import SimEngine
 from gyre.types import GenerationRequest, SamplingParams, Trajectory
 

@@ -9,7 +9,7 @@ import pytest
 import gyre.rollout.machine
 import gyre.sim
 import gyre.sim.run
-from gyre.cli import main
+from gyre.app.cli import main
 from gyre.config import load_config
 from gyre.rollout.buffer import GroupBuffer
 from gyre.rollout.requests import RequestBook
@@ -113,7 +113,7 @@ def test_calibrating_from_a_runs_metrics_fits_the_lengths_it_simulates(tmp_path,
 
 @pytest.mark.parametrize("alpha, mode, slots", [(0, "window", None), (1, "lockstep", None), (1, "window", 16)])
 def test_only_window_asynchrony_dispatches_as_capacity_frees_in_training_and_simulation(alpha, mode, slots):
-    from gyre.pipelines.schedule import sampling_params, schedule_spec
+    from gyre.rollout.schedule import sampling_params, schedule_spec
 
     cfg = load_config(CONFIG, [*SMALL, "rollout.schedule=queue", "rollout.max_batch_size=16",
                                f"rollout.async_mode={mode}", f"rollout.async_ratio={alpha}"])

@@ -5,7 +5,7 @@ import json
 import re
 import time
 
-from gyre.cli import main
+from gyre.app.cli import main
 from gyre.tracking.report import SECTIONS, build_html, refresh_report, write_report
 from gyre.tracking.report_curves import with_throughput
 from gyre.tracking.timeline import read_spans, read_spans_counted

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from gyre.cluster.group import RoleGroup
+from gyre.cluster.spans import SpanRecorder, recorder_of, timed
 from gyre.engines.hf_rollout import HFRolloutEngine
 from gyre.engines.loop import EngineLoop
 from gyre.models.loading import load_causal_lm, load_tokenizer
 from gyre.tracking.report_timeline import busy_seconds, gantt_window, idle_by_role, lane_label, merge_bars, sessions
-from gyre.tracking.spans import SpanRecorder, recorder_of, timed
 from gyre.tracking.timeline import Span, Timeline, read_spans, role_of
 from gyre.types import GenerationRequest, SamplingParams
 

@@ -1,0 +1,591 @@
+"""Command line: ``gyre train | check | config | sft | dpo | eval | generate | export | init-model | init-data |
+quickstart | ablate | report | sandbox-serve``. Each command parses its flags here and calls one function of
+``gyre.pipelines``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="run config (YAML)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. policy.optimizer.lr=1e-5")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to join (auto, host:6379, ray://host:10001); default: a private local Ray "
+                        "($RAY_ADDRESS is not used: pass --address $RAY_ADDRESS to join it)")
+
+
+def _resume_value(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"takes no value or 'auto', not {text!r} (put key=value overrides before "
+                                         "--resume)")
+    return text
+
+
+def _add_start_args(p: argparse.ArgumentParser, what: str = "run.output_dir") -> None:
+    """--resume [auto] | --overwrite: what to do with a run already in the output directory."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_value, metavar="auto",
+                       help=f"continue from the latest checkpoint in {what} (one must exist); --resume auto: "
+                            "resume when there is one, else start fresh")
+    group.add_argument("--overwrite", action="store_true",
+                       help=f"move a run already in {what} aside to <dir>.old-<time> (nothing is deleted) and "
+                            "start fresh")
+
+
+def run_mode(args: argparse.Namespace) -> str:
+    """The RunMode (gyre.app.rundir) the start flags ask for."""
+    if args.overwrite:
+        return "overwrite"
+    return {None: "fresh", True: "resume", "auto": "auto"}[args.resume]
+
+
+def version() -> str:
+    """The installed package's version (its metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("gyre")
+    except PackageNotFoundError:
+        from gyre import __version__
+
+        return __version__
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL",
+                   help="a Hugging Face model directory, a Hub id in the local cache, a run's output directory (its "
+                        "final model, else its latest checkpoint) or a checkpoint (RUN/checkpoints/step_N)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint N of the run MODEL names")
+    p.add_argument("--revision", default=None, help="the cached revision of a Hub id (default main)")
+
+
+def _add_prompt_args(p: argparse.ArgumentParser, data_help: str) -> None:
+    """What eval and generate share: a run config's sections, overrides, the prompts and sampling."""
+    _add_model_args(p)
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides of the config, e.g. data.prompt_key=question")
+    p.add_argument("--config", default=None, help="a gyre train config whose model/data/reward/validation/rollout "
+                                                  "sections apply (default: the run's own config, for a run)")
+    p.add_argument("--data", action="append", default=None, metavar="SOURCE", help=data_help + " (repeat for several)")
+    p.add_argument("--n", type=int, default=None, help="samples per prompt")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seeds the sampling streams (run.seed)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--overwrite", action="store_true", help="replace output files that exist")
+
+
+def _add_commands(sub) -> None:
+    """sft, dpo, eval, generate and export."""
+    for name, text in (("sft", "supervised fine-tuning (chat or prompt/response data) on the policy trainer"),
+                       ("dpo", "preference optimisation (DPO, IPO, SimPO, ...) on chosen/rejected pairs")):
+        p = sub.add_parser(name, help=text)
+        _add_config_args(p)
+        p.add_argument("--overwrite", action="store_true",
+                       help="move a run already in run.output_dir aside to <dir>.old-<time> (nothing is deleted)")
+
+    p = sub.add_parser("eval", help="accuracy, pass@k and mean@k of a model or checkpoint on held-out prompts")
+    _add_prompt_args(p, "held-out prompt files, directories or globs (data.val_files)")
+    p.add_argument("--k", default=None, help="the k of pass@k, e.g. 1,4,8 (default 1, 2, 4, ... and n)")
+    p.add_argument("--max-prompts", type=int, default=None, help="the first N prompts only (data.max_val_prompts)")
+
+    p = sub.add_parser("generate", help="batch inference: responses to a prompt file, written as JSONL")
+    _add_prompt_args(p, "prompt files, directories or globs (read like data.train_files, no answer needed)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded at once (default 64)")
+    p.add_argument("--keep", default=None,
+                   help="columns copied to each line, e.g. id,source (default: id-like columns; all: every column)")
+
+    p = sub.add_parser("export", help="a checkpoint (or any model) as a Hugging Face model directory")
+    _add_model_args(p)
+    p.add_argument("--out", required=True, help="the directory to write")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="auto: the dtype the (run's) model is stored in")
+    p.add_argument("--overwrite", action="store_true", help="replace a model directory already at --out")
+    p.add_argument("--adapter", action="store_true",
+                   help="a LoRA checkpoint: write the adapter (PEFT format) instead of merging it into the base model")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let a model whose architecture is its own code (auto_map in config.json) run that code")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gyre", description="RL post-training of LLMs on Ray")
+    parser.add_argument("--version", action="version", version=f"gyre {version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = sub.choices  # each command's own parser (parse_args reads intermixed ones with it)
+
+    p = sub.add_parser("train", help="run training from a config")
+    _add_config_args(p)
+    _add_start_args(p)
+
+    p = sub.add_parser("check", help="print the resolved config and placement plan; start nothing")
+    _add_config_args(p)
+
+    p = sub.add_parser("config", help="the configuration reference: a key's type, default and meaning")
+    p.add_argument("--describe", nargs="?", const="", required=True, metavar="KEY",
+                   help="a dotted key (rollout.async_ratio) or a section (rollout); no KEY: the top-level sections")
+    p.add_argument("--pipeline", choices=("rlvr", "sft", "dpo"), default=None,
+                   help="the config of gyre train (rlvr, the default), gyre sft or gyre dpo (sft.* and dpo.* keys "
+                        "pick theirs)")
+
+    _add_commands(sub)
+
+    p = sub.add_parser("init-model", help="create a small HF model + tokenizer from a preset")
+    p.add_argument("--preset", default="tiny", help="tiny | small | base")
+    p.add_argument("--out", required=True, help="directory to write")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("init-data", help="write a bundled synthetic task as JSONL files")
+    p.add_argument("--task", default="arithmetic", choices=["arithmetic"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--digits", type=int, default=2)
+
+    p = sub.add_parser("quickstart", help="create a tiny model and task, then SFT warm-up + GRPO on CPU")
+    p.add_argument("--task", choices=("arithmetic", "guess_number"), default="arithmetic",
+                   help="arithmetic: RLVR on 2-digit sums; guess_number: agentic multi-turn RL on a game")
+    p.add_argument("--out", default=None, help="where the model, data and run go (default runs/<recipe>)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides of the quickstart recipe")
+    _add_start_args(p, "--out")
+
+    p = sub.add_parser("sandbox-serve", help="serve the code sandbox over HTTP for reward.domains.<d>.sandbox.url")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--token-env", default=None,
+                   help="environment variable holding the bearer token clients must send (recommended)")
+    p.add_argument("--concurrent", type=int, default=None, help="programs run at once (default: CPU count)")
+
+    p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, phase timeline, generations, config")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run's output directory")
+    p.add_argument("--out", default=None, help="where to write the page (default RUN_DIR/report.html)")
+
+    p = sub.add_parser("simulate", help="the run's scheduler on a simulated cluster: step time, idleness and "
+                                         "staleness at any size, in seconds")
+    p.add_argument("config", help="run config (YAML); its simulate section sets model size, device class, task shape")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. simulate.model=14b")
+    p.add_argument("--devices", default=None, help="device counts to sweep, e.g. 8,32,128,1024 (default: "
+                                                   "simulate.devices)")
+    p.add_argument("--set", dest="sweep", action="append", default=[], metavar="KEY=V1,V2",
+                   help="sweep a key over values, e.g. --set rollout.async_ratio=0,1,2 (repeat for a grid)")
+    p.add_argument("--calibrate", default=None, metavar="RUN",
+                   help="a real run's metrics.jsonl (response lengths fitted to it) or its directory (its recorded "
+                        "groups' lengths replayed when its generation files hold whole groups)")
+    p.add_argument("--out", default=None, help="where sweep.csv/json/png go (default: runs/simulate/<config>-<time>)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files in --out")
+
+    p = sub.add_parser("ablate", help="run algorithm variants x seeds from one warm start; table + plot")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides of the base config")
+    p.add_argument("--config", default=None, help="base config (YAML); default: the quickstart recipe and task")
+    p.add_argument("--variants", default="grpo,lite_ppo,reinforce_pp,ppo",
+                   help="comma-separated presets, or label=preset (e.g. nokl=grpo)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds")
+    p.add_argument("--steps", type=int, default=200, help="RL steps per run")
+    p.add_argument("--set", nargs=2, action="append", default=[], metavar=("VARIANT", "KEY=VALUE"),
+                   help="an override for one variant only, e.g. --set ppo critic.optimizer.lr=0.001")
+    p.add_argument("--out", default="runs/ablation")
+    _add_start_args(p, "--out")
+    return parser
+
+
+INTERMIXED = ("sft", "dpo", "eval", "generate")
+"""Commands whose key=value overrides may come after their flags (``gyre eval M --data f a.b=1``)."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    if argv and argv[0] in INTERMIXED:
+        command = parser.commands[argv[0]]
+        return command.parse_intermixed_args(argv[1:], argparse.Namespace(command=argv[0]))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    from gyre.app.evaluate import OutputExistsError
+    from gyre.app.export import ExportError
+    from gyre.app.interrupt import RunInterrupted, stop_on_signals
+    from gyre.app.rundir import RunDirError
+    from gyre.cluster.faults import RunFailed
+    from gyre.cluster.reward_pool import RewardWorkerError
+    from gyre.cluster.runtime import ClusterError
+    from gyre.config.load import ConfigError
+    from gyre.data.prompts import DataError
+    from gyre.envs.protocol import EnvError
+    from gyre.models.loading import ModelPathError
+    from gyre.rewards.base import RewardSpecError
+    from gyre.rewards.checks import RewardFailureError
+    from gyre.rewards.sandbox import SandboxUnavailable
+    from gyre.tracking.trackers import TrackerError
+    from gyre.training.checkpoint import ResumeError
+
+    # Bad input is reported in one paragraph; anything else is a bug and keeps its traceback.
+    user_errors = (ConfigError, DataError, ModelPathError, RewardSpecError, ResumeError, RunDirError, ClusterError,
+                   RewardFailureError, SandboxUnavailable, EnvError, ExportError, OutputExistsError, TrackerError)
+    if args.command in ("init-model", "init-data"):
+        user_errors += (ValueError,)
+    try:
+        with stop_on_signals():
+            return _dispatch(args)
+    except user_errors as exc:
+        print(f"gyre: error: {exc}", file=sys.stderr)
+        return 2
+    except RunInterrupted as exc:
+        print(interrupted_message(exc, args.command, argv), file=sys.stderr)
+        return exc.exit_code
+    except (RunFailed, RewardWorkerError) as exc:
+        output_dir = getattr(exc, "output_dir", None)
+        hint = standalone_restart(argv) if args.command in STANDALONE else where_to_resume(output_dir, argv)
+        print(f"gyre: error: {exc} {hint}", file=sys.stderr)
+        return 1
+
+
+def interrupted_message(exc, command: str, argv: list[str]) -> str:
+    """Where a stopped run stands: its last checkpoint and the exact command that continues it."""
+    from gyre.training.checkpoint import CheckpointManager, ResumeError
+
+    head = f"gyre: stopped by {signal.Signals(exc.signum).name}"
+    if command == "sandbox-serve":
+        return f"{head}: the sandbox server is down."
+    if command == "ablate":  # resume auto: keeps what the ablation finished, if it got that far
+        return f"{head}. Continue the ablation (finished runs and the warm start are kept) with: " \
+               f"{resume_command(argv, auto=True)}"
+    if exc.output_dir is None:
+        return f"{head} before a run started; nothing was written. Run the same command to start again."
+    head += "; actors stopped and Ray shut down."
+    if command in STANDALONE:
+        return f"{head} {standalone_restart(argv)}"
+    latest = CheckpointManager(exc.output_dir).latest()
+    if latest is None:
+        return (f"{head} No checkpoint was saved yet in {exc.output_dir}; start again with: "
+                f"{resume_command(argv, auto=True)}")
+    try:
+        step = f" (step {CheckpointManager(exc.output_dir).load_state(latest).step})"
+    except ResumeError:
+        step = ""
+    return f"{head} Last checkpoint: {latest}{step}. Continue with: {resume_command(argv)}"
+
+
+def where_to_resume(output_dir, argv: list[str]) -> str:
+    """The last checkpoint of a run that stopped on a fault, and the command that continues it."""
+    from gyre.training.checkpoint import CheckpointManager
+
+    latest = CheckpointManager(output_dir).latest() if output_dir is not None else None
+    if latest is None:
+        return f"Fix the cause, then continue with: {resume_command(argv, auto=True)}"
+    return f"Last checkpoint: {latest}. Fix the cause, then continue with: {resume_command(argv)}"
+
+
+STANDALONE = ("sft", "dpo")
+"""Commands whose runs keep no checkpoints (a stopped one starts again)."""
+
+
+def standalone_restart(argv: list[str]) -> str:
+    """SFT and DPO runs keep no checkpoints: the command that starts one again (setting the stopped one aside)."""
+    kept = [arg for arg in argv if arg != "--overwrite"]
+    what = argv[0].upper() if argv and argv[0] in STANDALONE else "SFT"
+    return f"{what} runs keep no checkpoints; start again with: {shlex.join(['gyre', *kept, '--overwrite'])}"
+
+
+def resume_command(argv: list[str], auto: bool = False) -> str:
+    """``argv`` as a gyre command line with its start flags replaced by --resume (or --resume auto)."""
+    kept = []
+    for i, arg in enumerate(argv):
+        after_resume = arg == "auto" and i > 0 and argv[i - 1] == "--resume"
+        if arg not in ("--overwrite", "--resume", "--resume=auto") and not after_resume:
+            kept.append(arg)
+    return shlex.join(["gyre", *kept, "--resume", *(["auto"] if auto else [])])
+
+
+def _dispatch(args) -> int:
+    from gyre.config.load import load_config
+
+    if args.command == "init-model":
+        from gyre.models.presets import init_model
+
+        print(f"wrote {init_model(args.preset, args.out, args.seed)}")
+        return 0
+    if args.command == "init-data":
+        from gyre.tasks.arithmetic import ArithmeticSpec, write_arithmetic_task
+
+        paths = write_arithmetic_task(args.out, ArithmeticSpec(digits=args.digits))
+        print("\n".join(f"wrote {p}" for p in paths.values()))
+        return 0
+    if args.command == "quickstart":
+        return _quickstart(args)
+    if args.command == "ablate":
+        return _ablate(args)
+    if args.command == "simulate":
+        return _simulate(args)
+    if args.command == "sandbox-serve":
+        return _sandbox_serve(args)
+    if args.command == "config":
+        from gyre.config.reference import describe
+
+        print(describe(args.describe, args.pipeline))
+        return 0
+    if args.command == "report":
+        return _report(args)
+    if args.command in ("eval", "generate", "export"):
+        return {"eval": _eval, "generate": _generate, "export": _export}[args.command](args)
+    if args.command == "sft":
+        return _sft(args)
+    if args.command == "dpo":
+        return _dpo(args)
+    cfg = load_config(args.config, args.overrides)
+    from gyre.app import launch
+
+    if args.command == "check":
+        launch.check(cfg, args.address)
+        return 0
+    summary = launch.train(cfg, args.address, mode=run_mode(args))
+    _print_summary(summary)
+    return 0
+
+
+def _report(args) -> int:
+    from gyre.config.load import ConfigError
+    from gyre.tracking.report import write_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "timeline.jsonl").exists():
+        raise ConfigError(f"{run_dir} holds no run (no metrics.jsonl or timeline.jsonl): give the run.output_dir "
+                          "of a run, e.g. gyre report runs/quickstart")
+    print(f"wrote {write_report(run_dir, args.out)}")
+    return 0
+
+
+def _source(args):
+    from gyre.app.model_source import resolve_source
+
+    return resolve_source(args.model, args.step, args.revision)
+
+
+def _sampling_flags(args, n_key: str | None) -> dict:
+    """The flags eval and generate share, as config keys."""
+    flags = {"rollout.sampling.max_new_tokens": args.max_new_tokens, "run.seed": args.seed}
+    if n_key:
+        flags[n_key] = args.n
+    return flags
+
+
+def _eval(args) -> int:
+    from gyre.app.command_config import command_config
+    from gyre.app.evaluate import EvalOptions, default_out, evaluate_model
+    from gyre.config.load import ConfigError
+
+    source = _source(args)
+    flags = {**_sampling_flags(args, "validation.samples_per_prompt"), "data.val_files": args.data,
+             "validation.temperature": args.temperature, "data.max_val_prompts": args.max_prompts}
+    cfg = command_config(source, args.config, args.overrides, flags, needs="data.val_files")
+    try:
+        ks = tuple(int(k) for k in args.k.split(",") if k.strip()) if args.k else None
+    except ValueError:
+        raise ConfigError(f"--k {args.k}: give whole numbers separated by commas, e.g. 1,4,8") from None
+    report = evaluate_model(cfg, source, EvalOptions(Path(args.out or default_out(source)), ks, args.overwrite))
+    print(report.format())
+    print("generations: {}  metrics: {}".format(*report.files))
+    return 0
+
+
+def _generate(args) -> int:
+    from gyre.app.command_config import command_config
+    from gyre.app.generate import GenerateOptions, generate_responses
+
+    if args.out is None:
+        from gyre.config.load import ConfigError
+
+        raise ConfigError("gyre generate needs --out FILE.jsonl (where the responses go)")
+    source = _source(args)
+    flags = {**_sampling_flags(args, None), "data.train_files": args.data,
+             "rollout.sampling.temperature": args.temperature, "rollout.sampling.top_p": args.top_p,
+             "rollout.sampling.top_k": args.top_k, "rollout.max_batch_size": args.max_batch_size}
+    cfg = command_config(source, args.config, args.overrides, flags, needs="data.train_files")
+    keep = tuple(k.strip() for k in args.keep.split(",") if k.strip()) if args.keep else None
+    generate_responses(cfg, source, GenerateOptions(Path(args.out), args.n or 1, keep, args.overwrite))
+    return 0
+
+
+def _export(args) -> int:
+    from dataclasses import replace
+
+    from gyre.app.export import ExportSpec, export_model
+
+    spec = ExportSpec(Path(args.out), None if args.dtype == "auto" else args.dtype, args.overwrite,
+                      merge_adapter=not args.adapter)
+    export_model(replace(_source(args), remote_code=args.trust_remote_code), spec)
+    return 0
+
+
+def _sft(args) -> int:
+    from gyre.app.sft_run import train_sft
+    from gyre.config.load import load_config
+    from gyre.config.sft_schema import SFTJobConfig
+
+    cfg = load_config(args.config, args.overrides, schema=SFTJobConfig)
+    summary = train_sft(cfg, args.address, mode="overwrite" if args.overwrite else "fresh")
+    if summary.first_loss is not None:
+        print(f"SFT loss {summary.first_loss:.4f} -> {summary.last_loss:.4f} over {summary.steps} steps on "
+              f"{summary.examples} examples ({summary.seconds / 60:.1f} min)")
+    print(f"final model (Hugging Face format): {summary.final_model}")
+    return 0
+
+
+def _dpo(args) -> int:
+    from gyre.app.dpo_run import train_dpo
+    from gyre.config.dpo_schema import DPOJobConfig
+    from gyre.config.load import load_config
+
+    cfg = load_config(args.config, args.overrides, schema=DPOJobConfig)
+    summary = train_dpo(cfg, args.address, mode="overwrite" if args.overwrite else "fresh")
+    if summary.first_loss is not None:
+        print(f"DPO loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}, reward accuracy "
+              f"{summary.first_accuracy:.2f} -> {summary.last_accuracy:.2f} over {summary.steps} steps on "
+              f"{summary.pairs} pairs ({summary.seconds / 60:.1f} min)")
+    print(f"final model (Hugging Face format): {summary.final_model}")
+    return 0
+
+
+def _quickstart_config(out: Path, overrides: list[str]):
+    """The quickstart recipe with its tiny model and arithmetic task created under ``out`` if missing."""
+    from gyre.config.load import load_config
+    from gyre.models.presets import init_model
+    from gyre.recipes import recipe_path
+    from gyre.tasks.arithmetic import write_arithmetic_task
+
+    model, data = out / "model", out / "data"
+    if not (model / "config.json").exists():
+        init_model("tiny", model)
+        print(f"created a tiny model in {model}")
+    if not (data / "train.jsonl").exists():
+        write_arithmetic_task(data)
+        print(f"wrote the arithmetic task to {data}")
+    base = [f"run.output_dir={out}", f"model.path={model}", f"data.train_files=[{data / 'train.jsonl'}]",
+            f"data.val_files=[{data / 'val.jsonl'}]", f"sft_warmup.train_files=[{data / 'sft.jsonl'}]"]
+    return load_config(recipe_path("quickstart"), [*base, *overrides])
+
+
+def _agentic_quickstart_config(out: Path, overrides: list[str]):
+    """The agentic quickstart recipe with its tiny model and SFT transcripts created under ``out``."""
+    from gyre.config.load import load_config
+    from gyre.models.presets import init_model
+    from gyre.recipes import recipe_path
+    from gyre.tasks.guess import GuessSpec, write_guess_task
+
+    model, data = out / "model", out / "data"
+    base = [f"run.output_dir={out}", f"model.path={model}", f"sft_warmup.train_files=[{data / 'sft.jsonl'}]"]
+    cfg = load_config(recipe_path("agentic_quickstart"), [*base, *overrides])
+    if not (model / "config.json").exists():
+        init_model("tiny", model)
+        print(f"created a tiny model in {model}")
+    if not (data / "sft.jsonl").exists():
+        game = {k: v for k, v in cfg.env.kwargs.items() if k in ("low", "high", "max_turns")}
+        write_guess_task(data, GuessSpec(**game))  # the game the run will play
+        print(f"wrote the warm-up transcripts to {data}")
+    return cfg
+
+
+def _quickstart(args) -> int:
+    from gyre.app import launch
+
+    agentic = args.task == "guess_number"
+    out = Path(args.out or ("runs/agentic-quickstart" if agentic else "runs/quickstart"))
+    cfg = (_agentic_quickstart_config if agentic else _quickstart_config)(out, args.overrides)
+    summary = launch.train(cfg, None, mode=run_mode(args))
+    _print_summary(summary)
+    print(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'metrics.png'}  report: {out / 'report.html'}")
+    return 0
+
+
+def _simulate(args) -> int:
+    import time
+    from pathlib import Path
+
+    from gyre.config.load import ConfigError, load_config
+    from gyre.sim.scenario import describe, scenario
+    from gyre.sim.sweep import HEADER, run_sweep, write_outputs
+
+    base = load_config(args.config, args.overrides)  # a bad config fails here, once, before any sweep
+    try:
+        devices = [int(d) for d in args.devices.split(",")] if args.devices else [base.simulate.devices]
+    except ValueError:
+        raise ConfigError(f"--devices takes device counts separated by commas, e.g. 8,32,128; got {args.devices!r}") \
+            from None
+    calibrate = Path(args.calibrate) if args.calibrate is not None else None
+    if calibrate is not None and not (calibrate.is_file() or (calibrate / "metrics.jsonl").is_file()):
+        raise ConfigError(f"--calibrate {calibrate}: give a gyre run's metrics.jsonl or its run directory")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs/simulate") / f"{Path(args.config).stem}-{stamp}"
+    if (out / "sweep.csv").exists() and not args.overwrite:
+        raise ConfigError(f"{out} holds an earlier sweep (sweep.csv): pass --overwrite to replace it, or another --out")
+    try:  # what the simulation cannot take (an unknown model, a bad --set) is the user's to change
+        print(describe(scenario(base, devices[0], args.calibrate)) + "\n")
+        print(HEADER)
+        rows = run_sweep(args.config, args.overrides, devices, args.sweep, args.calibrate)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for path in write_outputs(rows, out):
+        print(f"wrote {path}")
+    return 0 if any(r.result is not None for r in rows) else 2
+
+
+def _ablate(args) -> int:
+    from gyre.app.ablation import Variant, run_ablation
+    from gyre.config.load import load_config
+
+    out = Path(args.out)
+    base = load_config(args.config, args.overrides) if args.config else _quickstart_config(out, args.overrides)
+    variants = [Variant.parse(v.strip()) for v in args.variants.split(",") if v.strip()]
+    labels = {v.label: v for v in variants}
+    for label, item in args.set:
+        if label not in labels:
+            from gyre.config.load import ConfigError
+
+            raise ConfigError(f"--set {label} {item}: no variant labelled {label!r} (variants: {', '.join(labels)})")
+        labels[label].overrides.append(item)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    run_ablation(base, variants, seeds, args.steps, out, mode=run_mode(args))
+    print((out / "ablation.md").read_text())
+    print(f"table: {out / 'ablation.md'}  plot: {out / 'ablation.png'}")
+    return 0
+
+
+def _sandbox_serve(args) -> int:
+    import os
+
+    from gyre.config.load import ConfigError
+    from gyre.rewards.sandbox.remote import ServerLimits, make_server
+
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise ConfigError(f"--token-env {args.token_env}: that environment variable is empty or not set")
+    limits = ServerLimits(concurrent=args.concurrent) if args.concurrent else ServerLimits()
+    server = make_server(args.host, args.port, token, limits)
+    print(f"gyre sandbox server on http://{args.host}:{server.server_address[1]} "
+          f"({'bearer token required' if token else 'no token: anyone who can reach this port may run code'}); "
+          "Ctrl-C stops it", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+def _print_summary(summary) -> None:
+    first, last = summary.first_val_accuracy, summary.last_val_accuracy
+    if first is not None and last is not None:
+        print(f"held-out accuracy: {first:.1%} -> {last:.1%} over {summary.steps} RL steps "
+              f"({summary.seconds / 60:.1f} min)")
+    if summary.final_model:
+        print(f"final model (Hugging Face format): {summary.final_model}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
