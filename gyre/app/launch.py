@@ -177,13 +177,7 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
         timeline = Timeline(out, resume_step=resume_step, restart=restart)
         if cfg.sft_warmup is not None and latest is None:
             _sft_warmup(cfg, plan, roles, data, logger)
-        p = cfg.policy
-        roles.policy.call("configure_optimizer", p.optimizer.spec(), p.scheduler.spec(), plan.total_optimizer_steps,
-                          p.grad_clip)
-        c = cfg.critic
-        for critic in roles.critics:
-            critic.call("configure_optimizer", c.optimizer.spec(), c.scheduler.spec(), plan.total_optimizer_steps,
-                        c.grad_clip)
+        _configure_optimizers(cfg, plan, roles)
         pipeline = RLVRPipeline(cfg, plan, roles, data, logger, checkpoints, timeline)
         pipeline.recoveries = recoveries
         summary = pipeline.run(resume_from=latest, echo=echo)
@@ -197,6 +191,16 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
         if roles is not None:
             roles.kill()
         sys.stdout.flush()
+
+
+def _configure_optimizers(cfg: RLVRConfig, plan: RunPlan, roles) -> None:
+    """The policy's and critics' AdamW and LR schedule over the run's optimizer steps."""
+    from gyre.cluster.workers import CriticWorker, PolicyWorker
+
+    p, c, steps = cfg.policy, cfg.critic, plan.total_optimizer_steps
+    roles.policy.call(PolicyWorker.configure_optimizer, p.optimizer.spec(), p.scheduler.spec(), steps, p.grad_clip)
+    for critic in roles.critics:
+        critic.call(CriticWorker.configure_optimizer, c.optimizer.spec(), c.scheduler.spec(), steps, c.grad_clip)
 
 
 def _sft_warmup(cfg: RLVRConfig, plan: RunPlan, roles, data, logger) -> None:
@@ -216,6 +220,7 @@ def warm_up(cfg: RLVRConfig, target: Path, echo: Callable[[str], None] = print) 
     starting point for ablations)."""
     from gyre.cluster.roles import build_roles
     from gyre.cluster.runtime import start_ray
+    from gyre.cluster.workers import PolicyWorker
     from gyre.tracking.logger import MetricsLogger
 
     cfg = resolve_paths(cfg)
@@ -229,7 +234,8 @@ def warm_up(cfg: RLVRConfig, target: Path, echo: Callable[[str], None] = print) 
             echo(f"SFT warm-up ({data.warmup.steps} steps), shared by every run")
             _sft_warmup(cfg, plan, roles, data, logger)
             # float32: the variants continue training from it, so nothing is rounded away in between.
-            roles.policy.call("save_hf", str(target), cfg.model.tokenizer_path or cfg.model.path, "float32")
+            roles.policy.call(PolicyWorker.save_hf, str(target), cfg.model.tokenizer_path or cfg.model.path,
+                              "float32")
         finally:
             logger.close()
             roles.kill()

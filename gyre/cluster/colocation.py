@@ -14,12 +14,23 @@ from typing import Protocol
 from gyre.config.derive import RunPlan
 
 
-class _Offloadable(Protocol):
-    def call(self, method: str, *args, **kwargs) -> list: ...
+class Offloadable(Protocol):
+    """What every role that time-shares a device answers (policy and critic ranks, rollout engines,
+    reference and teacher workers)."""
+
+    def offload(self) -> None:
+        """Move this worker's device state (weights, optimizer state, caches) to the host."""
+
+    def reload(self) -> None:
+        """Bring it back onto the device."""
+
+
+class _Group(Protocol):
+    def call(self, method, *args, **kwargs) -> list: ...
 
 
 class TimeShare:
-    def __init__(self, plan: RunPlan, groups: Mapping[str, _Offloadable], resident: set[str]):
+    def __init__(self, plan: RunPlan, groups: Mapping[str, _Group], resident: set[str]):
         """``resident``: roles whose state is on their devices now (workers may start offloaded)."""
         self.plan = plan
         self.groups = groups
@@ -39,9 +50,9 @@ class TimeShare:
             return
         for other in self._sharing(role):
             if other in self.resident:
-                self.groups[other].call("offload")
+                self.groups[other].call(Offloadable.offload)
                 self.resident.discard(other)
         if role not in self.resident:
-            self.groups[role].call("reload")
+            self.groups[role].call(Offloadable.reload)
             self.resident.add(role)
             self.transitions += 1

@@ -37,8 +37,7 @@ class EnvPool:
 
     def submit(self, call: EnvCall) -> None:
         rank, local = divmod(call.slot, self.per_worker)
-        actor = self.workers.actors[rank]
-        ref = actor.call.options(concurrency_group=ENV).remote(local, call.op, call.arg)
+        ref = self.workers.submit_to(rank, EnvWorker.call, local, call.op, call.arg, lane=ENV)
         self._pending[ref] = (call, rank, time.monotonic() + self.deadline_s)
 
     def refs(self) -> list:

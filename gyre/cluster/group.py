@@ -4,7 +4,9 @@
 block and return results in rank order, or raise ``RoleFault`` (a worker died, hung past its deadline,
 or raised: see ``gyre.cluster.faults``). ``submit``/``submit_each`` return the refs instead, so the
 driver can overlap groups; ``gather`` waits on them with the same deadlines. A method is named by the
-worker class's method itself (``group.call(PolicyWorker.save_checkpoint, path)``) or by its name.
+worker class's method itself (``group.call(PolicyWorker.save_checkpoint, path)``), never by a string: a
+reader jumps to the definition, and a renamed method fails where it is called, not in a remote worker.
+A call every role answers alike names the ``Protocol`` that declares it (``Offloadable.offload``).
 
 The actors are Ray actors (``create``, ``create_unplaced``) or in-process ones (``local``,
 ``local_unplaced``: ``gyre.cluster.local``, for tests without Ray); the group waits on both through
@@ -13,6 +15,7 @@ The actors are Ray actors (``create``, ``create_unplaced``) or in-process ones (
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -20,8 +23,9 @@ from gyre.cluster import transport
 from gyre.cluster.faults import PROBE, Watchdog, gather
 
 T = TypeVar("T")
-Method = Callable[..., T] | str
-"""A worker method: ``WorkerClass.method`` (go-to-definition works) or its name."""
+Method = Callable[..., T]
+"""A worker method: ``WorkerClass.method``, or ``SomeProtocol.method`` for a call several worker classes
+answer (go-to-definition works either way)."""
 
 
 class RoleGroup:
@@ -103,10 +107,11 @@ class RoleGroup:
         return len(self.actors)
 
     def method_name(self, method: Method) -> str:
-        """The remote name of ``method``, checked against the workers' class when it is a reference."""
+        """The remote name of ``method``, checked against the workers' class when it is known: its own
+        method, or one of a ``Protocol`` the class answers."""
         name = transport.method_name(method)
-        if not isinstance(method, str) and self.worker_cls is not None \
-                and getattr(self.worker_cls, name, None) is not method:
+        if self.worker_cls is not None and getattr(self.worker_cls, name, None) is not method \
+                and not (_declared_by_protocol(method) and callable(getattr(self.worker_cls, name, None))):
             raise TypeError(f"{self.name}: {getattr(method, '__qualname__', name)} is not a method of its "
                             f"workers' class {self.worker_cls.__name__}")
         return name
@@ -121,11 +126,13 @@ class RoleGroup:
         name = self.method_name(method)
         return [getattr(a, name).remote(*args) for a, args in zip(self.actors, per_worker)]
 
-    def submit_to(self, rank: int, method: Method[T], *args: Any, probe: bool = False, **kwargs: Any):
+    def submit_to(self, rank: int, method: Method[T], *args: Any, probe: bool = False, lane: str | None = None,
+                  **kwargs: Any):
         """One call to worker ``rank``; ``probe`` runs it on the worker's probe thread (``PROBE``), beside
-        whatever call is running."""
+        whatever call is running; ``lane`` on another concurrency group of the worker's class."""
         remote = getattr(self.actors[rank], self.method_name(method))
-        return (remote.options(concurrency_group=PROBE) if probe else remote).remote(*args, **kwargs)
+        lane = PROBE if probe else lane
+        return (remote.options(concurrency_group=lane) if lane else remote).remote(*args, **kwargs)
 
     def call(self, method: Method[T], *args: Any, **kwargs: Any) -> list[T]:
         return self.gather(self.submit(method, *args, **kwargs), method)
@@ -141,6 +148,14 @@ class RoleGroup:
         for actor in self.actors:
             transport.kill(actor)
         self.actors = []
+
+
+def _declared_by_protocol(method: Callable) -> bool:
+    """``method`` is declared by a ``typing.Protocol`` class (found from its qualified name)."""
+    owner: Any = sys.modules.get(getattr(method, "__module__", ""), None)
+    for part in getattr(method, "__qualname__", "").split(".")[:-1]:
+        owner = getattr(owner, part, None)
+    return isinstance(owner, type) and bool(getattr(owner, "_is_protocol", False))
 
 
 def _groups(worker_cls: type) -> dict[str, int]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 from gyre.cluster import transport
 from gyre.cluster.group import RoleGroup
@@ -31,7 +32,7 @@ from gyre.cluster.transport import ActorLost, CallRaised, RemoteError
 from gyre.cluster.workers import RewardWorker
 from gyre.rewards.base import RewardRequest
 from gyre.rewards.runner import CHILD_START_S, MAX_RERUNS, RunnerFaults, RunnerSpec, ScoreReply
-from gyre.types import Trajectory
+from gyre.types import RewardResult, Trajectory
 
 # Samples per remote call when a part of the rollout is split over a domain's workers: per-sample
 # calls would cost a Ray round trip each; a few samples per call keep every worker busy.
@@ -41,6 +42,14 @@ _MIN_CALL = 4
 _DEAD_PINGS = 2
 # Fresh actors in a row that fail to start before the domain gives up.
 _MAX_REPLACEMENTS = 2
+
+
+class RewardScoring(Protocol):
+    """What a reward domain's workers answer: ``RewardWorker`` (functions, in child processes) and
+    ``ModelRewardWorker`` (a reward model)."""
+
+    def score(self, requests: list[RewardRequest]) -> ScoreReply | list[RewardResult]:
+        """Score these requests."""
 
 
 class RewardWorkerError(RuntimeError):
@@ -270,8 +279,7 @@ class RewardPool:
         start = w.busy_until if w.calls else now + (0.0 if w.started else self.limits.start_s)
         w.busy_until = max(start, now) + call.budget
         w.calls += 1
-        # RewardWorker.score or ModelRewardWorker.score: the same call by name
-        self._calls[scorer.group.submit_to(call.worker, "score", call.requests)] = call
+        self._calls[scorer.group.submit_to(call.worker, RewardScoring.score, call.requests)] = call
 
     def _settle_call(self, ref) -> None:
         call = self._calls.pop(ref)

@@ -17,6 +17,7 @@ from gyre.cluster.workers import (
     ReferenceWorker,
     RewardWorker,
     RolloutWorker,
+    TrainerRank,
 )
 from gyre.config.derive import RunPlan
 from gyre.config.schema import ModelConfig, RLVRConfig
@@ -159,8 +160,8 @@ def reward_worker_args(domain) -> tuple:
 def connect_trainer(group: RoleGroup) -> None:
     """Join a trainer role's ranks into a process group of their own (rank 0 picks the address) and load
     the model on each."""
-    addr, port = group.gather([group.actors[0].rendezvous.remote()], "rendezvous")[0]
-    group.call("setup", addr, port)
+    addr, port = group.gather([group.submit_to(0, TrainerRank.rendezvous)], TrainerRank.rendezvous)[0]
+    group.call(TrainerRank.setup, addr, port)
 
 
 def _build_envs(cfg: RLVRConfig, made: list[RoleGroup]) -> RoleGroup:

@@ -8,7 +8,7 @@ The few operations the driver needs, for both kinds (and mixtures of them):
   next part (or its end) has arrived;
 - ``get(ref, timeout)``: a call's result, or one of the errors below;
 - ``next_part(stream)``: the next part of a generator method's stream, or ``STREAM_END``;
-- ``kill(actor, no_restart)``; ``method_name(method)``: the remote name of ``Worker.method`` or "method".
+- ``kill(actor, no_restart)``; ``method_name(method)``: the remote name of ``Worker.method``.
 
 A failed call raises one of three errors, whatever the actor's kind, so fault handling is written once:
 
@@ -73,15 +73,12 @@ class ActorLost(RemoteError):
         """It may come back (Ray is restarting it); calls to it will be answered again."""
 
 
-def method_name(method: str | Callable) -> str:
-    """The remote name of a worker method: ``PolicyWorker.train`` and "train" name the same call
-    (Ray addresses actor methods by name; a reference lets a reader jump to the definition)."""
-    if isinstance(method, str):
-        return method
+def method_name(method: Callable) -> str:
+    """The remote name of a worker method such as ``PolicyWorker.train`` (Ray addresses actor methods by
+    name; gyre's callers pass the method itself, so a reader jumps to the definition)."""
     name = getattr(method, "__name__", None)
-    if not callable(method) or not name:
-        raise TypeError(f"a remote method is a worker class's method (e.g. PolicyWorker.train) or its name, "
-                        f"not {method!r}")
+    if isinstance(method, str) or not callable(method) or not name:
+        raise TypeError(f"a remote method is a worker class's method (e.g. PolicyWorker.train), not {method!r}")
     return name
 
 

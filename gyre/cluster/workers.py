@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gyre.algos import LossDenominator
+from gyre.algos.aggregation import LossDenominator
 from gyre.algos.preference import PreferenceLossSpec
 from gyre.cluster.spans import recorder_of, timed
 from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights

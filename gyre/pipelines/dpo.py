@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from gyre.algos import LossDenominator
+from gyre.algos.aggregation import LossDenominator
 from gyre.cluster.group import RoleGroup
+from gyre.cluster.workers import PolicyWorker
 from gyre.data.preference import PreferencePair, preference_batch, sequence_sums
 from gyre.pipelines.sft import SFTTrainer, optimizer_steps
 from gyre.types import TrainStepResult
@@ -57,7 +58,8 @@ def run_dpo(dpo, pairs: Sequence[PreferencePair], trainer: SFTTrainer, pad_id: i
         tokens = float(batch.rows.response_mask.sum())
         denom = LossDenominator(tokens=tokens, sequences=float(len(batch)), dp_size=trainer.dp_size)
         shares = batch.split(trainer.dp_size)
-        outs = trainer.policy.call_each("train_dpo", [(s, denom, dpo.micro_batch_size, spec) for s in shares])
+        outs = trainer.policy.call_each(PolicyWorker.train_dpo,
+                                        [(s, denom, dpo.micro_batch_size, spec) for s in shares])
         return outs, {"dpo/pairs": float(len(batch)), "dpo/trained_tokens": tokens}
 
     return optimizer_steps(dpo, len(pairs), seed, trainer, "dpo", step, logger, progress)

@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gyre.algos import LossDenominator
+from gyre.algos.aggregation import LossDenominator
 from gyre.cluster.group import RoleGroup
+from gyre.cluster.workers import PolicyWorker
 from gyre.config.schema import SFTConfig
 from gyre.data.batching import split_for_ranks
 from gyre.data.sampler import EpochSampler
@@ -44,7 +45,7 @@ def run_sft(sft: SFTConfig, examples: Sequence[SFTExample], trainer: SFTTrainer,
         tokens = float(batch.response_mask.sum())
         denom = LossDenominator(tokens=tokens, dp_size=trainer.dp_size)
         shards, _ = split_for_ranks(batch, trainer.dp_size)
-        outs = trainer.policy.call_each("train_sft", [(s, denom, sft.micro_batch_size) for s in shards])
+        outs = trainer.policy.call_each(PolicyWorker.train_sft, [(s, denom, sft.micro_batch_size) for s in shards])
         return outs, {"sft/trained_tokens": tokens, "sft/rows": len(batch)}
 
     return optimizer_steps(sft, len(examples), seed, trainer, "sft", step, logger, progress)
@@ -60,7 +61,7 @@ def optimizer_steps(section, items: int, seed: int, trainer: SFTTrainer, phase: 
     steps = section.total_steps(items)
     sampler = EpochSampler(items, seed=derive_seed(seed, phase))
     trainer.activate()
-    trainer.policy.call("configure_optimizer", section.optimizer.spec(), section.scheduler.spec(), steps,
+    trainer.policy.call(PolicyWorker.configure_optimizer, section.optimizer.spec(), section.scheduler.spec(), steps,
                         section.grad_clip)
     metrics: dict = {}
     for n in range(1, steps + 1):

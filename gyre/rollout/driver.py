@@ -118,7 +118,7 @@ class RolloutDriver:
             if isinstance(command, Abort):
                 self._add(adds)  # an abort follows the requests it names
                 for engine, ids in command.by_engine.items():
-                    self.engines.actors[engine].abort.remote(list(ids))
+                    self.engines.submit_to(engine, EngineHost.abort, list(ids))
             elif isinstance(command, Score):
                 self.rewards.submit(list(command.trajectories))
             elif isinstance(command, EnvCall):
@@ -129,7 +129,7 @@ class RolloutDriver:
 
     def _add(self, adds: dict[int, list]) -> None:
         for engine, requests in adds.items():
-            self.engines.actors[engine].add.remote(requests)
+            self.engines.submit_to(engine, EngineHost.add, requests)
         adds.clear()
 
     def close(self) -> None:
@@ -219,8 +219,7 @@ class RolloutDriver:
             s.on_engine_back(rank)
 
     def _serve(self, rank: int):
-        actor = self.engines.actors[rank]
-        return actor.serve.options(concurrency_group=SERVE).remote(self.emit_every, self.emit_after_s)
+        return self.engines.submit_to(rank, EngineHost.serve, self.emit_every, self.emit_after_s, lane=SERVE)
 
     def _next(self, stream) -> list:
         rank = self._streams[stream]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from gyre.cluster.faults import RoleFault
 from gyre.cluster.group import RoleGroup
-from gyre.cluster.workers import EngineHost
+from gyre.cluster.workers import EngineHost, RolloutWorker
 from gyre.rollout.driver import PhaseTimes, RolloutDriver
 from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
@@ -200,7 +200,7 @@ class RolloutMachine:
         """A fresh engine for ``rank``, loaded (it may start offloaded) and given the current weights."""
         group, (version, weights) = self.engines, self._held
         group.respawn(rank)
-        group.gather([group.submit_to(rank, "reload")], "reload", ranks=[rank])
+        group.gather([group.submit_to(rank, RolloutWorker.reload)], RolloutWorker.reload, ranks=[rank])
         held = group.gather([group.submit_to(rank, EngineHost.update_weights, weights, version, self.partial)],
                             EngineHost.update_weights, ranks=[rank])
         if held != [version]:

@@ -16,6 +16,8 @@ import torch
 
 from gyre.algos.aggregation import denominator_for
 from gyre.algos.asyppo import aggregate_values
+from gyre.cluster.group import Method
+from gyre.cluster.workers import CriticWorker, PolicyWorker, ReferenceWorker
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, split_for_ranks
@@ -45,23 +47,25 @@ class Learner:
         log-probs, values."""
         if self.plan.recompute_old_logprobs:
             self.timeshare.activate("policy")
-            batch.old_logprobs = self._forward(self.policy, "compute_logprobs", batch, self.temperature)
+            batch.old_logprobs = self._forward(self.policy, PolicyWorker.compute_logprobs, batch, self.temperature)
         if self.plan.reference_on_policy:  # LoRA: the base model is the policy's, adapters switched off
             self.timeshare.activate("policy")
-            batch.ref_logprobs = self._forward(self.policy, "compute_ref_logprobs", batch, self.temperature)
+            batch.ref_logprobs = self._forward(self.policy, PolicyWorker.compute_ref_logprobs, batch, self.temperature)
         elif self.reference is not None:
             self.timeshare.activate("reference")
-            batch.ref_logprobs = self._forward(self.reference, "compute_logprobs", batch, self.temperature)
+            batch.ref_logprobs = self._forward(self.reference, ReferenceWorker.compute_logprobs, batch,
+                                               self.temperature)
         credit = self.cfg.algorithm.credit_spec
         if credit.strategy != "none":
             batch.credit_scales = self._credit_scales(batch, credit)
         if self.teacher is not None:  # on-policy distillation: the teacher scores the student's tokens
             self.timeshare.activate("teacher")
-            batch.teacher_logprobs = self._forward(self.teacher, "compute_logprobs", batch, self.temperature)
+            batch.teacher_logprobs = self._forward(self.teacher, ReferenceWorker.compute_logprobs, batch,
+                                                   self.temperature)
         values = []
         for name, critic in self.critics.items():
             self.timeshare.activate(name)
-            values.append(self._forward(critic, "compute_values", batch))
+            values.append(self._forward(critic, CriticWorker.compute_values, batch))
         if len(values) == 1:
             batch.values = values[0]
         elif values:  # AsyPPO: GAE on the critics' aggregate; the advantage stage ranks their disagreement
@@ -78,16 +82,16 @@ class Learner:
             seed = derive_seed(self.cfg.run.seed, "credit", int(batch.input_ids.sum()))
             return random_scales(batch.response_mask, spec, torch.Generator().manual_seed(seed))
         self.timeshare.activate("policy")
-        return self._forward(self.policy, "compute_credit_scales", batch, spec, self.temperature)
+        return self._forward(self.policy, PolicyWorker.compute_credit_scales, batch, spec, self.temperature)
 
-    def _forward(self, group, method: str, batch: TrainBatch, *args) -> torch.Tensor:
+    def _forward(self, group, method: Method, batch: TrainBatch, *args) -> torch.Tensor:
         # Trainer ranks (FSDP2 collectives) need equal shards; reference workers do not.
         equal = group is self.policy or any(group is c for c in self.critics.values())
         shards, index = split_for_ranks(batch, len(group), equal=equal)
         parts = self._call_each(group, method, [(shard, *args) for shard in shards])
         return gather_rows(parts, index, len(batch))
 
-    def _call_each(self, group, method: str, per_rank: Sequence[tuple]) -> list:
+    def _call_each(self, group, method: Method, per_rank: Sequence[tuple]) -> list:
         refs = group.submit_each(method, per_rank)
         if self.wait is not None:
             self.wait(group, method, refs)
@@ -126,7 +130,7 @@ class Learner:
         old_source = "recomputed" if self.plan.recompute_old_logprobs else (
             "rollout" if a.old_logprobs == "rollout" else "current")
         spec = a.loss_spec(self.temperature, old_source)
-        results = self._call_each(self.policy, "train", [(shards, denoms, spec) for shards in per_rank])
+        results = self._call_each(self.policy, PolicyWorker.train, [(shards, denoms, spec) for shards in per_rank])
         return TrainStepResult.summarize(results)
 
     def _train_critic(self, batch: TrainBatch, step: int) -> dict:
@@ -149,7 +153,7 @@ class Learner:
         self.timeshare.activate(name)
         per_rank, denoms = self.minibatches(batch, step, self.plan.critic_dp_size)
         a = self.cfg.algorithm
-        results = self._call_each(self.critics[name], "train", [(shards, denoms, a.value_clip, a.loss_agg)
+        results = self._call_each(self.critics[name], CriticWorker.train, [(shards, denoms, a.value_clip, a.loss_agg)
                                                                 for shards in per_rank])
         out = TrainStepResult.summarize(results)
         return {**{k: v for k, v in out.items() if k.startswith("critic/")}, "critic/grad_norm": out["grad_norm"],
@@ -161,27 +165,27 @@ class Learner:
         None when the engines are the policy's own ranks (hybrid: nothing to copy)."""
         if self.hybrid:
             return None
-        return self.policy.call("export_weights", version, self.cfg.model.dtype)[0]
+        return self.policy.call(PolicyWorker.export_weights, version, self.cfg.model.dtype)[0]
 
     def save(self, directory: Path) -> None:
         """Trainer states (weights, optimizer, scheduler, RNG) of the policy and the critic under ``directory``."""
-        self.policy.call("save_checkpoint", str(directory / "policy"))
+        self.policy.call(PolicyWorker.save_checkpoint, str(directory / "policy"))
         for name, critic in self.critics.items():  # critic/, or critic.0/ ... for several
             (directory / name).mkdir()
-            critic.call("save_checkpoint", str(directory / name))
+            critic.call(CriticWorker.save_checkpoint, str(directory / name))
 
     def restore(self, directory: Path) -> None:
         self._check_lora_checkpoint(directory / "policy")
-        self.policy.call("load_checkpoint", str(directory / "policy"))
+        self.policy.call(PolicyWorker.load_checkpoint, str(directory / "policy"))
         for name, critic in self.critics.items():
-            critic.call("load_checkpoint", str(directory / name))
+            critic.call(CriticWorker.load_checkpoint, str(directory / name))
 
     def save_model(self, directory: Path | None, tokenizer_path: str, dtype: str,
                    adapter_directory: Path | None = None) -> None:
         """The policy as a Hugging Face model directory in ``dtype`` (LoRA: merged), with the tokenizer
         files of ``tokenizer_path`` copied unchanged; with LoRA, the adapter (peft's format) in
         ``adapter_directory`` too. None writes nothing there."""
-        self.policy.call("save_hf", None if directory is None else str(directory), tokenizer_path, dtype,
+        self.policy.call(PolicyWorker.save_hf, None if directory is None else str(directory), tokenizer_path, dtype,
                          None if adapter_directory is None else str(adapter_directory))
 
     def _check_lora_checkpoint(self, directory: Path) -> None:

@@ -9,7 +9,7 @@ class Recorder:
         self.name, self.log = name, log
 
     def call(self, method, *args, **kwargs):
-        self.log.append(f"{self.name}.{method}")
+        self.log.append(f"{self.name}.{method.__name__}")
         return []
 
 

@@ -7,6 +7,7 @@ import re
 import sys
 import threading
 import time
+from typing import Protocol
 
 import pytest
 
@@ -72,9 +73,26 @@ def test_calls_by_method_reference_return_results_in_rank_order():
     group = RoleGroup.local("echo", Gate, [(), (), ()])
     assert group.call(Gate.echo, "x") == ["x", "x", "x"]
     assert group.call_each(Gate.echo, [(0,), (1,), (2,)]) == [0, 1, 2]
-    assert group.call("echo", 5) == [5, 5, 5]  # a name still works
+    with pytest.raises(TypeError, match="a remote method is a worker class's method"):
+        group.call("echo", 5)  # a name is refused: a renamed method must fail where it is called
     with pytest.raises(TypeError, match="RewardWorker.score is not a method of its workers' class Gate"):
         group.call(RewardWorker.score, [])
+    group.kill()
+
+
+class Echoes(Protocol):
+    def echo(self, value): ...
+
+
+class Pings(Protocol):
+    def ping(self): ...
+
+
+def test_a_protocol_method_names_the_call_every_class_that_answers_it():
+    group = RoleGroup.local("echo", Gate, [(), ()])
+    assert group.call(Echoes.echo, 7) == [7, 7]
+    with pytest.raises(TypeError, match="Pings.ping is not a method of its workers' class Gate"):
+        group.call(Pings.ping)
     group.kill()
 
 
