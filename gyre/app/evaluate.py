@@ -159,6 +159,7 @@ def sample_and_score(cfg: RLVRConfig, model_dir: Path, prompts: list[PromptRecor
     from gyre.cluster.workers import RolloutWorker
     from gyre.config.derive import detect_local_devices
     from gyre.pipelines.rlvr import validation_params
+    from gyre.rollout.driver import RolloutDriver
     from gyre.rollout.machine import RolloutMachine
     from gyre.rollout.scheduler import ScheduleSpec
 
@@ -170,9 +171,9 @@ def sample_and_score(cfg: RLVRConfig, model_dir: Path, prompts: list[PromptRecor
     try:
         rewards = local_reward_groups(cfg, kind, watchdog)
         params, n = validation_params(cfg), cfg.validation.samples_per_prompt
-        machine = RolloutMachine(engines, RewardPool(reward_scorers(cfg, rewards)),
-                                 ScheduleSpec(n, len(prompts), params, cfg.run.seed), lambda k: [], lambda: None,
-                                 emit_every=cfg.rollout.emit_every, replaceable=False)
+        driver = RolloutDriver(engines, RewardPool(reward_scorers(cfg, rewards)), cfg.rollout.emit_every,
+                               replaceable=False)
+        machine = RolloutMachine(driver, ScheduleSpec(n, len(prompts), params, cfg.run.seed), lambda k: [])
         try:
             return machine.evaluate(prompts, params, n)
         finally:

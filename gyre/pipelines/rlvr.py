@@ -24,6 +24,7 @@ from gyre.config.schema import RLVRConfig
 from gyre.data.batching import collate_groups
 from gyre.envs.episode import EpisodeLimits
 from gyre.rewards.checks import check_reward_failures
+from gyre.rollout.driver import CallWait, RolloutDriver
 from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.machine import RolloutMachine
 from gyre.rollout.schedule import sampling_params, schedule_spec
@@ -62,12 +63,14 @@ class RLVRPipeline:
         self.rewards = RewardPool(reward_scorers(cfg, roles.reward))
         envs = EnvPool(roles.envs, cfg.env.slots_per_worker, max(cfg.env.reset_timeout_s, cfg.env.step_timeout_s)) \
             if cfg.env is not None else None
-        self.rollout = RolloutMachine(roles.rollout, self.rewards, schedule_spec(cfg, self.sampling),
-                                      data.next_train_prompts, lambda: roles.timeshare.activate(roles.rollout_role),
-                                      cfg.rollout.partial, cfg.rollout.emit_every, replaceable=not roles.hybrid,
-                                      episodes=episode_runners(cfg, data, envs), envs=envs)
+        driver = RolloutDriver(roles.rollout, self.rewards, cfg.rollout.emit_every, replaceable=not roles.hybrid,
+                               envs=envs)
+        self.rollout = RolloutMachine(driver, schedule_spec(cfg, self.sampling), data.next_train_prompts,
+                                      lambda: roles.timeshare.activate(roles.rollout_role), cfg.rollout.partial,
+                                      sources=episode_runners(cfg, data, envs))
         # With asynchrony the rollout goes on while the learner's calls run.
-        self.learner = Learner(cfg, plan, roles, self.rollout.wait_for if cfg.rollout.async_ratio > 0 else None)
+        overlap = lambda group, method, refs: self.rollout.wait_for(CallWait(tuple(refs), group, method))  # noqa: E731
+        self.learner = Learner(cfg, plan, roles, overlap if cfg.rollout.async_ratio > 0 else None)
         self.reward_totals = {"errors": 0, "timeouts": 0}
         self.val_history: list[float] = []
         self.algo_state = AlgorithmState.create(cfg.algorithm)

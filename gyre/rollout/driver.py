@@ -1,4 +1,6 @@
-"""The rollout IO loop: the one place that waits on rollout engines and reward workers together.
+"""The rollout IO loop over Ray actors: the one place that waits on rollout engines and reward workers together.
+
+The real ``RolloutPort`` (``gyre.rollout.port``; the simulator's is ``gyre.sim.cluster.SimCluster``).
 
 Each engine serves one stream for the whole run (``EngineHost.serve``): finished samples come back on it
 as they finish. The driver carries out the scheduler's commands (``Generate``: add requests to an engine;
@@ -15,16 +17,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gyre.cluster import transport
 from gyre.cluster.faults import CallClock, RoleFault, fault_from
-from gyre.cluster.group import RoleGroup
-from gyre.cluster.workers import SERVE, EngineHost
+from gyre.cluster.group import Method, RoleGroup
+from gyre.cluster.workers import SERVE, EngineHost, RolloutWorker
 from gyre.envs.calls import EnvCall
+from gyre.rollout.port import PhaseTimes
 from gyre.rollout.requests import Abort, Generate
 from gyre.rollout.scheduler import RolloutScheduler, Score
+from gyre.types import WeightVersion
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +36,26 @@ _MAX_HANGS_PER_ENGINE = 3
 """In-place replacements of hung engines a run allows, per engine, before a hang is the run's fault."""
 
 
-@dataclass
-class PhaseTimes:
-    """Where one ``run`` spent its wall-clock time."""
+@dataclass(frozen=True)
+class CallWait:
+    """What a run waits for besides the rollout: ``refs`` of a call of ``method`` on ``group`` (the
+    learner's), within that call's deadline."""
 
-    generate: float = 0.0
-    """Until no sample was left to generate (scoring overlaps it)."""
-    reward: float = 0.0
-    """Scoring still running after that."""
+    refs: tuple
+    group: RoleGroup
+    method: Method
 
 
 class RolloutDriver:
     def __init__(self, engines: RoleGroup, rewards, emit_every: int = 1, emit_after_s: float = 0.05,
-                 restore: Callable[[int], None] | None = None, envs=None):
+                 replaceable: bool = True, envs=None):
         """``rewards``: the reward pool (``gyre.cluster.reward_pool.RewardPool``). Engines hand finished
         samples back ``emit_every`` at a time or ``emit_after_s`` after the first (fewer, larger reward calls).
-        ``restore(rank)`` replaces a dead engine with a fresh one holding the current weights; without it
-        an engine's death is the run's fault (recovered from a checkpoint)."""
+        ``replaceable``: a dead or hung engine is replaced in place by a fresh one holding the current
+        weights (not hybrid engines, which are policy ranks: their death is the run's fault, recovered from
+        a checkpoint)."""
         self.engines = engines
-        self.restore = restore
+        self.restore = self._restore if replaceable and engines.spawn else None
         self.engine_deaths = 0
         """Engines that died and were replaced in place."""
         self.engine_hangs = 0
@@ -65,34 +70,41 @@ class RolloutDriver:
         """Busy engine -> when it last handed back samples (or became busy): its silence is timed from there."""
         self.schedulers: dict[str, RolloutScheduler] = {}
         """Every scheduler with work on the engines, by the stream name that prefixes its request ids."""
+        self._held: tuple[WeightVersion, object] = (0, None)
+        """The version and weights the engines hold (or are being given): what a replacement engine gets."""
+        self._partial = True
+
+    @property
+    def engine_count(self) -> int:
+        return len(self.engines)
 
     def run(self, scheduler: RolloutScheduler, done: Callable[[], bool], label: str = "train",
-            refill: Callable[[], None] | None = None, until: Sequence = (),
-            until_call: tuple[RoleGroup, str] | None = None) -> PhaseTimes:
+            refill: Callable[[], None] | None = None, until: CallWait | None = None) -> PhaseTimes:
         """Carry out ``scheduler``'s commands and every command they lead to until ``done()`` (or, with
-        ``until``, until those refs are ready, returning early; ``until_call`` = (group, method) names the
-        call they belong to, whose deadline then applies). ``refill()`` may admit more after each event
-        (queue scheduling admits as capacity frees). ``label`` keys the watchdog's usual durations."""
+        ``until``, until its refs are ready, returning early; the deadline of the call they belong to
+        applies). ``refill()`` may admit more after each event (queue scheduling admits as capacity frees).
+        ``label`` keys the watchdog's usual durations."""
         self._open()
         self.schedulers[scheduler.spec.stream] = scheduler
         t0 = time.perf_counter()
         times = PhaseTimes()
         self.send(scheduler.drain())
         clock = CallClock(self.engines.watchdog, self.engines.name, f"generate({label})")
-        until = list(until)
-        waited = CallClock(until_call[0].watchdog, until_call[0].name, until_call[1]) if until_call else None
+        refs = list(until.refs) if until is not None else []
+        waited = CallClock(until.group.watchdog, until.group.name, transport.method_name(until.method)) \
+            if until is not None else None
         while not done():
-            if until and not transport.wait(until, num_returns=len(until), timeout=0)[1]:
+            if refs and not transport.wait(refs, num_returns=len(refs), timeout=0)[1]:
                 break
             if waited is not None and waited.expired():
-                pending = transport.wait(until, num_returns=len(until), timeout=0)[1]
-                raise waited.hung(until_call[0].actors, [i for i, r in enumerate(until) if r in pending])
+                pending = transport.wait(refs, num_returns=len(refs), timeout=0)[1]
+                raise waited.hung(until.group.actors, [i for i, r in enumerate(refs) if r in pending])
             busy = sorted({e for s in self.schedulers.values() for e in s.busy_engines()})
             if self.restore is not None:
                 self._replace_silent(busy, clock.deadline_s)
-            elif busy and clock.expired() and not until:
+            elif busy and clock.expired() and not refs:
                 raise clock.hung(self.engines.actors, busy)
-            self._events(clock.slice(), until)
+            self._events(clock.slice(), refs)
             if refill is not None:
                 refill()
             for s in self.schedulers.values():
@@ -100,7 +112,7 @@ class RolloutDriver:
             clock.tick()
             if not scheduler.outstanding and not times.generate:
                 times.generate = time.perf_counter() - t0
-            if not scheduler.outstanding and not self.rewards.busy and not done() and not until:
+            if not scheduler.outstanding and not self.rewards.busy and not done() and not refs:
                 raise RuntimeError("the rollout went idle before the batch was complete (too few groups admitted)")
         clock.done()
         times.generate = times.generate or time.perf_counter() - t0
@@ -132,11 +144,50 @@ class RolloutDriver:
             self.engines.submit_to(engine, EngineHost.add, requests)
         adds.clear()
 
+    def load_weights(self, version: WeightVersion, weights, partial: bool) -> None:
+        """Give every engine ``version`` (``weights``: a ``WeightBundle`` ref list; for hybrid engines, the
+        policy's own ranks, None: only the stamp moves). An engine that dies or hangs meanwhile is replaced
+        by a fresh one holding it (when engines are replaceable), then every engine is asked once more."""
+        self._held, self._partial = (version, weights), partial
+        try:
+            versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
+        except RoleFault as fault:
+            if fault.kind == "error" or self.restore is None:
+                raise
+            for rank in fault.ranks:
+                self.replace(rank, fault)
+            versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
+        if any(v != version for v in versions):
+            raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
+
+    def release(self, scheduler: RolloutScheduler) -> None:
+        self.schedulers.pop(scheduler.spec.stream, None)
+
+    def busy_seconds(self) -> list[float]:
+        """Seconds each engine spent decoding since the last call."""
+        group = self.engines
+        refs = [group.submit_to(rank, EngineHost.busy_seconds, probe=True) for rank in range(len(group))]
+        return group.gather(refs, EngineHost.busy_seconds)
+
     def close(self) -> None:
         """End the serve streams (the actors live on)."""
         if self._streams:
             self.engines.call(EngineHost.stop_serving)
             self._streams.clear()
+
+    def _restore(self, rank: int) -> None:
+        """A fresh engine for ``rank``, loaded (it may start offloaded) and given the current weights."""
+        group, (version, weights) = self.engines, self._held
+        group.respawn(rank)
+        group.gather([group.submit_to(rank, RolloutWorker.reload)], RolloutWorker.reload, ranks=[rank])
+        if weights is None:  # nothing published yet: a fresh engine holds the initial weights, as its peers do
+            held = group.gather([group.submit_to(rank, RolloutWorker.weight_version)], RolloutWorker.weight_version,
+                                ranks=[rank])
+        else:
+            held = group.gather([group.submit_to(rank, EngineHost.update_weights, weights, version, self._partial)],
+                                EngineHost.update_weights, ranks=[rank])
+        if held != [version]:
+            raise RuntimeError(f"a replacement {group.name} engine reports version {held}, expected {version}")
 
     # ---- internals ------------------------------------------------------------------------------
     def _open(self) -> None:

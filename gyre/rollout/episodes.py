@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from gyre.envs.calls import EnvCall, EnvResult, SlotPool
 from gyre.envs.context import ContextBuilder
 from gyre.envs.episode import Episode, EpisodeLimits
 from gyre.envs.protocol import EnvError, EnvFailure, EnvReset
 from gyre.rollout.requests import RequestBook
+from gyre.rollout.samples import Flight, Outcome
 from gyre.seeding import derive_seed
 from gyre.types import GenerationResult, Group, SamplingParams, Trajectory, WeightVersion
 
@@ -41,14 +42,6 @@ log = logging.getLogger(__name__)
 GIVE_UP_LIMIT = 8
 """Groups given up in a row (no episode finishing meanwhile) that stop the run, or the slot count if
 larger: one lost environment worker may fail every episode in flight at once."""
-
-
-@dataclass
-class Outcome:
-    """What events finished: trajectories (group id, trajectory) and groups given up."""
-
-    finished: list[tuple[str, Trajectory]] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -66,6 +59,8 @@ class _Live:
 
 
 class EpisodeRunner:
+    """The multi-turn ``SampleSource`` (``gyre.rollout.samples``): each sample of a group is an episode."""
+
     def __init__(self, slots: SlotPool, builder: ContextBuilder, limits: EpisodeLimits, sampling: SamplingParams,
                  env_seed: Callable[[Group], int] | None = None, max_failures: int = 3, turn_sync: bool = False):
         """``env_seed(group)``: the environment seed its episodes play (default: from the group's seed);
@@ -100,13 +95,14 @@ class EpisodeRunner:
         self.requests, self.outbox, self.stats = requests, outbox, stats
 
     # ---- the scheduler's calls ---------------------------------------------------------------------
-    def launch(self, group: Group, samples: int) -> None:
-        """Start ``samples`` episodes of ``group`` (those without a free slot wait for one)."""
-        self.groups[group.group_id] = group
-        self.next_index.setdefault(group.group_id, 0)
-        for _ in range(samples):
-            self._new_episode(group)
-        self._start_waiting()
+    def launch(self, groups: Sequence[Group], samples: int) -> None:
+        """Start ``samples`` episodes of each group (those without a free slot wait for one)."""
+        for group in groups:
+            self.groups[group.group_id] = group
+            self.next_index.setdefault(group.group_id, 0)
+            for _ in range(samples):
+                self._new_episode(group)
+            self._start_waiting()
 
     def stop(self, group_id: str) -> None:
         """The group needs no more episodes: abort their turns, free their slots."""
@@ -118,6 +114,45 @@ class EpisodeRunner:
         self._start_waiting()
         self._pass_barriers()
 
+    # ---- the sample source's calls (``gyre.rollout.samples.SampleSource``) -------------------------
+    @property
+    def pending(self) -> int:
+        """Episodes running or waiting for a slot (their turns in the request book are counted there too)."""
+        return len(self.live)
+
+    def on_generated(self, result: GenerationResult, flight: Flight | None) -> list[tuple[Trajectory, bool]]:
+        """A turn came back: the episode goes on (it finishes when its environment says so, ``on_env``)."""
+        if flight is None:
+            self._count("rollout/tokens_wasted", len(result.response_ids))
+        else:
+            self.on_turn(result)
+        return []
+
+    def on_lost(self, flight: Flight, request_id: str, samples: Sequence[int],
+                handed_back: Mapping[tuple[str, int], GenerationResult]) -> None:
+        """The turn's engine is gone: the turn is asked again from the episode's context."""
+        self.retry_turn(request_id)
+
+    def enough(self, group_id: str) -> None:
+        self.stop(group_id)  # redundant episodes no longer needed
+
+    def forget(self, group_id: str) -> None:
+        """Nothing to do: a group commits once ``enough`` stopped its other episodes."""
+
+    def restart_stale(self, flight: Flight, oldest: WeightVersion) -> bool:
+        """Keep the group's episodes that started at ``oldest`` or later, restart the others from reset
+        under the current weights (their finished trajectories are dropped and counted as waste)."""
+        group = flight.group
+        stale = [t for t in group.trajectories if t.weight_version < oldest]
+        group.trajectories = [t for t in group.trajectories if t.weight_version >= oldest]
+        flight.accepted = len(group.trajectories)
+        self._count("rollout/tokens_wasted", sum(len(s.token_ids) for t in stale for s in t.segments if s.trainable))
+        restarted = self.restart(group, oldest, replace=len(stale))
+        self._count("env/episodes_restarted", len(stale) + restarted)
+        group.admitted_version = min([t.weight_version for t in group.trajectories]
+                                     + self.start_versions(group.group_id) + [self.version])
+        return True
+
     def restart(self, group: Group, oldest: WeightVersion, replace: int = 0) -> int:
         """Restart the group's running episodes that started before ``oldest`` (from reset, on the same
         environment seed, under the current weights) and launch ``replace`` more; returns how many restarted."""
@@ -126,7 +161,7 @@ class EpisodeRunner:
         for key in stale:
             self._drop(key)
         self.waiting = deque(k for k in self.waiting if k in self.live)
-        self.launch(group, len(stale) + replace)
+        self.launch([group], len(stale) + replace)
         self._pass_barriers()
         return len(stale)
 

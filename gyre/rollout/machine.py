@@ -1,10 +1,11 @@
 """What the pipeline asks of the rollout: the next training batch, an evaluation, a weight publication.
 
-``RolloutMachine`` owns the training scheduler, its prompt source and the IO driver. A training step
-reads ``rollout.next_batch(step)``; after the update, ``rollout.publish(version, weights)`` hands the
-new policy to every engine (suspend -> load -> resume at its next step boundary, no global barrier).
-With alpha > 0 the engines keep generating for later steps meanwhile, and ``wait_for(refs)`` lets
-the learner's calls run while the rollout goes on.
+``RolloutMachine`` owns the training scheduler, its prompt source and a port (``gyre.rollout.port``):
+the real driver over Ray actors, or the simulated cluster, which drives the same machine. A training
+step reads ``rollout.next_batch(step)``; after the update, ``rollout.publish(version, weights)`` hands
+the new policy to every engine (suspend -> load -> resume at its next step boundary, no global barrier).
+With alpha > 0 the engines keep generating for later steps meanwhile, and ``wait_for(until)`` lets the
+learner's calls run while the rollout goes on.
 
 Lockstep asynchrony (``ScheduleSpec.lockstep``) holds a publication until the engines have finished
 every group of the version they hold (``LockstepPlan``), and admits the next version's groups only
@@ -16,12 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from gyre.cluster.faults import RoleFault
-from gyre.cluster.group import RoleGroup
-from gyre.cluster.workers import EngineHost, RolloutWorker
-from gyre.rollout.driver import PhaseTimes, RolloutDriver
-from gyre.rollout.episodes import EpisodeRunner
+from gyre.rollout.port import PhaseTimes, RolloutPort
+from gyre.rollout.samples import SampleSource
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
 from gyre.types import Group, PromptRecord, SamplingParams, Trajectory, WeightVersion
 
@@ -41,28 +40,25 @@ class Batch:
 
 
 class RolloutMachine:
-    def __init__(self, engines: RoleGroup, rewards, spec: ScheduleSpec, prompts: Callable[[int], list[PromptRecord]],
-                 activate: Callable[[], None], partial: bool = True, emit_every: int = 1, replaceable: bool = True,
-                 episodes: Callable[[SamplingParams], EpisodeRunner] | None = None, envs=None):
-        """``prompts(k)`` draws the next k training prompts; ``activate()`` gives the engines the devices
+    def __init__(self, driver: RolloutPort, spec: ScheduleSpec, prompts: Callable[[int], list[PromptRecord]],
+                 activate: Callable[[], None] = lambda: None, partial: bool = True,
+                 sources: Callable[[SamplingParams], SampleSource] | None = None, live: bool = False):
+        """``driver``: the port the machine drives (``RolloutDriver``, or the simulator's ``SimCluster``).
+        ``prompts(k)`` draws the next k training prompts; ``activate()`` gives the engines the devices
         (time-shared roles); ``partial``: requests in flight at a weight update continue under the new
-        weights (else they are regenerated); ``replaceable``: a dead engine is replaced in place (not for
-        hybrid engines, which are policy ranks). Multi-turn runs: ``episodes(sampling)`` makes the runner
-        of a scheduler's episodes, ``envs`` is the environment pool (``gyre.cluster.env_pool``)."""
-        self.engines = engines
+        weights (else they are regenerated). Multi-turn runs: ``sources(sampling)`` makes the episode runner
+        of a scheduler (else each sample is one request). ``live``: the engines already hold version 0 (a
+        simulated cluster's are built with it); else nothing is admitted before the first ``publish``."""
+        self.driver = driver
         self.spec = spec
         self.prompts = prompts
         self.activate = activate
         self.partial = partial
-        self.episodes = episodes
-        self.driver = RolloutDriver(engines, rewards, emit_every,
-                                    restore=self._restore if replaceable and engines.spawn else None, envs=envs)
-        self.scheduler = RolloutScheduler(spec, len(engines), episodes=episodes(spec.sampling) if episodes else None)
-        self._held: tuple[WeightVersion, object] = (0, None)
-        """The version and weights the engines hold (or are being given): what a replacement engine gets."""
-        self._pending: tuple[WeightVersion, object] | None = None
+        self.sources = sources
+        self.scheduler = RolloutScheduler(spec, driver.engine_count, source=sources(spec.sampling) if sources else None)
+        self._pending: tuple[WeightVersion, Any] | None = None
         """Lockstep: a publication held until the engines settle."""
-        self._live = False
+        self._live = live
         """The engines have been given weights (nothing is admitted before)."""
         self._readmit: list[PromptRecord] = []
 
@@ -75,20 +71,25 @@ class RolloutMachine:
         """Admit what the window allows, run until step ``step``'s batch is committed, take it."""
         self.activate()
         sched = self.scheduler
-        refill = self._advance if self.spec.lockstep else lambda: sched.admit(step, self._draw)
+        refill = self._refill(step)
         refill()
         times = self.driver.run(sched, lambda: sched.ready(step), "train", refill=refill)
         groups = sched.take(step)
         self.driver.send(sched.drain())  # what this step no longer needs is aborted
         return Batch(groups, times, sched.take_stats())
 
-    def wait_for(self, group: RoleGroup, method: str, refs: Sequence) -> None:
-        """Return once ``refs`` (a call of ``method`` on ``group``, within its deadline) are ready, carrying
-        the rollout on meanwhile: samples scored and committed, new groups admitted as capacity frees."""
-        sched, step = self.scheduler, self.version + 2  # admitted now, they serve the step after this one
-        refill = self._advance if self.spec.lockstep else lambda: sched.admit(step, self._draw)
-        if refs:
-            self.driver.run(sched, lambda: False, "train", refill=refill, until=refs, until_call=(group, method))
+    def wait_for(self, until: Any) -> None:
+        """Return once ``until`` is reached (the learner's calls are ready: a ``CallWait``; a virtual time in
+        a simulation), carrying the rollout on meanwhile: samples scored and committed, new groups admitted
+        as capacity frees (for the step after the next: the next one's are admitted already)."""
+        self.driver.run(self.scheduler, lambda: False, "train", refill=self._refill(self.version + 2), until=until)
+
+    def _refill(self, step: int) -> Callable[[], None]:
+        """What admits after each event: lockstep's plan (and its held publication), else the regime's
+        admission for step ``step``."""
+        if self.spec.lockstep:
+            return self._advance
+        return lambda: self.scheduler.admit(step, self._draw)
 
     def evaluate(self, prompts: Sequence[PromptRecord], params: SamplingParams, n: int) -> list[Group]:
         """Every prompt's n samples, scored (validation): a one-off scheduler on the same driver. A group
@@ -97,19 +98,19 @@ class RolloutMachine:
         self.activate()
         self._flush()
         spec = ScheduleSpec(n, len(prompts), params, self.spec.run_seed, stream="val")
-        scheduler = RolloutScheduler(spec, len(self.engines), version=self.version,
-                                     episodes=self.episodes(params) if self.episodes else None)
+        scheduler = RolloutScheduler(spec, self.driver.engine_count, version=self.version,
+                                     source=self.sources(params) if self.sources else None)
         scheduler.admit(0, lambda k: list(prompts[:k]))
         step = self.version + 1  # the step these weights would train: every group is on-policy for it
         try:
             self.driver.run(scheduler, lambda: scheduler.ready(step) or scheduler.idle, "val")
         finally:
-            self.driver.schedulers.pop("val", None)
+            self.driver.release(scheduler)
         return scheduler.take(step) if scheduler.ready(step) else [g for _, g in scheduler.buffer.entries]
 
     def publish(self, version: WeightVersion, weights=None) -> None:
         """Every engine takes the policy's ``version`` at its next step boundary: loaded from ``weights``
-        (a ``WeightBundle`` ref list), or for hybrid engines (the policy's own ranks) only the stamp moves.
+        (what the learner exported), or for hybrid engines (the policy's own ranks) only the stamp moves.
         Verified on every engine; groups too stale to ever train are then aborted. Lockstep: once the
         engines have settled the version they hold (at once if they have). A second publication waits
         for the first to load, which costs nothing: the batch it waits for is the next step's."""
@@ -152,21 +153,10 @@ class RolloutMachine:
             self.driver.run(sched, lambda: sched.settled, "train", refill=lambda: sched.admit(0, self._draw))
 
     def _load(self, version: WeightVersion, weights) -> None:
-        """Give every engine ``version``; an engine that dies or hangs meanwhile is replaced by a fresh one
-        holding it (when engines are replaceable), then every engine is asked once more."""
+        """Give every engine ``version``; groups too stale to ever train are then aborted."""
         self.activate()
-        try:
-            versions = self.engines.call(EngineHost.update_weights, weights, version, self.partial)
-        except RoleFault as fault:
-            if fault.kind == "error" or self.driver.restore is None:
-                raise
-            self._held = (version, weights)
-            for rank in fault.ranks:
-                self.driver.replace(rank, fault)
-            versions = self.engines.call(EngineHost.update_weights, weights, version, self.partial)
-        if any(v != version for v in versions):
-            raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
-        self._held, self._live = (version, weights), True
+        self.driver.load_weights(version, weights, self.partial)
+        self._live = True
         self.scheduler.on_published(version)
         self.driver.send(self.scheduler.drain())
 
@@ -175,9 +165,7 @@ class RolloutMachine:
 
     def busy_seconds(self) -> list[float]:
         """Seconds each engine spent decoding since the last call."""
-        group = self.engines
-        refs = [group.submit_to(rank, EngineHost.busy_seconds, probe=True) for rank in range(len(group))]
-        return group.gather(refs, EngineHost.busy_seconds)
+        return self.driver.busy_seconds()
 
     def state_dict(self) -> dict:
         self.settle()
@@ -195,13 +183,3 @@ class RolloutMachine:
         """The next k prompts: those a checkpoint left admitted, then the prompt source's."""
         out, self._readmit = self._readmit[:k], self._readmit[k:]
         return out + (self.prompts(k - len(out)) if k > len(out) else [])
-
-    def _restore(self, rank: int) -> None:
-        """A fresh engine for ``rank``, loaded (it may start offloaded) and given the current weights."""
-        group, (version, weights) = self.engines, self._held
-        group.respawn(rank)
-        group.gather([group.submit_to(rank, RolloutWorker.reload)], RolloutWorker.reload, ranks=[rank])
-        held = group.gather([group.submit_to(rank, EngineHost.update_weights, weights, version, self.partial)],
-                            EngineHost.update_weights, ranks=[rank])
-        if held != [version]:
-            raise RuntimeError(f"a replacement {group.name} engine reports version {held}, expected {version}")

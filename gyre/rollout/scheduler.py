@@ -18,29 +18,16 @@ i-th group admitted for step ``step``; a group's samples may be spread over engi
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
+from gyre.rollout.admission import Admission, Draw, for_scheduler
 from gyre.rollout.buffer import GroupBuffer, oldest_quota, staleness_limit, staleness_stats
-from gyre.rollout.persist import load_scheduler_state, scheduler_state
-from gyre.rollout.policies import TailBatching
 from gyre.rollout.requests import RequestBook
+from gyre.rollout.samples import Flight, SampleSource, SingleTurn
 from gyre.rollout.spec import ScheduleSpec
 from gyre.seeding import derive_seed
-from gyre.types import (
-    GREEDY_SAMPLE,
-    GenerationRequest,
-    GenerationResult,
-    Group,
-    PromptRecord,
-    Trajectory,
-    WeightVersion,
-)
-
-if TYPE_CHECKING:  # the runner (and the environment code under it) is only imported by multi-turn runs
-    from gyre.rollout.episodes import EpisodeRunner
+from gyre.types import GenerationResult, Group, PromptRecord, Trajectory, WeightVersion
 
 
 @dataclass(frozen=True)
@@ -51,330 +38,122 @@ class Score:
 
 
 @dataclass
-class _Flight:
-    """An admitted group, not yet committed."""
-
-    group: Group
-    seq: int
-    step: int
-    """The step it was admitted for."""
-    launched: int
-    """Samples asked for (more than the group's size when speculating)."""
-    requests: set[str] = field(default_factory=set)
-    """Its live request ids (the request book knows where each runs)."""
-    accepted: int = 0
-    retries: int = 0
-    partial: dict[int, Trajectory] = field(default_factory=dict)
-    """Sample index -> its tokens so far, while another engine continues it (``_continue``)."""
-
-
-@dataclass
 class RolloutScheduler:
     spec: ScheduleSpec
     engines: int
     """How many rollout engines requests are spread over."""
     version: WeightVersion = 0
     """The policy version the engines hold now (the start version of groups admitted now)."""
+    source: SampleSource | None = None
+    """Where samples come from: ``SingleTurn`` requests (the default), or episodes on environments
+    (``gyre.rollout.episodes.EpisodeRunner``)."""
     buffer: GroupBuffer = field(default_factory=GroupBuffer)
-    flights: dict[str, _Flight] = field(default_factory=dict)
+    flights: dict[str, Flight] = field(default_factory=dict)
+    """Admitted groups not yet committed, by group id."""
     outbox: list = field(default_factory=list)
     """Commands for the driver, taken by ``drain``."""
     stats: dict[str, float] = field(default_factory=dict)
     """Counters since the last ``take`` (see ``take_stats``)."""
-    tail: TailBatching | None = None
     filtered: list[tuple[int, Group]] = field(default_factory=list)
     """(seq, group) the filter rejected, not yet past their step (the fallback when draws run out)."""
+    drawn: dict[int, int] = field(default_factory=dict)
+    """Groups drawn for each step not yet taken."""
+    taken: int = 0
+    """The last step whose batch was taken."""
+    seq: int = 0
+    """The next admission sequence number."""
     requests: RequestBook = field(init=False)
     """Where every live request runs (``gyre.rollout.requests``)."""
-    episodes: EpisodeRunner | None = None
-    """Multi-turn groups: each sample an episode on an environment (``gyre.rollout.episodes``)."""
-    _seq: int = 0
-    _admitted_for: dict[int, int] = field(default_factory=dict)
-    """Groups drawn for each step not yet taken."""
-    _taken: int = 0
-    """The last step whose batch was taken."""
-    _parts: set[tuple[int, int]] = field(default_factory=set)
-    """Lockstep: (step, part) admitted, for steps not yet taken."""
+    admission: Admission = field(init=False)
+    """The admission regime (``gyre.rollout.admission``): window, tail rounds or lockstep."""
     _scoring: dict[int, str] = field(default_factory=dict)
     """id(trajectory) -> its group id, from when it is sent to be scored until its reward arrives."""
 
     def __post_init__(self) -> None:
         self.requests = RequestBook(self.engines, self.outbox, self.spec.sampling.max_new_tokens,
                                     slots=self.spec.engine_slots)
-        if self.episodes is not None:
-            self.episodes.bind(self.requests, self.outbox, self.stats)
-        if self.spec.tail is not None and self.tail is None:
-            self.tail = TailBatching(self.spec.tail)
+        if self.source is None:
+            self.source = SingleTurn(self.spec)
+        self.source.bind(self.requests, self.outbox, self.stats)
+        self.admission = for_scheduler(self)
 
     def drain(self) -> list:
         out = list(self.outbox)
         self.outbox.clear()  # in place: the request book writes to the same list
         return out
 
-    def _count(self, key: str, value: float = 1) -> None:
+    def count(self, key: str, value: float = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + value
 
-    # ---- admission ------------------------------------------------------------------------------
-    def capacity(self, step: int) -> int:
-        """Groups that may be admitted now: P (1 + alpha) + redundancy admitted and not yet trained on
-        (ROLL Flash rule 3; alpha = 0 admits one batch per step), within ``max_draws`` for the step."""
-        s = self.spec
-        budget = s.batch_groups + round(s.async_ratio * s.batch_groups) + s.redundancy
-        return max(0, self._within_draws(step, budget - len(self.flights) - len(self.buffer)))
+    # ---- admission (the regime decides; these are its means) -------------------------------------
+    def admit(self, step: int, draw: Draw) -> None:
+        """Admit what the regime allows for step ``step``; ``draw(k)`` gives the next k training prompts."""
+        self.admission.admit(step, draw)
 
-    def _within_draws(self, step: int, count: int) -> int:
+    def launch(self, step: int, prompts: Sequence[PromptRecord], samples: int) -> None:
+        """Admit ``prompts`` as groups for step ``step``, ``samples`` samples each. The i-th group drawn for a
+        step is ``{stream}-{step}-{i}``, seeded by ``derive_seed(run_seed, stream, step, i)``."""
+        s, start = self.spec, self.drawn.get(step, 0)
+        groups = []
+        for k, prompt in enumerate(prompts):
+            i = start + k
+            group = Group(f"{s.stream}-{step}-{i}", prompt, s.group_size, derive_seed(s.run_seed, s.stream, step, i),
+                          self.version, admitted_for=step)
+            self.flights[group.group_id] = Flight(group, self.seq, step, samples)
+            self.seq += 1
+            groups.append(group)
+        self.drawn[step] = start + len(prompts)
+        self.source.launch(groups, samples)
+
+    def within_draws(self, step: int, count: int) -> int:
         """``count``, capped by what ``max_draws`` still allows for step ``step``."""
         if self.spec.max_draws is None:
             return count
-        return min(count, self.spec.max_draws - self._admitted_for.get(step, 0))
+        return min(count, self.spec.max_draws - self.drawn.get(step, 0))
 
-    def admit(self, step: int, draw: Callable[[int], list[PromptRecord]]) -> None:
-        """Admit what capacity allows for step ``step``; ``draw(k)`` gives the next k training prompts.
-        With tail batching, a step's admissions are one round, planned when the step has none yet.
-        Lockstep ignores ``step``: what the plan gives the current version, and refills."""
-        if self.spec.lockstep:
-            self._admit_planned(draw)
-            return
-        if self.tail is not None:
-            if step in self._admitted_for:
-                return
-            kind, k, samples = self.tail.plan(self.spec.batch_groups, self.spec.group_size)
-            prompts = self.tail.take_long(k) if kind == "long" else draw(k)
-            self.tail.rounds[kind] += 1
-            self.stats["rollout/long_round"] = float(kind == "long")
-            self._admit(step, prompts, samples)
-            return
-        k = self.capacity(step)
-        if k:
-            self._admit(step, draw(k), self.spec.launched)
-
-    def _admit_planned(self, draw: Callable[[int], list[PromptRecord]]) -> None:
-        """Lockstep: every part the plan gives the current version (or an older one) that is not admitted
-        yet, in step order; then dynamic sampling's refills, for the oldest unsettled batch only, so the
-        prompts every batch draws do not depend on which group finished first."""
-        plan, s = self.spec.plan, self.spec
-        for step, k, count in plan.due(self.version, self._taken):
-            if (step, k) in self._parts:
-                continue
-            self._parts.add((step, k))
-            if k == len(plan.parts(step)) - 1:  # the last part also makes up for the earlier parts' rejects
-                count = s.batch_groups - self._held(step)
-            count = self._within_draws(step, count)
-            if count > 0:
-                self._admit(step, draw(count), s.launched)
-        for step in self._open_steps():
-            if self._batch_settled(step):
-                continue
-            room = self._within_draws(step, s.batch_groups - self._held(step))
-            if room > 0:
-                self._admit(step, draw(room), s.launched)
-            break  # later batches refill once this one has settled
-
-    def _open_steps(self) -> list[int]:
-        """Lockstep: steps not yet taken whose parts are all admitted, in order."""
-        plan = self.spec.plan
-        steps = sorted({step for step, _ in self._parts})
-        return [n for n in steps if all((n, k) in self._parts for k in range(len(plan.parts(n))))]
-
-    def _held(self, step: int) -> int:
-        return len(self.buffer.batch(step)) + self._in_flight(step)
-
-    def _in_flight(self, step: int) -> int:
+    def in_flight(self, step: int) -> int:
+        """Groups admitted for step ``step`` and not yet committed."""
         return sum(f.step == step for f in self.flights.values())
-
-    def _batch_settled(self, step: int) -> bool:
-        """Full, or done drawing (dynamic sampling's rejects then complete it)."""
-        s = self.spec
-        if len(self.buffer.batch(step)) >= s.batch_groups:
-            return True
-        drawn_out = s.max_draws is not None and self._admitted_for.get(step, 0) >= s.max_draws
-        return drawn_out and not self._in_flight(step)
 
     @property
     def settled(self) -> bool:
-        """Lockstep: nothing in flight and no batch waiting for a refill at the current version."""
-        return not self.flights and all(self._batch_settled(n) for n in self._open_steps())
-
-    def _admit(self, step: int, prompts: Sequence[PromptRecord], samples: int) -> None:
-        s, start = self.spec, self._admitted_for.get(step, 0)
-        requests, flights = [], []
-        for k, prompt in enumerate(prompts):
-            i = start + k
-            group_id = f"{s.stream}-{step}-{i}"
-            seed = derive_seed(s.run_seed, s.stream, step, i)
-            group = Group(group_id, prompt, s.group_size, seed, self.version, admitted_for=step)
-            flight = _Flight(group, self._seq, step, samples)
-            self._seq += 1
-            self.flights[group_id] = flight
-            flights.append(flight)
-            if self.episodes is not None:
-                self.episodes.launch(group, samples)
-            elif s.replicate:
-                requests += [self._request(flight, f"{group_id}/{j}", j, 1) for j in range(samples)]
-            else:
-                requests.append(self._request(flight, group_id, 0, samples))
-            if s.greedy and self.episodes is None:
-                requests.append(self._request(flight, f"{group_id}/greedy", GREEDY_SAMPLE, 1))
-        self._admitted_for[step] = start + len(prompts)
-        if not s.lockstep:
-            self._count("rollout/groups_admitted", len(prompts))
-        self._assign(requests)
-
-    def _request(self, flight: _Flight, request_id: str, first: int, n: int) -> GenerationRequest:
-        g = flight.group
-        params = replace(self.spec.sampling, temperature=0.0) if first == GREEDY_SAMPLE else self.spec.sampling
-        return GenerationRequest(request_id, g.prompt.prompt_ids, params, n=n, seed=g.seed, first_sample=first)
-
-    def _assign(self, requests: list[GenerationRequest]) -> None:
-        """Spread requests over engines on top of their outstanding work (prompt + budget per sample)."""
-        placed = self.requests.assign(requests, lambda request_id: request_id.split("/")[0])
-        for request_id in placed:
-            self.flights[request_id.split("/")[0]].requests.add(request_id)
+        """Nothing is left to generate for the version the engines hold (lockstep holds a publication
+        until then)."""
+        return self.admission.settled
 
     # ---- events ----------------------------------------------------------------------------------
     def on_generated(self, results: Sequence[GenerationResult]) -> None:
-        """Samples came back from an engine (finished, or aborted with their tokens so far)."""
+        """Samples (or turns) came back from an engine: finished, or aborted with their tokens so far."""
         fresh = []
         for r in results:
             flight = self.flights.get(self.requests.settle(r) or "")
-            if self.episodes is not None:  # a turn of an episode
-                if flight is None:
-                    self._count("rollout/tokens_wasted", len(r.response_ids))
-                else:
-                    self.episodes.on_turn(r)
-                continue
-            if r.sample_index == GREEDY_SAMPLE:
-                fresh += self._on_greedy(flight, r)
-                continue
-            if flight is None or flight.accepted >= flight.group.size:
-                self._count("rollout/samples_aborted")  # its group was aborted, or had enough samples
-                self._count("rollout/tokens_wasted", len(r.response_ids))
-                continue
-            if r.finish_reason == "abort":  # the engine dropped it (a weight update without partial rollouts)
-                self._count("rollout/tokens_wasted", len(r.response_ids) + r.offset)
-                flight.partial.pop(r.sample_index, None)
-                self._retry(flight, r.sample_index)
-                continue
-            t = self._assemble(flight, r)
-            flight.group.trajectories.append(t)
-            flight.accepted += 1
-            fresh.append(t)
-            self._scoring[id(t)] = flight.group.group_id
-            if flight.accepted == flight.group.size and flight.launched > flight.group.size:
-                self._abort_spare_samples(flight)  # speculative samples no longer needed
+            for t, sampled in self.source.on_generated(r, flight):
+                if sampled:
+                    self._accept(flight, t)
+                fresh.append(t)
+                self._scoring[id(t)] = flight.group.group_id
         if fresh:
             self.outbox.append(Score(tuple(fresh)))
 
-    def _assemble(self, flight: _Flight, r: GenerationResult) -> Trajectory:
-        """The finished sample: its result, after the parts it continues (``_continue``)."""
-        if not r.offset:
-            return Trajectory.from_result(flight.group.prompt, r)
-        t = flight.partial.pop(r.sample_index)
-        t.extend(r)
-        t.status = "generated"
-        return t
-
-    def _on_greedy(self, flight: _Flight | None, r: GenerationResult) -> list[Trajectory]:
-        """A group's greedy response came back: kept to be scored (asked again if the engine dropped it)."""
-        if flight is None or flight.group.greedy is not None or r.finish_reason == "abort":
-            self._count("rollout/tokens_wasted", len(r.response_ids))
-            if flight is not None and flight.group.greedy is None:  # dropped by a weight update: ask again
-                self._retry(flight, GREEDY_SAMPLE)
-            return []
-        flight.group.greedy = Trajectory.from_result(flight.group.prompt, r)
-        self._scoring[id(flight.group.greedy)] = flight.group.group_id
-        self._count("rollout/greedy_samples")
-        return [flight.group.greedy]
-
-    def _abort_spare_samples(self, flight: _Flight) -> None:
-        """Abort the group's sampling requests still out; its greedy response, if still out, goes on."""
-        spare = {rid for rid in flight.requests if GREEDY_SAMPLE not in self.requests.samples(rid)}
-        self.requests.abort(spare)
-        flight.requests -= spare
-
-    def _retry(self, flight: _Flight, sample_index: int) -> None:
-        """Regenerate a sample from scratch under the current weights (same seed, same stream: under the
-        same weights it comes out as the lost one would have)."""
-        flight.retries += 1
-        request = self._request(flight, f"{flight.group.group_id}/{sample_index}.{flight.retries}", sample_index, 1)
-        self._assign([request])
-
-    def on_engine_lost(self, engine: int, handed_back: Sequence[GenerationResult] = ()) -> None:
-        """Engine ``engine`` is gone: each sample it still owed is asked again of the other engines, and
-        nothing new goes to it until ``on_engine_back``. A sample among ``handed_back`` (its tokens so far,
-        from an engine that left with a warning: a reclaimed spot instance, lent capacity taken back)
-        continues from those tokens; the others are regenerated from their seeds."""
-        held = {(r.request_id, r.sample_index): r for r in handed_back}
-        for rid, owner, samples in self.requests.lose(engine):
-            flight = self.flights.get(owner or "")
-            if flight is None:
-                continue
-            if self.episodes is not None:
-                self.episodes.retry_turn(rid)
-                continue
-            flight.requests.discard(rid)
-            for i in samples:
-                part = held.get((rid, i))
-                if part is not None and i != GREEDY_SAMPLE and (part.response_ids or part.offset):
-                    self._continue(flight, part)
-                    self._count("rollout/samples_continued")
-                elif i in flight.partial:  # nothing handed back, but the tokens of its earlier parts are here
-                    self._ask_rest(flight, i)
-                    self._count("rollout/samples_continued")
-                else:
-                    self._retry(flight, i)
-                    self._count("rollout/samples_requeued")
-
-    def on_engine_draining(self, engine: int) -> None:
-        """Engine ``engine`` will leave soon (a spot reclaim notice, lent capacity being taken back): nothing
-        new goes to it; what it holds goes on until it leaves (``on_engine_lost`` with what it hands back)."""
-        self.requests.down.add(engine)
-
-    def on_engine_back(self, engine: int) -> None:
-        self.requests.back(engine)
-
-    def on_engine_joined(self, engine: int) -> None:
-        """A new engine (rank ``engine``, the next one) joined the pool: requests may go to it from now on."""
-        if engine != self.engines:
-            raise ValueError(f"engine {engine} joined a pool of {self.engines}: ranks are added in order")
-        self.engines += 1
-        self.requests.grow()
-
-    def _continue(self, flight: _Flight, part: GenerationResult) -> None:
-        """Ask another engine to go on with a sample from the tokens ``part`` holds (appended to what
-        earlier parts of it gave)."""
-        i = part.sample_index
-        t = flight.partial.get(i)
-        if t is None or part.offset == 0:
-            t = flight.partial[i] = Trajectory.from_result(flight.group.prompt, part)
-        else:
-            t.extend(part)
-        self._ask_rest(flight, i)
-
-    def _ask_rest(self, flight: _Flight, i: int) -> None:
-        """Ask an engine for the rest of sample ``i`` after the tokens its parts so far gave."""
-        t = flight.partial[i]
-        flight.retries += 1
-        prefix = tuple(itertools.chain.from_iterable(s.token_ids for s in t.segments))
-        request = replace(self._request(flight, f"{flight.group.group_id}/{i}.{flight.retries}", i, 1), prefix=prefix)
-        self._assign([request])
+    def _accept(self, flight: Flight, t: Trajectory) -> None:
+        flight.group.trajectories.append(t)
+        flight.accepted += 1
+        if flight.accepted == flight.group.size:
+            self.source.enough(flight.group.group_id)  # speculative samples no longer needed
 
     def on_env(self, results: Sequence) -> None:
         """Environments answered (``EnvResult``s): episodes go on, finish (their return is their reward)
         or fail; a group with its size of finished episodes commits."""
-        outcome = self.episodes.on_env(list(results))
+        outcome = self.source.on_env(list(results))
         for gid, t in outcome.finished:
             flight = self.flights.get(gid)
             if flight is None or flight.accepted >= flight.group.size:
-                self._count("rollout/tokens_wasted", sum(len(s.token_ids) for s in t.segments if s.trainable))
+                self.count("rollout/tokens_wasted", sum(len(s.token_ids) for s in t.segments if s.trainable))
                 continue
-            flight.group.trajectories.append(t)
-            flight.accepted += 1
-            if flight.accepted == flight.group.size:
-                self.episodes.stop(gid)  # redundant episodes no longer needed
+            self._accept(flight, t)
         for gid in outcome.failed:
             if gid in self.flights:
-                self._abort_group(self.flights[gid], "rollout/groups_failed")
+                self.abort_group(self.flights[gid], "rollout/groups_failed")
         self._commit_complete()
 
     def on_scored(self, trajectories: Sequence[Trajectory]) -> None:
@@ -396,27 +175,25 @@ class RolloutScheduler:
         done = [f.group.group_id for f in flights if f.group.complete and greedy_done(f.group)]
         for gid in done:
             flight = self.flights.pop(gid)
-            self._forget(flight)
+            self.source.forget(gid)  # late results of its requests are waste
             group = flight.group
             group.trajectories.sort(key=lambda t: t.sample_index)  # the order they were asked for
             if self.spec.group_filter is not None and not self.spec.group_filter.keeps(group):
                 group.status = "aborted"
                 self.filtered.append((flight.seq, group))
-                self._count("rollout/groups_filtered")
+                self.count("rollout/groups_filtered")
                 continue
             self.buffer.put(flight.seq, group)
 
     def on_published(self, version: WeightVersion) -> None:
         """The engines now hold ``version``: later groups start there; groups that can no longer train
         within the window (start version < version - ceil(alpha)) are aborted, in flight or buffered."""
-        self.version = version
-        if self.episodes is not None:
-            self.episodes.version = version
+        self.version = self.source.version = version
         alpha = self.spec.async_ratio
         oldest = version - staleness_limit(alpha)
         for flight in [f for f in self.flights.values() if f.group.admitted_version < oldest]:
             self._expire(flight, oldest)
-        self._count("rollout/groups_expired", len(self.buffer.drop_expired(version + 1, alpha)))
+        self.count("rollout/groups_expired", len(self.buffer.drop_expired(version + 1, alpha)))
         if oldest >= 0 and staleness_limit(alpha) > 0:
             self._trim_edge(oldest, oldest_quota(alpha, self.spec.batch_groups))
 
@@ -428,77 +205,81 @@ class RolloutScheduler:
                        *((seq, g) for seq, g in self.buffer.entries if g.admitted_version == oldest)],
                       key=lambda e: e[0])
         for _, item in edge[quota:]:
-            if isinstance(item, _Flight):
+            if isinstance(item, Flight):
                 self._expire(item, oldest + 1)
             else:
                 self.buffer.entries = [(s, g) for s, g in self.buffer.entries if g is not item]
                 item.status = "aborted"
-                self._count("rollout/groups_expired")
+                self.count("rollout/groups_expired")
+
+    def _expire(self, flight: Flight, oldest: WeightVersion) -> None:
+        """A group whose samples started before ``oldest`` cannot train: it is aborted, or (multi-turn,
+        ``restart_stale``) only those episodes are restarted from reset under the current weights. The
+        check runs whenever the version changes, so every turn boundary is covered (RollArt's per-turn check)."""
+        if not (self.spec.restart_stale and self.source.restart_stale(flight, oldest)):
+            self.abort_group(flight, "rollout/groups_expired")
+
+    def on_engine_lost(self, engine: int, handed_back: Sequence[GenerationResult] = ()) -> None:
+        """Engine ``engine`` is gone: each sample it still owed is asked again of the other engines, and
+        nothing new goes to it until ``on_engine_back``. A sample among ``handed_back`` (its tokens so far,
+        from an engine that left with a warning: a reclaimed spot instance, lent capacity taken back)
+        continues from those tokens; the others are regenerated from their seeds."""
+        held = {(r.request_id, r.sample_index): r for r in handed_back}
+        for rid, owner, samples in self.requests.lose(engine):
+            flight = self.flights.get(owner or "")
+            if flight is not None:
+                self.source.on_lost(flight, rid, samples, held)
+
+    def on_engine_draining(self, engine: int) -> None:
+        """Engine ``engine`` will leave soon (a spot reclaim notice, lent capacity being taken back): nothing
+        new goes to it; what it holds goes on until it leaves (``on_engine_lost`` with what it hands back)."""
+        self.requests.down.add(engine)
+
+    def on_engine_back(self, engine: int) -> None:
+        self.requests.back(engine)
+
+    def on_engine_joined(self, engine: int) -> None:
+        """A new engine (rank ``engine``, the next one) joined the pool: requests may go to it from now on."""
+        if engine != self.engines:
+            raise ValueError(f"engine {engine} joined a pool of {self.engines}: ranks are added in order")
+        self.engines += 1
+        self.requests.grow()
 
     # ---- batches ---------------------------------------------------------------------------------
     def ready(self, step: int) -> bool:
-        """The buffer holds a full batch for step ``step`` within the staleness window (when dynamic
-        sampling has used up its draws, rejected groups complete the batch: ``rollout/filter_fallback``)."""
-        size, alpha = self.spec.batch_groups, self.spec.async_ratio
-        if self.spec.lockstep:
-            if len(self.buffer.batch(step)) < size and step in self._open_steps() and self._batch_settled(step):
-                self._fall_back([e for e in self.filtered if e[1].admitted_for == step],
-                                lambda: len(self.buffer.batch(step)) >= size)
-            return len(self.buffer.batch(step)) >= size
-        if self.buffer.ready(step, size, alpha):
-            return True
-        if self.filtered and not self.flights and not self.capacity(step) and self.spec.max_draws is not None:
-            self._fall_back(list(self.filtered), lambda: self.buffer.ready(step, size, alpha))
-        return self.buffer.ready(step, size, alpha)
+        """Step ``step``'s batch is committed (within the staleness window)."""
+        return self.admission.ready(step)
 
-    def _fall_back(self, rejected: list[tuple[int, Group]], full: Callable[[], bool]) -> None:
+    def take(self, step: int) -> list[Group]:
+        """Step ``step``'s batch: P committed groups, in admission order."""
+        return self.admission.take(step)
+
+    def took(self, step: int, groups: list[Group], keep_filtered: bool = False) -> None:
+        """Step ``step``'s batch was taken (the regime's ``take``): its staleness, and the bookkeeping of
+        steps up to it dropped (rejected groups too, unless the regime keeps those of later steps)."""
+        self.stats.update(staleness_stats(step, groups, self.spec.async_ratio))
+        if not keep_filtered:
+            self.filtered.clear()
+        self.drawn = {n: c for n, c in self.drawn.items() if n > step}
+        self.taken = step
+
+    def fall_back(self, rejected: list[tuple[int, Group]], full: Callable[[], bool]) -> None:
         """Complete a batch with rejected groups, the earliest admitted first, placed after the kept ones."""
         for entry in sorted(rejected, key=lambda e: e[0]):
             if full():
                 break
             self.filtered.remove(entry)
-            self.buffer.put(self._seq, entry[1])
-            self._seq += 1
-            self._count("rollout/filter_fallback")
-
-    def take(self, step: int) -> list[Group]:
-        """Step ``step``'s batch: P committed groups, oldest admitted first. Synchronous (alpha = 0): what
-        else was admitted for this step is aborted (redundant, or cut by tail batching)."""
-        if self.spec.lockstep:
-            return self._take_planned(step)
-        groups = self.buffer.take(step, self.spec.batch_groups, self.spec.async_ratio)
-        if self.spec.async_ratio == 0:
-            for flight in [f for f in self.flights.values() if f.step <= step]:
-                self._abort_group(flight, "rollout/groups_cut" if self.tail else "rollout/groups_redundant")
-            for group in self.buffer.drop_expired(step + 1, 0.0):  # committed too, but one too many
-                if self.tail is not None:
-                    self.tail.cut([group.prompt])
-                self._count("rollout/groups_cut" if self.tail else "rollout/groups_redundant")
-        self.stats.update(staleness_stats(step, groups, self.spec.async_ratio))
-        self.filtered.clear()
-        self._admitted_for = {n: c for n, c in self._admitted_for.items() if n > step}
-        self._taken = step
-        return groups
-
-    def _take_planned(self, step: int) -> list[Group]:
-        """Lockstep: the batch planned for ``step``; its draw count is the step's ``groups_admitted``
-        (counters since the last take would depend on how far ahead the rollout ran)."""
-        groups = self.buffer.take_batch(step, self.spec.batch_groups)
-        self.stats.update(staleness_stats(step, groups, self.spec.async_ratio))
-        self.stats["rollout/groups_admitted"] = self._admitted_for.pop(step, 0)
-        self.filtered = [e for e in self.filtered if e[1].admitted_for > step]
-        self._parts = {p for p in self._parts if p[0] > step}
-        self._taken = step
-        return groups
+            self.buffer.put(self.seq, entry[1])
+            self.seq += 1
+            self.count("rollout/filter_fallback")
 
     def take_stats(self) -> dict[str, float]:
         """The counters since the last call (the step's rollout metrics), and the state's gauges."""
         out = dict(self.stats)
-        self.stats.clear()  # in place: the episode runner counts into the same dict
+        self.stats.clear()  # in place: the sample source counts into the same dict
         out["rollout/buffer_groups"] = len(self.buffer)
         out["rollout/in_flight_groups"] = len(self.flights)
-        if self.tail is not None:
-            out["rollout/long_queue"] = len(self.tail.long_queue)
+        out.update(self.admission.gauges())
         return out
 
     @property
@@ -510,7 +291,7 @@ class RolloutScheduler:
     def outstanding(self) -> int:
         """Samples asked of engines and not yet back (aborted ones included until they are), and episodes
         running or waiting for an environment."""
-        return self.requests.outstanding + (len(self.episodes.live) if self.episodes is not None else 0)
+        return self.requests.outstanding + self.source.pending
 
     def busy_engines(self) -> list[int]:
         """Engines that owe this scheduler samples."""
@@ -518,46 +299,25 @@ class RolloutScheduler:
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """What a checkpoint keeps of the rollout (``gyre.rollout.persist.scheduler_state``)."""
-        return scheduler_state(self)
+        """What a checkpoint keeps of the rollout: the prompts drawn and not yet trained on, by uid (the
+        admission regime's: ``gyre.rollout.admission``), so a resumed run loses none and draws none twice."""
+        return self.admission.state_dict()
 
     def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int = 0) -> list[PromptRecord]:
-        """Restore a checkpoint's rollout; returns the prompts to admit again (``gyre.rollout.persist``)."""
-        return load_scheduler_state(self, state, prompts, step)
+        """Restore a checkpoint's rollout (``prompts``: uid -> record; ``step``: the last step the checkpoint
+        trained); returns the prompts to admit again."""
+        return self.admission.load_state_dict(state, prompts, step)
+
+    def untrained_prompts(self) -> list[str]:
+        """Uids of the prompts admitted and not yet trained (in flight or committed), oldest first."""
+        admitted = sorted([*((f.seq, f.group.prompt.uid) for f in self.flights.values()),
+                           *((seq, g.prompt.uid) for seq, g in self.buffer.entries)])
+        return [uid for _, uid in admitted]
 
     # ---- internals ------------------------------------------------------------------------------
-    def _abort_group(self, flight: _Flight, counter: str) -> None:
+    def abort_group(self, flight: Flight, counter: str) -> None:
+        """Abort an admitted group (everything of it still out stops), counted under ``counter``."""
         self.flights.pop(flight.group.group_id, None)
-        self._abort_requests(flight)
+        self.source.stop(flight.group.group_id)
         flight.group.status = "aborted"
-        if self.tail is not None and counter == "rollout/groups_cut":
-            self.tail.cut([flight.group.prompt])
-        self._count(counter)
-
-    def _expire(self, flight: _Flight, oldest: WeightVersion) -> None:
-        """A group whose samples started before ``oldest`` cannot train: it is aborted, or (multi-turn,
-        ``restart_stale``) only those episodes are restarted from reset under the current weights. The
-        check runs whenever the version changes, so every turn boundary is covered (RollArt's per-turn check)."""
-        if self.episodes is None or not self.spec.restart_stale:
-            self._abort_group(flight, "rollout/groups_expired")
-            return
-        group = flight.group
-        stale = [t for t in group.trajectories if t.weight_version < oldest]
-        group.trajectories = [t for t in group.trajectories if t.weight_version >= oldest]
-        flight.accepted = len(group.trajectories)
-        self._count("rollout/tokens_wasted", sum(len(s.token_ids) for t in stale for s in t.segments if s.trainable))
-        restarted = self.episodes.restart(group, oldest, replace=len(stale))
-        self._count("env/episodes_restarted", len(stale) + restarted)
-        group.admitted_version = min([t.weight_version for t in group.trajectories]
-                                     + self.episodes.start_versions(group.group_id) + [self.version])
-
-    def _abort_requests(self, flight: _Flight) -> None:
-        self.requests.abort(flight.requests)
-        flight.requests.clear()
-        if self.episodes is not None:
-            self.episodes.stop(flight.group.group_id)
-
-    def _forget(self, flight: _Flight) -> None:
-        """Its requests' late results will be counted as wasted."""
-        self.requests.forget(flight.requests)
-        flight.requests.clear()
+        self.count(counter)

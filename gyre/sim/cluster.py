@@ -1,12 +1,14 @@
 """The simulated cluster's event loop: the rollout driver's job on a virtual clock.
 
-``SimCluster`` does for a simulated cluster what ``gyre.rollout.driver.RolloutDriver`` does for Ray
-actors: it carries out the scheduler's commands (``Generate`` on an engine, ``Abort``, ``Score``,
-``EnvCall``) and turns what the engines, reward workers and environments finish into the scheduler's
-events (``on_generated``, ``on_scored``, ``on_env``), until the caller's condition holds. Time jumps
-from one event to the next; engines' next events sit in a heap (a thousand engines, one event at a time).
-Engines can join and leave mid-run (``join``, ``leave``): a leaving engine's requests are re-queued by
-the scheduler, continued where the engine hands back their tokens.
+``SimCluster`` is a ``RolloutPort`` (``gyre.rollout.port``), as ``gyre.rollout.driver.RolloutDriver`` is
+for Ray actors, so the simulator drives the real ``RolloutMachine``: it carries out the scheduler's
+commands (``Generate`` on an engine, ``Abort``, ``Score``, ``EnvCall``) and turns what the engines,
+reward workers and environments finish into the scheduler's events (``on_generated``, ``on_scored``,
+``on_env``), until the caller's condition holds. Time jumps from one event to the next; engines' next
+events sit in a heap (a thousand engines, one event at a time). Where it differs from the real driver:
+``until`` is a virtual time (not the learner's calls), an engine never dies or hangs (nothing to replace),
+and engines can join and leave mid-run (``join``, ``leave``): a leaving engine's requests are re-queued
+by the scheduler, continued where the engine hands back their tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gyre.envs.calls import EnvCall
+from gyre.rollout.port import PhaseTimes
 from gyre.rollout.requests import Abort, Generate
 from gyre.rollout.scheduler import RolloutScheduler, Score
 from gyre.sim.engine import SimEngine
@@ -43,9 +46,36 @@ class SimCluster:
     _timers: list = field(default_factory=list)
     """(time, seq, action): things that happen at a set time (an engine joining or leaving)."""
     _timer_seq: int = 0
+    _busy: dict[int, float] = field(default_factory=dict)
+    """Engine rank -> its busy seconds at the last ``busy_seconds`` call."""
 
     def __post_init__(self) -> None:
         self._stamp = [0] * len(self.engines)
+
+    # ---- the port (gyre.rollout.port.RolloutPort) -------------------------------------------------------
+    @property
+    def engine_count(self) -> int:
+        return len(self.engines)
+
+    def load_weights(self, version: int, weights, partial: bool) -> None:
+        """Every engine takes ``version`` at its next step boundary (each pays the sync on its own clock;
+        simulated weights are only a version)."""
+        self.publish(version, partial)
+
+    def release(self, scheduler: RolloutScheduler) -> None:
+        self.schedulers.pop(scheduler.spec.stream, None)
+
+    def busy_seconds(self) -> list[float]:
+        """Seconds each engine in the pool spent prefilling and decoding since the last call."""
+        out = []
+        for rank, engine in enumerate(self.engines):
+            if engine is not None:
+                out.append(engine.busy_s - self._busy.get(rank, 0.0))
+                self._busy[rank] = engine.busy_s
+        return out
+
+    def close(self) -> None:
+        """Nothing to end: the simulated engines need no stream."""
 
     # ---- commands -----------------------------------------------------------------------------------
     def send(self, commands: list) -> None:
@@ -95,19 +125,25 @@ class SimCluster:
                 heapq.heappush(self._heap, (max(t, self.now), rank, self._stamp[rank]))
 
     # ---- the loop -----------------------------------------------------------------------------------
-    def run(self, done: Callable[[], bool], refill: Callable[[], None] | None = None, until: float = INF,
-            drain: Callable[[], list] | None = None) -> None:
-        """Process events until ``done()``, or until the clock reaches ``until`` (it then stands there)."""
+    def run(self, scheduler: RolloutScheduler, done: Callable[[], bool], label: str = "train",
+            refill: Callable[[], None] | None = None, until: float | None = None) -> PhaseTimes:
+        """Process events until ``done()``, or until the clock reaches ``until`` (it then stands there);
+        virtual seconds until nothing was left to generate, and scoring after that."""
+        self.schedulers[scheduler.spec.stream] = scheduler
+        until = INF if until is None else until
+        start, generated = self.now, None
         self._flush(refill)
         while not done():
+            if generated is None and not scheduler.outstanding:
+                generated = self.now
             t = min(self._next_engine(), self.rewards.next_event(),
                     self.envs.next_event() if self.envs is not None else INF,
                     self._timers[0][0] if self._timers else INF)
             if t > until:
                 self.now = max(self.now, until)
-                return
+                break
             if t == INF:
-                raise RolloutStalled("the simulated rollout went idle before the batch was complete")
+                raise RolloutStalled(f"the simulated rollout went idle before the batch was complete ({label})")
             self.now = max(self.now, t)
             self.events += 1
             while self._timers and self._timers[0][0] <= self.now:
@@ -124,6 +160,8 @@ class SimCluster:
                         if name in self.schedulers:
                             self.schedulers[name].on_env(results)
             self._flush(refill)
+        generated = self.now if generated is None else generated
+        return PhaseTimes(generated - start, self.now - generated)
 
     def _flush(self, refill: Callable[[], None] | None) -> None:
         if refill is not None:

@@ -1,11 +1,12 @@
 """The simulated training run: the RLVR pipeline's step on the virtual clock.
 
-Each step reads like ``RLVRPipeline.train_step`` and ``RolloutMachine.next_batch``: admit what the
-window allows and run until the batch is committed (``RolloutScheduler.ready``), take it, train, publish
-the new version. Colocated layouts (rollout and training time-share the devices) hold the engines while
-the trainer has the devices; disaggregated ones let the rollout run on while the trainer works, admitting
-for later steps as capacity frees (``RolloutMachine.wait_for``). Only the step's *costs* are simulated:
-every scheduling decision is made by the real ``RolloutScheduler``.
+Each step is ``RLVRPipeline.train_step``'s, on the real ``RolloutMachine`` driving the simulated cluster
+(``gyre.sim.cluster.SimCluster``, a ``RolloutPort``): ``next_batch`` (admit, run until the batch is
+committed, take it), train, ``publish`` the new version (lockstep's hold included). Colocated layouts
+(rollout and training time-share the devices) hold the engines while the trainer has the devices;
+disaggregated ones let the rollout run on while the trainer works (``RolloutMachine.wait_for`` with a
+virtual deadline) when the run is asynchronous. Only the learner's *costs* are simulated: every
+scheduling decision is made by the real machine and scheduler.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from gyre.envs.calls import SlotPool
 from gyre.envs.context import ContextBuilder
 from gyre.envs.episode import EpisodeLimits
 from gyre.rollout.episodes import EpisodeRunner
-from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
+from gyre.rollout.machine import RolloutMachine
+from gyre.rollout.scheduler import ScheduleSpec
 from gyre.sim.cluster import SimCluster
 from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticPool, ElasticSpec, install
@@ -184,7 +186,11 @@ class SimRun:
             episodes = EpisodeRunner(SlotPool(a.slots), builder, a.limits, spec.schedule.sampling,
                                      env_seed=lambda g: int(g.prompt.columns["index"]), turn_sync=a.turn_sync)
         self.cluster = SimCluster(engines, SimRewards(self.workload, spec.reward_workers), envs)
-        self.scheduler = RolloutScheduler(spec.schedule, len(engines), episodes=episodes)
+        # The engines are built holding version 0 (live): nothing to publish before the first step.
+        self.machine = RolloutMachine(self.cluster, spec.schedule, self.draw, partial=spec.partial,
+                                      sources=(lambda sampling: episodes) if episodes is not None else None, live=True)
+        self.scheduler = self.machine.scheduler
+        # Known to the cluster from the start: engines that join before the first step are its too.
         self.cluster.schedulers[spec.schedule.stream] = self.scheduler
         self.drawn = 0
         self._prompt_of: dict[str, PromptRecord] = {}
@@ -219,13 +225,11 @@ class SimRun:
 
     def step(self, n: int) -> StepRecord:
         """One training step: rollout until the batch is committed, train, publish."""
-        spec, sched, cluster = self.spec, self.scheduler, self.cluster
+        spec, cluster = self.spec, self.cluster
         start, busy = cluster.now, self._busy()
-        refill = lambda: sched.admit(n, self.draw)  # noqa: E731
-        cluster.run(lambda: sched.ready(n), refill)
+        batch = self.machine.next_batch(n)
         generate_s = cluster.now - start
-        groups = sched.take(n)
-        cluster.send(sched.drain())
+        groups = batch.groups
         trajectories = [t for g in groups for t in g.trajectories]
         responses = [sum(len(s.token_ids) for s in t.segments) for t in trajectories]
         rows = [len(t.prompt.prompt_ids) + n for t, n in zip(trajectories, responses, strict=True)]
@@ -233,17 +237,14 @@ class SimRun:
         train_s = spec.cost.train_s(trained, spec.layout.train_devices, spec.forward_passes)
         if spec.layout.colocated:
             cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s(spec.layout.train_devices))
-        elif spec.schedule.async_ratio > 0:  # the rollout goes on, admitting for the step after next (wait_for)
-            later = lambda: sched.admit(sched.version + 2, self.draw)  # noqa: E731
-            cluster.run(lambda: False, later, until=cluster.now + train_s)
+        elif spec.schedule.async_ratio > 0:  # the rollout goes on while the learner's calls run
+            self.machine.wait_for(cluster.now + train_s)
         else:  # synchronous: nothing is admitted while the policy trains (what is scored meanwhile lands)
-            cluster.run(lambda: False, None, until=cluster.now + train_s)
+            cluster.run(self.scheduler, lambda: False, until=cluster.now + train_s)
         sync_s = spec.cost.sync_s()
-        cluster.publish(n, spec.partial)
-        sched.on_published(n)
-        cluster.send(sched.drain())
+        self.machine.publish(n)  # lockstep: held until the engines settle their version's groups
         cluster.now += sync_s  # the trainer waits for the engines to take the new weights
-        stats = sched.take_stats()
+        stats = dict(batch.stats)  # the scheduler's counters since the previous batch, as a real run logs them
         stats["staleness/max_start"] = max((n - 1 - g.admitted_version for g in groups), default=0)
         live = [e for e in cluster.engines if e is not None]
         step_s = cluster.now - start

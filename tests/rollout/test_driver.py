@@ -95,8 +95,7 @@ def batch_with_a_fault(engines, rewards, fault):
     scheduler = RolloutScheduler(ScheduleSpec(6, 4, PARAMS, run_seed=3, replicate=True), engines=2)
     source = iter([PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(4)])
     scheduler.admit(1, lambda k: [next(source) for _ in range(k)])
-    driver = RolloutDriver(engines, FaultingPool({"default": DomainScorer("default", rewards)}), emit_every=4,
-                           restore=engines.respawn)
+    driver = RolloutDriver(engines, FaultingPool({"default": DomainScorer("default", rewards)}), emit_every=4)
     driver.run(scheduler, lambda: scheduler.ready(1))
     return driver, scheduler
 
@@ -156,8 +155,8 @@ def test_an_engine_dead_at_a_weight_publication_is_replaced_holding_the_new_weig
     rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
     pool = RewardPool({"default": DomainScorer("default", rewards)})
     source = iter([PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(100)])
-    machine = RolloutMachine(engines, pool, ScheduleSpec(2, 2, PARAMS, run_seed=3), lambda k: [next(source) for _ in
-                                                                                             range(k)], lambda: None)
+    machine = RolloutMachine(RolloutDriver(engines, pool), ScheduleSpec(2, 2, PARAMS, run_seed=3),
+                             lambda k: [next(source) for _ in range(k)])
     state = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     machine.publish(0, [ray_local.put(pack_weights(state, 0))])
     ray_local.kill(engines.actors[1])

@@ -34,7 +34,7 @@ def rollout_episodes(model_dir, env: str, kwargs: dict, timeout_s: float, pool_c
     sampling = SamplingParams(max_new_tokens=8)
     runner = EpisodeRunner(pool.slots, ContextBuilder(build_char_tokenizer(), use_template=False),
                            EpisodeLimits(max_turns=2, turn_tokens=8, context_tokens=200), sampling, max_failures=8)
-    sched = RolloutScheduler(ScheduleSpec(2, 3, sampling, run_seed=seed, replicate=True), engines=2, episodes=runner)
+    sched = RolloutScheduler(ScheduleSpec(2, 3, sampling, run_seed=seed, replicate=True), engines=2, source=runner)
     source = iter([PromptRecord(f"env{i}", "", [], "") for i in range(50)])
     sched.admit(1, lambda k: [next(source) for _ in range(k)])
     driver = RolloutDriver(engines, RewardPool({}), emit_every=1, envs=pool)

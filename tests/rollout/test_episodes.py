@@ -95,7 +95,7 @@ def scheduler(slots: int, extra: int = 0, alpha: float = 0.0, turn_sync: bool = 
     limits = EpisodeLimits(max_turns=4, turn_tokens=12, context_tokens=400, observation_tokens=observation_tokens)
     runner = EpisodeRunner(SlotPool(slots), ContextBuilder(TOKENIZER, use_template=False), limits, spec.sampling,
                            turn_sync=turn_sync)
-    return RolloutScheduler(spec, engines=2, episodes=runner)
+    return RolloutScheduler(spec, engines=2, source=runner)
 
 
 def check_batch(world: EnvWorld, batch) -> None:
@@ -126,7 +126,7 @@ def test_episodes_run_each_at_their_own_pace_and_commit_as_groups(seed):
     for step in (1, 2, 3):
         batch = world.run_until_ready(step, lambda k: [next(source) for _ in range(k)])
         check_batch(world, batch)
-    assert len(world.sched.episodes.slots.free) + len(world.sched.episodes.live) >= 4
+    assert len(world.sched.source.slots.free) + len(world.sched.source.live) >= 4
 
 
 def test_failed_environments_cost_one_episode_each():
@@ -174,7 +174,7 @@ def test_redundant_episodes_are_stopped_once_a_group_has_its_size():
     batch = world.run_until_ready(1, lambda k: [next(source) for _ in range(k)])
     check_batch(world, batch)
     world.pump()
-    runner = world.sched.episodes
+    runner = world.sched.source
     assert not any(live.group in {g.group_id for g in batch} for live in runner.live.values())
     assert len(runner.slots.free) == 10 - sum(live.slot is not None for live in runner.live.values())
 
@@ -205,7 +205,7 @@ def test_episodes_that_left_the_window_restart_from_reset_and_their_groups_live_
     world = EnvWorld(scheduler(slots=6, alpha=1, restart=True), random.Random(7))
     source = iter(seeds(100))
     world.sched.admit(1, lambda k: [next(source) for _ in range(k)])  # 4 groups of 3 episodes, 6 slots
-    runner = world.sched.episodes
+    runner = world.sched.source
     while not any(f.group.trajectories for f in world.sched.flights.values()):
         assert world.step()
     finished = sum(len(f.group.trajectories) for f in world.sched.flights.values())

@@ -20,14 +20,14 @@ def spec(n=3, groups=4, **kw):
 
 def test_admission_builds_seeded_requests_spread_over_engines():
     sched = RolloutScheduler(spec(), engines=2)
-    assert sched.capacity(1) == 4
+    assert sched.admission.capacity(1) == 4
     sched.admit(1, Source())
     commands = sched.drain()
     assert {c.engine for c in commands} == {0, 1} and all(isinstance(c, Generate) for c in commands)
     requests = sorted((r for c in commands for r in c.requests), key=lambda r: r.request_id)
     assert [r.request_id for r in requests] == ["train-1-0", "train-1-1", "train-1-2", "train-1-3"]
     assert requests[2].seed == derive_seed(7, "train", 1, 2) and all(r.n == 3 for r in requests)
-    assert sched.capacity(1) == 0  # alpha 0: one batch per step
+    assert sched.admission.capacity(1) == 0  # alpha 0: one batch per step
 
 
 def test_replication_sends_each_sample_alone_to_the_least_loaded_engine():
@@ -138,12 +138,12 @@ def test_tail_batching_trains_every_prompt_exactly_once():
         assert len(batch) == 4 and all(len(g.trajectories) == 4 for g in batch)
         trained += [g.prompt.uid for g in batch]
         world.publish(step)
-    waiting = [p.uid for p in world.sched.tail.long_queue]
+    waiting = [p.uid for p in world.sched.admission.tail.long_queue]
     assert len(trained) == len(set(trained))  # never twice
     assert sorted(trained + waiting) == sorted(p.uid for p in source.drawn)  # never lost
     assert 1.0 in rounds and 0.0 in rounds and len(waiting) < 4
     # A short round launches ceil(1.5 * 4) = 6 prompts with 6 samples each; a long one 4 x 4.
-    assert world.sched.tail.rounds["long"] == sum(rounds)
+    assert world.sched.admission.tail.rounds["long"] == sum(rounds)
 
 
 def test_speculative_samples_beyond_the_group_are_aborted():
@@ -198,7 +198,7 @@ def test_a_checkpoint_keeps_every_prompt_drawn_and_not_trained():
     assert state["admitted"] == [] and len(state["long_queue"]) == 4  # two short rounds cut 2 prompts each
     fresh = RolloutScheduler(spec(n=2, groups=4, tail=TailSpec(1.5, 1.0)), engines=2)
     assert fresh.load_state_dict(state, {p.uid: p for p in source.drawn}) == []
-    assert fresh.tail.plan(4, 2)[0] == "long" and sorted(state["long_queue"] + trained) == \
+    assert fresh.admission.tail.plan(4, 2)[0] == "long" and sorted(state["long_queue"] + trained) == \
         sorted(p.uid for p in source.drawn)
     # Asynchronous: groups admitted ahead (in flight or committed) come back to be admitted again.
     world = World(RolloutScheduler(spec(n=2, groups=2, async_ratio=2, replicate=True), engines=2), random.Random(5))

@@ -141,18 +141,18 @@ ABORTS = ("rollout/groups_expired", "rollout/groups_redundant", "rollout/groups_
 def _check_run(spec: SimSpec) -> dict[str, float]:
     run = SimRun(spec)
     trained, continued = [], set()
-    take, ask_rest = run.scheduler.take, run.scheduler._ask_rest
+    take, ask_rest = run.scheduler.take, run.scheduler.source._ask_rest
 
     def recording_take(step):
         groups = take(step)
         trained.extend(groups)
         return groups
 
-    def recording_ask_rest(flight, i):
-        continued.add((flight.group.group_id, i))
-        ask_rest(flight, i)
+    def recording_ask_rest(group, i):
+        continued.add((group.group_id, i))
+        ask_rest(group, i)
 
-    run.scheduler.take, run.scheduler._ask_rest = recording_take, recording_ask_rest
+    run.scheduler.take, run.scheduler.source._ask_rest = recording_take, recording_ask_rest
     result = run.run()
     cap, size = spec.schedule.sampling.max_new_tokens, spec.schedule.group_size
     for group in trained:
@@ -167,7 +167,8 @@ def _check_run(spec: SimSpec) -> dict[str, float]:
     uids = [g.prompt.uid for g in trained]
     assert len(set(uids)) == len(uids) == spec.steps * spec.schedule.batch_groups
     sched = run.scheduler
-    totals = {k: sum(s.stats.get(k, 0) for s in result.steps) for k in
+    # Each step's counters since the previous batch, and those since the last one (its publication's expiries).
+    totals = {k: sum(s.stats.get(k, 0) for s in result.steps) + sched.stats.get(k, 0) for k in
               (*ABORTS, "rollout/samples_continued", "rollout/samples_requeued", "staleness/violations")}
     assert run.drawn == len(uids) + len(sched.flights) + len(sched.buffer) + sum(totals[k] for k in ABORTS)
     assert totals["staleness/violations"] == 0
