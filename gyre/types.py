@@ -329,7 +329,7 @@ class TrainBatch:
     credit_scales: torch.Tensor | None = None
     """[B, L] float32, attention-based credit's scale gamma of each token's non-negative advantage (1 elsewhere)."""
     teacher_logprobs: torch.Tensor | None = None
-    """[B, L] float32, the distillation teacher's log-probs of the sampled tokens (algorithm.distill_coef > 0)."""
+    """[B, L] float32, the distillation teacher's log-probs of the sampled tokens (algorithm.distill.coef > 0)."""
     token_weights: torch.Tensor | None = None
     """[B, L] float32, weights of each token's policy loss (train-inference importance weights); None is 1."""
     values: torch.Tensor | None = None

@@ -289,7 +289,7 @@ CASES = [
     Case("cli-ablate-variant", lambda e: ["ablate", "--config", str(e.config), "--variants", "zzz"],
          ("unknown preset 'zzz'",)),
     Case("cli-ablate-set-label", lambda e: ["ablate", "--config", str(e.config), "--variants", "grpo", "--set", "ppo",
-                                            "algorithm.clip_low=0.1"], ("no variant labelled 'ppo'",)),
+                                            "algorithm.loss.clip_low=0.1"], ("no variant labelled 'ppo'",)),
     Case("cli-ablate-used-dir", lambda e: ["ablate", "--config", str(e.config), "--variants", "grpo", "--out",
                                            str(e.file("abl/ablation.md", "# old").parent)],
          ("already holds an ablation", "--resume", "--overwrite")),

@@ -1,4 +1,4 @@
-"""Advantage estimators: outcome normalisation (critic-free), returns and GAE; the ``ESTIMATORS`` table.
+"""Advantage estimators: outcome normalisation (critic-free), returns and GAE.
 
 Papers:
 - GRPO: DeepSeekMath (Shao et al., arXiv 2402.03300), ``A_i = (r_i - mean_g r) / (std_g r + eps)``.
@@ -6,14 +6,16 @@ Papers:
 - RLOO: "Back to Basics" (Ahmadian et al., arXiv 2402.14740), leave-one-out baseline.
 - REINFORCE++ and REINFORCE++-baseline (arXiv 2501.03262): the KL penalty goes into the token rewards, the
   returns are taken, and the returns are normalised over every valid token of the batch (the advantage
-  stage's whitening: ``gyre.algos.stats.masked_whiten``, the presets' ``whiten_advantages``); the baseline
+  stage's whitening: ``gyre.algos.stats.masked_whiten``, the presets' ``advantage.whiten``); the baseline
   variant subtracts the group mean of the outcome first (``normalize_rewards(r, "group", "none")``).
 - Lite PPO: "Tricks or Traps?" (arXiv 2508.08221): group mean, batch std.
 - GAE: Schulman et al. (arXiv 1506.02438).
-- Multi-turn estimators (step-level returns, ReBN, GiGPO, IPA chunk returns): ``gyre.algos.agentic``, listed
-  in the table below.
+- Multi-turn estimators (step-level returns, ReBN, GiGPO, IPA chunk returns): ``gyre.algos.agentic``.
 - Baselines that read more than the rewards (ReMax's greedy response, OPO's lengths, the pass@k advantage,
-  GPG's scale): ``gyre.algos.baselines``, listed in the table below.
+  GPG's scale): ``gyre.algos.baselines``.
+
+The table of the estimators by config name, with each one's knobs, is the torch-free
+``gyre.algos.estimator_table.ESTIMATORS``, whose functions call these.
 
 ``normalize_rewards`` chooses the mean scope and the std scope independently (ROLL ``norm_mean_type`` /
 ``norm_std_type``); the named estimators are scope pairs:
@@ -35,23 +37,11 @@ pinned down, GEM uses 0); GAE treats the last valid token as terminal (no bootst
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Protocol
-
 import torch
 
-from gyre.algos.agentic import TurnBatch, TurnSpec, chunk_returns, gigpo_advantages, rebn_advantages, turn_returns
-from gyre.algos.baselines import (
-    BaselineContext,
-    gpg_alpha,
-    opo_advantages,
-    pass_at_k_advantages,
-    remax_advantages,
-)
+from gyre.algos.baselines import gpg_alpha
+from gyre.algos.estimator_table import NormScope
 from gyre.algos.stats import RunningMoments
-from gyre.algos.tables import Registry
-
-NormScope = Literal["none", "group", "batch", "running"]
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:
@@ -248,157 +238,9 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
     return adv, returns
 
 
-# ---- selection by name ----------------------------------------------------------------------------
-
-
-class Baseline(Protocol):
-    """Response-level rewards [N, G] -> baselined (and scaled) rewards [N, G]; every estimator takes the
-    normalisation scopes, eps, ddof, running moments and the ``BaselineContext`` (lengths, greedy rewards,
-    k), and uses what it needs."""
-
-    def __call__(self, rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
-                 running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor: ...
-
-
-class TokenEstimator(Protocol):
-    """Token rewards [B, T] (critic values, mask) -> (advantages [B, T], returns [B, T] or None); returns are
-    the critic's regression targets, None for a critic-free estimator."""
-
-    def __call__(self, token_rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor, gamma: float,
-                 lam: float) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-
-
-class TurnEstimator(Protocol):
-    """The turns of E multi-turn trajectories (``TurnBatch``: per-turn rewards, states, the trajectories'
-    response-level rewards) and the knobs -> one advantage per turn [E, K], spread over each turn's tokens."""
-
-    def __call__(self, turns: TurnBatch, spec: TurnSpec) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True)
-class AdvantageEstimator:
-    """One row of ``ESTIMATORS``: the two stages of the advantage and what the config must know."""
-
-    baseline: Baseline
-    """Response level, before the reward is placed on the last token (or handed to ``turns``)."""
-    advantages: TokenEstimator | None
-    """Token level, after the KL penalty; None for a turn-level estimator."""
-    scoped: bool
-    """True: the baseline is the ``norm_mean`` / ``norm_std`` normalisation. False: the estimator has its own
-    baseline and scale, and the config requires both scopes to be none."""
-    groups: bool
-    """Compares the samples of one prompt with each other (needs several samples per prompt)."""
-    critic: bool
-    """Needs the critic's values (the config creates the critic role)."""
-    turns: TurnEstimator | None = None
-    """Turn level, instead of ``advantages``: credit per model turn of multi-turn trajectories (every
-    trajectory of the batch must have turns; no token-level KL penalty)."""
-    greedy: bool = False
-    """The baseline is each prompt's greedy response (ReMax): the rollout generates one per prompt at
-    temperature 0 beside the group and scores it; it sets the baseline and never trains."""
-
-    def __post_init__(self) -> None:
-        if (self.advantages is None) == (self.turns is None):
-            raise ValueError("an advantage estimator has a token-level stage or a turn-level stage, exactly one")
-
-
-def _scoped(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
-            running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
-    return normalize_rewards(rewards, mean_scope, std_scope, eps, ddof, running)
-
-
-def _rloo_baseline(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
-                   running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
-    return rloo_advantages(rewards)
-
-
-def _group_centred_batch_std(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float,
-                             ddof: int, running: RunningMoments | None = None,
-                             context: BaselineContext | None = None) -> torch.Tensor:
-    return group_centred_batch_std_advantages(rewards, eps, ddof)
-
-
-def _needs(context: BaselineContext | None, estimator: str, field: str | None = None) -> BaselineContext:
-    """The context, checked to hold ``field``: the advantage stage fills it from the groups."""
-    if context is None or (field is not None and getattr(context, field) is None):
-        raise ValueError(f"estimator {estimator} needs a BaselineContext" + (f" with {field}" if field else ""))
-    return context
-
-
-def _remax(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
-           running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
-    return remax_advantages(rewards, _needs(context, "remax", "greedy").greedy)
-
-
-def _opo(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
-         running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
-    return opo_advantages(rewards, _needs(context, "opo", "lengths").lengths)
-
-
-def _pass_at_k(rewards: torch.Tensor, mean_scope: NormScope, std_scope: NormScope, eps: float, ddof: int,
-               running: RunningMoments | None = None, context: BaselineContext | None = None) -> torch.Tensor:
-    return pass_at_k_advantages(rewards, _needs(context, "pass_at_k").pass_k, eps)
-
-
 def gpg_advantages(rewards: torch.Tensor, mean_scope: NormScope = "group", std_scope: NormScope = "none",
-                   eps: float = 1e-6, ddof: int = 1, running: RunningMoments | None = None,
-                   context: BaselineContext | None = None) -> torch.Tensor:
+                   eps: float = 1e-6, ddof: int = 1, running: RunningMoments | None = None) -> torch.Tensor:
     """GPG (arXiv 2504.02546): ``A = alpha * (r - M) / F_norm``, the scopes' normalisation times
     ``alpha = B / (B - M)`` (``gyre.algos.baselines.gpg_alpha``). The paper's best setting is group mean and
     ``F_norm = 1`` (std scope none); std scope group is its ``F_norm = std`` variant."""
     return normalize_rewards(rewards, mean_scope, std_scope, eps, ddof, running) * gpg_alpha(rewards)
-
-
-def _returns(token_rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor, gamma: float,
-             lam: float) -> tuple[torch.Tensor, None]:
-    return discounted_returns(token_rewards, mask, gamma), None
-
-
-def _step_returns(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
-    return turn_returns(turns.rewards, turns.mask, spec.gamma)
-
-
-def _rebn(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
-    return rebn_advantages(turns.rewards, turns.mask, spec.gamma, spec.eps, spec.ddof)
-
-
-def _gigpo(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
-    # The response-level baseline (group scopes) already made the outcomes GiGPO's episode level A^E.
-    return gigpo_advantages(turns.outcomes, turns.rewards, turns.mask, turns.groups, turns.states,
-                            spec.gigpo_step_gamma, spec.gigpo_episode_weight, spec.gigpo_step_weight,
-                            spec.gigpo_step_std, spec.eps, spec.ddof)
-
-
-def _chunk_returns(turns: TurnBatch, spec: TurnSpec) -> torch.Tensor:
-    return chunk_returns(turns.outcomes, turns.mask, spec.gamma)
-
-
-ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", {
-    "reinforce": AdvantageEstimator(_scoped, _returns, scoped=True, groups=False, critic=False),
-    "rloo": AdvantageEstimator(_rloo_baseline, _returns, scoped=False, groups=True, critic=False),
-    "group_centred_batch_std": AdvantageEstimator(_group_centred_batch_std, _returns, scoped=False, groups=True,
-                                                  critic=False),
-    "gae": AdvantageEstimator(_scoped, gae_advantages, scoped=True, groups=False, critic=True),
-    # Multi-turn: normalize_rewards with both scopes none (unscoped rows) leaves the scores as they are.
-    "step_returns": AdvantageEstimator(_scoped, None, scoped=False, groups=False, critic=False,
-                                       turns=_step_returns),
-    "rebn": AdvantageEstimator(_scoped, None, scoped=False, groups=False, critic=False, turns=_rebn),
-    "gigpo": AdvantageEstimator(_scoped, None, scoped=True, groups=True, critic=False, turns=_gigpo),
-    "chunk_returns": AdvantageEstimator(_scoped, None, scoped=True, groups=False, critic=False,
-                                        turns=_chunk_returns),
-    # Baselines of gyre.algos.baselines: the greedy response, the lengths, pass@k, GPG's scale.
-    "remax": AdvantageEstimator(_remax, _returns, scoped=False, groups=False, critic=False, greedy=True),
-    "opo": AdvantageEstimator(_opo, _returns, scoped=False, groups=True, critic=False),
-    "pass_at_k": AdvantageEstimator(_pass_at_k, _returns, scoped=False, groups=True, critic=False),
-    "gpg": AdvantageEstimator(gpg_advantages, _returns, scoped=True, groups=True, critic=False),
-})
-"""The advantage estimators by config name (``algorithm.estimator``): reinforce (the normalised outcome
-reward as returns; GRPO, Dr.GRPO and Lite PPO are its scope pairs, and REINFORCE++ with whitened
-advantages), rloo, group_centred_batch_std (REINFORCE++-baseline's response-level form), and gae (PPO
-with a critic); for multi-turn trajectories, credit per model turn: step_returns (discounted returns of
-the turn rewards), rebn (those returns normalised over the batch's turns), gigpo (the normalised
-episode return plus a step level over anchor states) and chunk_returns (IPA: the normalised outcome
-discounted back from the last turn); remax (the greedy response's reward as baseline), opo (the
-length-weighted group mean), pass_at_k (the best-of-k advantage) and gpg (the scoped normalisation times
-GPG's alpha). A new estimator is a function with one of the signatures above and a
-row here; the config accepts the name from this table."""

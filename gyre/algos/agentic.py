@@ -214,18 +214,3 @@ class TurnBatch:
     states: torch.Tensor
     """[E, K] int64, the state each turn acted on (equal ids: equal state keys)."""
 
-
-@dataclass(frozen=True)
-class TurnSpec:
-    """The knobs of the turn-level estimators; ``AlgorithmConfig.turn_spec`` builds it from the config's
-    ``algorithm`` section, which documents each key."""
-
-    gamma: float = 1.0
-    """Discount per turn (step_returns, rebn, chunk_returns)."""
-    eps: float = 1e-6
-    ddof: int = 1
-    gigpo_step_gamma: float = 0.95
-    gigpo_episode_weight: float = 1.0
-    gigpo_step_weight: float = 1.0
-    gigpo_step_std: bool = True
-    """Divide GiGPO's step level by the anchor group's std (False: the std-free variant)."""

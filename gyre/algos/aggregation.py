@@ -20,14 +20,12 @@ loss whatever the split. N_seq counts rows with at least one valid token; empty 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from gyre.algos.specs import AggMode
 from gyre.algos.stats import masked_sum, where_valid
 from gyre.algos.tables import Registry
-
-AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum"]
 
 
 @dataclass(frozen=True)
@@ -114,5 +112,5 @@ AGGREGATIONS: Registry = Registry("loss aggregation", {
     "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
     "token-sum": _token_sum,
 })
-"""The aggregation modes by config name (``algorithm.loss_agg``): ``(token_values, mask, denom)`` -> this
+"""The aggregation modes by config name (``algorithm.loss.agg``): ``(token_values, mask, denom)`` -> this
 micro-batch's share of the step's loss. ``AggMode`` lists the same names for the type checker."""

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-ValueAggregation = Literal["mean", "min"]
-DataDivision = Literal["group_response_split", "prompt_shard"]
+from gyre.algos.specs import DataDivision, ValueAggregation
 
 
 @dataclass(frozen=True)

@@ -30,50 +30,10 @@ attends to the tokens before it).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from gyre.algos.tables import knob
-
-CreditStrategy = Literal["none", "random", "entropy", "local_chunk", "global_anchor", "coupled"]
-ATTENTION_STRATEGIES = ("local_chunk", "global_anchor", "coupled")
-"""The strategies that need the policy's attention maps (entropy needs only its logits)."""
-
-
-@dataclass(frozen=True)
-class CreditSpec:
-    """The knobs of attention-based credit (``algorithm.credit``); the config section is derived from it."""
-
-    strategy: CreditStrategy = "none"
-    """none (off), random, entropy, local_chunk, global_anchor or coupled (the paper's best)."""
-    gamma_amp: float = knob(1.5, gt=0)
-    """Amplification of a selected token's non-negative advantage (the paper's 1.5)."""
-    top_q: float = knob(0.4, gt=0, le=1)
-    """Share of each response's tokens selected (top 40% in the paper)."""
-    head_quantile: float = knob(0.3, gt=0, le=0.5)
-    """Share of heads counted local (shortest spans) and global (longest spans)."""
-    layers: int = knob(5, ge=1)
-    """Attention maps are read from this many evenly spaced layers of the middle third."""
-    waad_window: int = knob(10, ge=1)
-    """W of WAAD: attention distances are capped at this many tokens."""
-    fai_near: int = knob(10, ge=1)
-    """FAI counts attention from tokens at least this far after s..."""
-    fai_far: int = knob(50, ge=1)
-    """...and at most this far."""
-    backalloc_k: int = knob(3, ge=1)
-    """coupled: how far back (tokens) a WAAD jump or peak makes an anchor locally dominated."""
-    alpha: float = knob(0.5, ge=0, le=1)
-    """coupled: share of a dominated anchor's amplification moved to its introducing token (unpublished; ours)."""
-    tau_waad: float = knob(2.0, ge=0)
-    """coupled: an anchor is locally dominated only if its WAAD is at most this (unpublished; ours)."""
-    tau_delta: float = knob(1.0, ge=0)
-    """coupled: ...and a WAAD jump of at least this precedes it within backalloc_k tokens (unpublished; ours)."""
-
-    @property
-    def needs_attention(self) -> bool:
-        return self.strategy in ATTENTION_STRATEGIES
+from gyre.algos.specs import ATTENTION_STRATEGIES, CreditSpec
 
 
 def middle_third_layers(num_layers: int, count: int) -> list[int]:

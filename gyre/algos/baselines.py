@@ -2,7 +2,7 @@
 
 Every function takes the rewards of N prompts with G samples each, [N, G], and returns advantages of the
 same shape (one per response, broadcast over its tokens later); ``BaselineContext`` carries what they
-need besides the rewards. The ``ESTIMATORS`` rows that use them are in ``gyre.algos.advantages``.
+need besides the rewards. The ``ESTIMATORS`` rows that use them are in ``gyre.algos.estimator_table``.
 
 Papers:
 - ReMax: Li et al., "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
@@ -49,13 +49,11 @@ class BaselineContext:
     """[N, G] model tokens of each response (OPO's weights)."""
     greedy: torch.Tensor | None = None
     """[N] reward of each prompt's greedy response (ReMax's baseline)."""
-    pass_k: int = 1
-    """k of the pass@k advantage."""
 
     def rows(self, index: torch.Tensor) -> BaselineContext:
         """The context of the groups ``index`` (running scopes normalise per tag, a subset of the groups)."""
         return BaselineContext(self.lengths[index] if self.lengths is not None else None,
-                               self.greedy[index] if self.greedy is not None else None, self.pass_k)
+                               self.greedy[index] if self.greedy is not None else None)
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:

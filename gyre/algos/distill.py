@@ -2,7 +2,7 @@
 
 With ``d_t = log pi_student(y_t) - log pi_teacher(y_t)`` on a token y_t sampled from the student, d_t is
 the single-sample (k1) estimate of the per-token reverse KL, KL(pi_student || pi_teacher) at that state.
-Three ways to use it (``algorithm.distill_mode``):
+Three ways to use it (``algorithm.distill.mode``):
 
 - ``pure``: the advantage of every token is ``-coef * d_t`` and the task reward is not used (ROLL
   ``is_pure_opd``; the per-token reward with discount 0 of Thinking Machines' "On-Policy Distillation"
@@ -21,11 +21,7 @@ Teacher and student must share a tokenizer: d_t compares the probabilities of th
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-
-DistillMode = Literal["pure", "advantage", "loss"]
 
 
 def reverse_kl_tokens(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,

@@ -6,7 +6,7 @@ variance; ROLL ``mse``), k3 = exp(-d) - 1 + d (unbiased, always >= 0; GRPO's KL 
 
 Numerics and bound. k3 is computed as ``expm1(-d) + d`` (no cancellation of the 1 near d = 0), and every
 estimate is clamped to ``[-clamp, clamp]`` (``KL_CLAMP`` = 10 by default, the bound verl's ``low_var_kl``
-puts on k3; the config's ``algorithm.kl_clamp``). Inside the bound the gradient is the exact formula's
+puts on k3; the config's ``algorithm.kl.clamp``). Inside the bound the gradient is the exact formula's
 (d/dd k3 = 1 - exp(-d): the sign of d, pulling towards the reference); beyond it the gradient is 0, never of
 the wrong sign. Before the bound existed the exponent was clamped at 20 instead: below d = -20 the value
 was a constant plus d, whose gradient +1 pushed the token further from the reference, and between -20 and
@@ -28,14 +28,10 @@ ROLL's ``full`` estimator is not implemented (its semantics are undocumented).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-KLKind = Literal["k1", "abs", "k2", "k3"]
-
-KL_CLAMP = 10.0
-"""Default bound of every per-token KL estimate: [-10, 10]."""
+from gyre.algos.specs import KL_CLAMP, KLKind
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3",

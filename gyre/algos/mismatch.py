@@ -40,13 +40,12 @@ Shapes: B samples, T response tokens; every tensor argument is [B, T]. All outpu
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 
+from gyre.algos.specs import MismatchLevel
 from gyre.algos.tables import Registry
 
-MismatchLevel = Literal["token", "segment", "geometric", "sequence"]
 _LEVELS = ("token", "segment", "geometric", "sequence")
 
 

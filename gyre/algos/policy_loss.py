@@ -23,27 +23,24 @@ Papers:
 - Kimi k1.5 (arXiv 2501.12599).
 - Decoupled PPO: Hilton et al. (arXiv 2110.00641); AReaL (arXiv 2505.24298).
 - Clip-Cov and KL-Cov (arXiv 2505.22617), GMPO (arXiv 2507.20673), SAPO (arXiv 2511.20347): in
-  ``gyre.algos.loss_variants``, listed in the table below.
+  ``gyre.algos.loss_variants``.
+
+The table of the losses by config name, with each variant's knobs, is the torch-free
+``gyre.algos.loss_table.POLICY_LOSSES``, whose functions call these.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
 
 import torch
 
-from gyre.algos.aggregation import AggMode
-from gyre.algos.kl import KL_CLAMP, KLKind
 from gyre.algos.loss_output import PolicyLossOutput
 from gyre.algos.loss_output import flag as _flag
 from gyre.algos.loss_output import zeros as _zeros
-from gyre.algos.loss_variants import clip_cov_loss, gmpo_loss, kl_cov_loss, sapo_loss
+from gyre.algos.loss_table import RatioLevel
 from gyre.algos.stats import where_valid
-from gyre.algos.tables import Registry, knob, run_field
-
-RatioLevel = Literal["token", "sequence"]
 
 
 def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -247,7 +244,7 @@ def decoupled_ppo_loss(logprobs: torch.Tensor, proximal_logprobs: torch.Tensor, 
                             clipped_high=inner.clipped_high)
 
 
-# ---- selection by name ----------------------------------------------------------------------------
+# ---- what the table's functions take ---------------------------------------------------------------
 
 
 @dataclass
@@ -276,184 +273,3 @@ class PolicyLossInputs:
                        old_logprobs=where_valid(self.old_logprobs, valid),
                        advantages=where_valid(self.advantages, valid),
                        behaviour_logprobs=where_valid(self.behaviour_logprobs, valid))
-
-
-class PolicyLossFn(Protocol):
-    """The one signature of every registered loss: the inputs, and the spec for the variant's knobs."""
-
-    def __call__(self, x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput: ...
-
-
-@dataclass(frozen=True)
-class PolicyLossVariant:
-    """One row of ``POLICY_LOSSES``: the loss and what the config must know about it."""
-
-    loss: PolicyLossFn
-    sequence_ratio: bool = False
-    """Honours ``ratio_level="sequence"`` (GSPO); the config refuses that level for the others."""
-    uses_behaviour: bool = False
-    """Compares the trainer's pi_old with the sampler's log-probs, so pi_old must be recomputed."""
-    has_ratio: bool = True
-    """False for a loss without importance ratio: correct only on-policy (the config warns otherwise)."""
-    knobs: tuple[str, ...] = ()
-    """The ``PolicyLossSpec`` fields it reads besides the shared ones (``gyre check`` shows their values)."""
-
-
-def _ppo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return ppo_clip_loss(x.logprobs, x.old_logprobs, x.advantages, s.clip_low, s.clip_high, s.dual_clip_c,
-                         s.ratio_level, x.mask)
-
-
-def _vanilla(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return vanilla_pg_loss(x.logprobs, x.advantages)
-
-
-def _tis(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return tis_loss(x.logprobs, x.old_logprobs, x.advantages, s.tis_low, s.tis_high)
-
-
-def _topr(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    if x.scores is None:
-        raise ValueError("policy_loss topr needs batch.scores (the outcome reward of each sample)")
-    return topr_loss(x.logprobs, x.old_logprobs, x.advantages, (x.scores > 0)[:, None], s.topr_positive_weight,
-                     s.topr_negative_weight)
-
-
-def _cispo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return cispo_loss(x.logprobs, x.old_logprobs, x.advantages, s.cispo_low, s.cispo_high, s.cispo_unified_mask)
-
-
-def _kimi15(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return kimi15_loss(x.logprobs, x.old_logprobs, x.advantages, s.kimi15_tau)
-
-
-def _decoupled_ppo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return decoupled_ppo_loss(x.logprobs, x.old_logprobs, x.behaviour_logprobs, x.advantages, s.clip_low,
-                              s.clip_high, s.behaviour_cap)
-
-
-def _clip_cov(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return clip_cov_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.clip_low, s.clip_high, s.clip_cov_ratio,
-                         s.clip_cov_lb, s.clip_cov_ub)
-
-
-def _kl_cov(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return kl_cov_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.kl_cov_ratio, s.kl_cov_coef)
-
-
-def _gmpo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return gmpo_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.gmpo_clip_low, s.gmpo_clip_high)
-
-
-def _sapo(x: PolicyLossInputs, s: PolicyLossSpec) -> PolicyLossOutput:
-    return sapo_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.sapo_tau_pos, s.sapo_tau_neg)
-
-
-_CLIP = ("clip_low", "clip_high")
-
-POLICY_LOSSES: Registry[PolicyLossVariant] = Registry("policy loss", {
-    "ppo": PolicyLossVariant(_ppo, sequence_ratio=True, knobs=(*_CLIP, "dual_clip_c")),
-    "vanilla": PolicyLossVariant(_vanilla, has_ratio=False),
-    "tis": PolicyLossVariant(_tis, knobs=("tis_low", "tis_high")),
-    "topr": PolicyLossVariant(_topr, knobs=("topr_positive_weight", "topr_negative_weight")),
-    "cispo": PolicyLossVariant(_cispo, knobs=("cispo_low", "cispo_high", "cispo_unified_mask")),
-    "kimi15": PolicyLossVariant(_kimi15, knobs=("kimi15_tau",)),
-    "decoupled_ppo": PolicyLossVariant(_decoupled_ppo, uses_behaviour=True, knobs=(*_CLIP, "behaviour_cap")),
-    "clip_cov": PolicyLossVariant(_clip_cov, knobs=(*_CLIP, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
-    "kl_cov": PolicyLossVariant(_kl_cov, knobs=("kl_cov_ratio", "kl_cov_coef")),
-    "gmpo": PolicyLossVariant(_gmpo, knobs=("gmpo_clip_low", "gmpo_clip_high")),
-    "sapo": PolicyLossVariant(_sapo, knobs=("sapo_tau_pos", "sapo_tau_neg")),
-})
-"""The policy losses by config name (``algorithm.policy_loss``). A new loss is a function above, an
-adapter ``(PolicyLossInputs, PolicyLossSpec) -> PolicyLossOutput`` and a row here (plus a ``knob`` in
-``PolicyLossSpec`` for each new parameter); the config accepts the name from this table."""
-
-OldSource = Literal["recomputed", "rollout", "current"]
-
-
-@dataclass(frozen=True)
-class PolicyLossSpec:
-    """The policy loss's variant and knobs: everything the step loss needs besides the batch.
-
-    Declared once, here: the config's ``algorithm`` section takes its loss keys from these fields
-    (names, types, defaults and bounds; ``gyre.config.schema.PolicyLossKnobs``) and builds the spec from
-    them by name (``AlgorithmConfig.loss_spec``); ``run_field`` fields are filled in by the driver. A plain
-    frozen record, it pickles cheaply to every trainer rank, which looks the variant up in
-    ``POLICY_LOSSES`` once, when it builds the loss.
-    """
-
-    policy_loss: str = knob("ppo", choices=POLICY_LOSSES)
-    """The variant: a name of ``POLICY_LOSSES``."""
-    ratio_level: RatioLevel = "token"
-    """sequence: GSPO's length-normalised sequence ratio (ppo loss only)."""
-    clip_low: float = knob(0.2, ge=0, le=1)
-    """eps_low of the trust region (ppo, decoupled_ppo, clip_cov); 1 leaves the ratio unbounded below (Clip-Cov's
-    recipe)."""
-    clip_high: float = knob(0.2, ge=0)
-    """eps_high of the trust region (ppo, decoupled_ppo); DAPO's clip-higher raises it."""
-    dual_clip_c: float | None = knob(3.0, gt=1)
-    """Dual clip of the ppo loss for negative advantages (arXiv 1912.09729): the loss is capped at c * |A|.
-    An independent constant (ROLL ties it to 1 + 2 * clip, 1.4, far tighter); None turns it off."""
-    tis_low: float = knob(0.0, ge=0)
-    """tis: lower truncation of the ratio weight."""
-    tis_high: float = knob(1.0, gt=0)
-    """tis: upper truncation of the ratio weight."""
-    topr_positive_weight: float = knob(1.0, ge=0)
-    """topr: weight of the samples with a positive reward (no importance ratio)."""
-    topr_negative_weight: float = knob(1.0, ge=0)
-    """topr: weight of the other samples (ratio truncated at 1)."""
-    cispo_low: float = knob(0.1, ge=0)
-    """cispo: the weight is clipped from below at 1 - cispo_low."""
-    cispo_high: float = knob(0.1, ge=0)
-    """cispo: the weight is clipped from above at 1 + cispo_high."""
-    cispo_unified_mask: bool = False
-    """cispo: add PPO's trust-region mask (ROLL ``cispo_use_unified_mask``)."""
-    kimi15_tau: float = knob(0.1, ge=0)
-    """kimi15: weight of the squared log-ratio proximity term."""
-    behaviour_cap: float | None = knob(None, gt=0)
-    """decoupled_ppo: truncate the weight pi_prox / mu at this value."""
-    clip_cov_ratio: float = knob(2e-4, gt=0, le=1)
-    """clip_cov: share r of the valid tokens detached, drawn among those whose covariance of log-prob and
-    advantage lies in (clip_cov_lb, clip_cov_ub) (verl's name; the authors' 2e-4)."""
-    clip_cov_lb: float = 1.0
-    """clip_cov: lower end omega_low of the covariance band (the authors' 1)."""
-    clip_cov_ub: float = 5.0
-    """clip_cov: upper end omega_high of the covariance band (the authors' 5)."""
-    kl_cov_ratio: float = knob(2e-3, gt=0, le=1)
-    """kl_cov: share k of the valid tokens, those of largest covariance, that get the KL penalty (the
-    authors' 2e-3 for 7B models, 2e-4 for 32B; verl's name, whose default is 2e-4)."""
-    kl_cov_coef: float = knob(1.0, ge=0)
-    """kl_cov: weight beta of the penalty |log pi_theta - log pi_old| (verl's ppo_kl_coef; the authors' 1)."""
-    gmpo_clip_low: float = knob(0.4, ge=0)
-    """gmpo: the token log-ratio is clipped from below at -gmpo_clip_low (the paper's 0.4: ratio e^-0.4)."""
-    gmpo_clip_high: float = knob(0.4, ge=0)
-    """gmpo: the token log-ratio is clipped from above at gmpo_clip_high (the paper's 0.4: ratio e^0.4)."""
-    sapo_tau_pos: float = knob(1.0, gt=0)
-    """sapo: temperature of the soft gate where A > 0 (the paper's 1.0; verl's tau_pos)."""
-    sapo_tau_neg: float = knob(1.05, gt=0)
-    """sapo: temperature of the soft gate where A <= 0 (the paper's 1.05: negative tokens decay faster)."""
-    loss_agg: AggMode = "token-mean"
-    """How token losses become the step loss (``gyre.algos.aggregation``)."""
-    kl_loss_coef: float = knob(0.0, ge=0)
-    """KL-to-reference loss term (GRPO style); > 0 creates the reference role."""
-    kl_loss_estimator: KLKind = "k3"
-    """The KL estimator of that term (its value)."""
-    kl_loss_grad_estimator: KLKind | None = None
-    """Straight-through KL: the term keeps kl_loss_estimator's value and takes this estimator's gradient
-    (verl's "k1+" / "k3+" are k2 here: the gradient of KL(pi || pi_ref) in expectation); None: the value's
-    own."""
-    kl_clamp: float | None = knob(KL_CLAMP, gt=0, le=1e6)
-    """Every per-token KL estimate, of the KL loss and of the KL reward penalty, any estimator, is clamped
-    to [-kl_clamp, kl_clamp] (verl's low_var_kl clamps k3 to [-10, 10]); a clamped token's KL gradient is 0,
-    never of the wrong sign. k3 = 10 at log-ratios log pi - log pi_ref of about -2.61 and 11. None keeps
-    the exact estimate (k3 then overflows to inf below a log-ratio of about -88 in float32)."""
-    entropy_coef: float = knob(0.0, ge=0)
-    """Entropy bonus subtracted from the loss."""
-    temperature: float = run_field(1.0, "rollout.sampling.temperature")
-    """Log-probs are taken at the sampling temperature."""
-    old_source: OldSource = run_field("recomputed", "the run plan")
-    """Where pi_old comes from: "recomputed" (batch.old_logprobs), "rollout" (the sampler's log-probs) or
-    "current" (the detached current log-probs)."""
-    distill_loss_coef: float = run_field(0.0, "algorithm.distill_coef under distill_mode loss")
-    """Weight of the on-policy distillation loss term 1/2 (log pi_theta - log pi_teacher)^2
-    (``gyre.algos.distill``); 0: none."""

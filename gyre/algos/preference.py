@@ -28,47 +28,11 @@ length-averaged log-prob.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
-PreferenceLossType = Literal["sigmoid", "ipo", "hinge", "robust", "simpo"]
-LENGTH_AVERAGED: tuple[str, ...] = ("ipo", "simpo")
-"""Variants that compare length-averaged log-probs instead of sums."""
-REFERENCE_FREE: tuple[str, ...] = ("simpo",)
-"""Variants that need no reference model."""
-
-
-@dataclass(frozen=True)
-class PreferenceLossSpec:
-    """Which variant and its coefficients (the ``dpo`` config section's)."""
-
-    loss_type: PreferenceLossType = "sigmoid"
-    beta: float = 0.1
-    """Inverse temperature of the implicit reward (IPO: the regulariser tau; SimPO: the reward scale)."""
-    label_smoothing: float = 0.0
-    """The assumed fraction of flipped labels, in [0, 0.5): cDPO (sigmoid), robust DPO, SimPO."""
-    simpo_gamma: float = 0.5
-    """SimPO's target reward margin gamma."""
-    rpo_alpha: float | None = None
-    """Weight of the chosen responses' per-token NLL (RPO); None leaves it out."""
-
-    def __post_init__(self) -> None:
-        if self.loss_type not in get_args(PreferenceLossType):
-            raise ValueError(f"loss_type must be one of {', '.join(get_args(PreferenceLossType))}, "
-                             f"got {self.loss_type!r}")
-        if self.beta <= 0:
-            raise ValueError(f"beta must be positive, got {self.beta}")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
-        if self.label_smoothing and self.loss_type in ("ipo", "hinge"):
-            raise ValueError(f"label_smoothing has no meaning for loss_type {self.loss_type!r} (it applies to sigmoid, "
-                             "robust and simpo): set it to 0")
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.loss_type not in REFERENCE_FREE
+from gyre.algos.specs import LENGTH_AVERAGED, PreferenceLossSpec
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.command == "config":  # the schema alone: no torch, no Ray (the error classes below import them)
+        from gyre.config.load import ConfigError
+        from gyre.config.reference import describe
+
+        try:
+            print(describe(args.describe, args.pipeline))
+            return 0
+        except ConfigError as exc:
+            print(f"gyre: error: {exc}", file=sys.stderr)
+            return 2
     from gyre.app.evaluate import OutputExistsError
     from gyre.app.export import ExportError
     from gyre.app.interrupt import RunInterrupted, stop_on_signals
@@ -324,11 +334,6 @@ def _dispatch(args) -> int:
         return _simulate(args)
     if args.command == "sandbox-serve":
         return _sandbox_serve(args)
-    if args.command == "config":
-        from gyre.config.reference import describe
-
-        print(describe(args.describe, args.pipeline))
-        return 0
     if args.command == "report":
         return _report(args)
     if args.command in ("eval", "generate", "export"):

@@ -1,13 +1,20 @@
-"""Other frameworks' names for gyre's config keys, for the "did you mean" of an unknown key.
+"""Other frameworks' names for gyre's config keys, for the "did you mean" of an unknown key; and gyre's own
+keys that moved, which load at their new place.
 
 Users arrive with TRL's ``num_generations``, verl's ``actor_rollout_ref.rollout.n`` or OpenRLHF's
 ``--n_samples_per_prompt`` in their fingers; the strict config rejects those keys, and this table lets
 the error name gyre's key instead of a spelling neighbour. Where the meaning differs (a batch counted in
 prompts instead of samples, a second key to set), the note says so.
+
+A key gyre itself moved with its meaning unchanged (``algorithm.cispo_low`` is now
+``algorithm.loss.cispo.low``) is an alias with ``moved``: loading rewrites it to the new key
+(``move_renamed``) and says so once per key, instead of refusing it.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -19,6 +26,8 @@ class Alias:
     """Whose name this is: TRL, verl, OpenRLHF or ROLL (or an earlier gyre, for a key it replaced)."""
     note: str = ""
     """How gyre's key differs, when it does."""
+    moved: bool = False
+    """gyre's own key, moved with its meaning unchanged: loading rewrites it to ``key``, with a notice."""
 
 
 _SAMPLES = "rollout.samples_per_prompt"
@@ -37,8 +46,8 @@ BY_PATH: dict[str, Alias] = {
     "critic.model.path": Alias("critic.model_path", "verl"),
     "reward_model.model.path": Alias("reward.reward_model.path", "verl", "with reward.type=reward_model"),
     "critic.optim.lr": Alias("critic.optimizer.lr", "verl"),
-    "algorithm.kl_ctrl.kl_coef": Alias("algorithm.kl_reward_coef", "verl"),
-    "algorithm.kl_ctrl.target_kl": Alias("algorithm.kl_target", "verl"),
+    "algorithm.kl_ctrl.kl_coef": Alias("algorithm.kl.reward_coef", "verl"),
+    "algorithm.kl_ctrl.target_kl": Alias("algorithm.kl.target", "verl"),
     "actor_rollout_ref.rollout.name": Alias("rollout.backend", "verl"),
     # TRL's SFTConfig, under gyre's SFT sections (elsewhere max_steps is the RL run's length)
     "sft.num_train_epochs": Alias("sft.epochs", "TRL"),
@@ -50,6 +59,37 @@ BY_PATH: dict[str, Alias] = {
                                  "logging.trackers=[tensorboard] writes TensorBoard, logging.trackers=[] nothing but "
                                  "metrics.jsonl"),
 }
+
+# The flat algorithm section of earlier gyre, in sub-sections since (issue 22): old key -> new key.
+_ALGORITHM_MOVES = {
+    "estimator": "advantage.estimator", "norm_mean": "advantage.norm_mean", "norm_std": "advantage.norm_std",
+    "std_eps": "advantage.std_eps", "std_ddof": "advantage.std_ddof", "reward_clip": "advantage.reward_clip",
+    "gamma": "advantage.gamma", "lam": "advantage.gae.lam", "gigpo_step_gamma": "advantage.gigpo.step_gamma",
+    "gigpo_episode_weight": "advantage.gigpo.episode_weight", "gigpo_step_weight": "advantage.gigpo.step_weight",
+    "pass_k": "advantage.pass_at_k.k", "whiten_advantages": "advantage.whiten", "advantage_clip": "advantage.clip",
+    "policy_loss": "loss.variant", "ratio_level": "loss.ratio_level", "clip_low": "loss.clip_low",
+    "clip_high": "loss.clip_high", "dual_clip_c": "loss.ppo.dual_clip_c", "tis_low": "loss.tis.low",
+    "tis_high": "loss.tis.high", "topr_positive_weight": "loss.topr.positive_weight",
+    "topr_negative_weight": "loss.topr.negative_weight", "cispo_low": "loss.cispo.low",
+    "cispo_high": "loss.cispo.high", "cispo_unified_mask": "loss.cispo.unified_mask", "kimi15_tau": "loss.kimi15.tau",
+    "behaviour_cap": "loss.decoupled_ppo.behaviour_cap", "clip_cov_ratio": "loss.clip_cov.ratio",
+    "clip_cov_lb": "loss.clip_cov.lb", "clip_cov_ub": "loss.clip_cov.ub", "kl_cov_ratio": "loss.kl_cov.ratio",
+    "kl_cov_coef": "loss.kl_cov.coef", "gmpo_clip_low": "loss.gmpo.clip_low", "gmpo_clip_high": "loss.gmpo.clip_high",
+    "sapo_tau_pos": "loss.sapo.tau_pos", "sapo_tau_neg": "loss.sapo.tau_neg", "loss_agg": "loss.agg",
+    "loss_agg_norm": "loss.agg_norm", "entropy_coef": "loss.entropy_coef",
+    "kl_loss_coef": "kl.loss_coef", "kl_loss_estimator": "kl.loss_estimator",
+    "kl_loss_grad_estimator": "kl.loss_grad_estimator", "kl_clamp": "kl.clamp", "kl_reward_coef": "kl.reward_coef",
+    "kl_reward_estimator": "kl.reward_estimator", "kl_target": "kl.target", "kl_horizon": "kl.horizon",
+    "overlong_mask": "masks.overlong", "overlong_penalty_frac": "masks.overlong_penalty_frac",
+    "difficulty_mask": "masks.difficulty",
+    "value_clip": "critic.value_clip", "critic_warmup": "critic.warmup",
+    "value_aggregation": "critic.value_aggregation",
+    "critic_data_division": "critic.data_division", "adv_mask_low_pct": "critic.adv_mask_low_pct",
+    "entropy_filter_high_pct": "critic.entropy_filter_high_pct",
+    "distill_coef": "distill.coef", "distill_mode": "distill.mode",
+}
+BY_PATH.update({f"algorithm.{old}": Alias(f"algorithm.{new}", "earlier gyre", moved=True)
+                for old, new in _ALGORITHM_MOVES.items()})
 
 # Matched against the last part of the unknown key's path, wherever it was written.
 BY_NAME: dict[str, Alias] = {
@@ -67,14 +107,14 @@ BY_NAME: dict[str, Alias] = {
     "filter_overlong_prompts": Alias("data.overlong_prompts", "verl", "data.overlong_prompts=drop"),
     "truncation": Alias("data.overlong_prompts", "verl", "error, drop or truncate_left"),
     "reward_fn_key": Alias("data.tag_key", "verl"),
-    "beta": Alias("algorithm.kl_loss_coef", "TRL"),
-    "epsilon": Alias("algorithm.clip_low", "TRL"),
-    "epsilon_high": Alias("algorithm.clip_high", "TRL"),
+    "beta": Alias("algorithm.kl.loss_coef", "TRL"),
+    "epsilon": Alias("algorithm.loss.clip_low", "TRL"),
+    "epsilon_high": Alias("algorithm.loss.clip_high", "TRL"),
     "num_iterations": Alias("policy.epochs", "TRL"),
-    "loss_type": Alias("algorithm.loss_agg", "TRL", "or a whole recipe with algorithm.preset, e.g. dr_grpo"),
-    "scale_rewards": Alias("algorithm.norm_std", "TRL", "group, batch or none"),
-    "mask_truncated_completions": Alias("algorithm.overlong_mask", "TRL"),
-    "importance_sampling_level": Alias("algorithm.ratio_level", "TRL"),
+    "loss_type": Alias("algorithm.loss.agg", "TRL", "or a whole recipe with algorithm.preset, e.g. dr_grpo"),
+    "scale_rewards": Alias("algorithm.advantage.norm_std", "TRL", "group, batch or none"),
+    "mask_truncated_completions": Alias("algorithm.masks.overlong", "TRL"),
+    "importance_sampling_level": Alias("algorithm.loss.ratio_level", "TRL"),
     "max_steps": Alias("run.steps", "TRL, ROLL"),
     "run_name": Alias("run.name", "TRL"),
     "max_grad_norm": Alias("policy.grad_clip", "TRL"),
@@ -94,17 +134,17 @@ BY_NAME: dict[str, Alias] = {
     "ppo_micro_batch_size_per_gpu": Alias("policy.micro_batch_size", "verl", _MICRO_NOTE),
     "log_prob_micro_batch_size_per_gpu": Alias("reference.micro_batch_size", "verl"),
     "ppo_epochs": Alias("policy.epochs", "verl, ROLL"),
-    "clip_ratio": Alias("algorithm.clip_low", "verl", "and algorithm.clip_high"),
-    "clip_ratio_low": Alias("algorithm.clip_low", "verl"),
-    "clip_ratio_high": Alias("algorithm.clip_high", "verl"),
-    "clip_ratio_c": Alias("algorithm.dual_clip_c", "verl"),
-    "loss_agg_mode": Alias("algorithm.loss_agg", "verl"),
-    "kl_loss_type": Alias("algorithm.kl_loss_estimator", "verl"),
-    "use_kl_loss": Alias("algorithm.kl_loss_coef", "verl, OpenRLHF", "a coefficient > 0 turns the KL loss on"),
-    "use_kl_in_reward": Alias("algorithm.kl_reward_coef", "verl", "a coefficient > 0 turns the KL penalty on"),
-    "entropy_coeff": Alias("algorithm.entropy_coef", "verl"),
-    "adv_estimator": Alias("algorithm.estimator", "verl, ROLL", "or a whole recipe with algorithm.preset"),
-    "norm_adv_by_std_in_grpo": Alias("algorithm.norm_std", "verl", "group or none"),
+    "clip_ratio": Alias("algorithm.loss.clip_low", "verl", "and algorithm.loss.clip_high"),
+    "clip_ratio_low": Alias("algorithm.loss.clip_low", "verl"),
+    "clip_ratio_high": Alias("algorithm.loss.clip_high", "verl"),
+    "clip_ratio_c": Alias("algorithm.loss.ppo.dual_clip_c", "verl"),
+    "loss_agg_mode": Alias("algorithm.loss.agg", "verl"),
+    "kl_loss_type": Alias("algorithm.kl.loss_estimator", "verl"),
+    "use_kl_loss": Alias("algorithm.kl.loss_coef", "verl, OpenRLHF", "a coefficient > 0 turns the KL loss on"),
+    "use_kl_in_reward": Alias("algorithm.kl.reward_coef", "verl", "a coefficient > 0 turns the KL penalty on"),
+    "entropy_coeff": Alias("algorithm.loss.entropy_coef", "verl"),
+    "adv_estimator": Alias("algorithm.advantage.estimator", "verl, ROLL", "or a whole recipe with algorithm.preset"),
+    "norm_adv_by_std_in_grpo": Alias("algorithm.advantage.norm_std", "verl", "group or none"),
     "enable_gradient_checkpointing": Alias("model.gradient_checkpointing", "verl"),
     "use_remove_padding": Alias("policy.remove_padding", "verl", "sort or pack"),
     "use_dynamic_bsz": Alias("policy.micro_batch_tokens", "verl", "setting the token budget turns it on"),
@@ -117,11 +157,12 @@ BY_NAME: dict[str, Alias] = {
     "default_local_dir": Alias("run.output_dir", "verl"),
     "experiment_name": Alias("run.name", "verl"),
     "max_actor_ckpt_to_keep": Alias("checkpoint.keep_last", "verl"),
-    "loss_mode": Alias("algorithm.policy_loss", "verl", "verl's geo_mean is gmpo; its gpg loss is vanilla"),
-    "tau_pos": Alias("algorithm.sapo_tau_pos", "verl"),
-    "tau_neg": Alias("algorithm.sapo_tau_neg", "verl"),
-    "ppo_kl_coef": Alias("algorithm.kl_cov_coef", "verl"),
-    "k_percent": Alias("algorithm.kl_cov_ratio", "Entropy-Mechanism-of-RL", "a share, not a percentage: 0.2 is 0.002"),
+    "loss_mode": Alias("algorithm.loss.variant", "verl", "verl's geo_mean is gmpo; its gpg loss is vanilla"),
+    "tau_pos": Alias("algorithm.loss.sapo.tau_pos", "verl"),
+    "tau_neg": Alias("algorithm.loss.sapo.tau_neg", "verl"),
+    "ppo_kl_coef": Alias("algorithm.loss.kl_cov.coef", "verl"),
+    "k_percent": Alias("algorithm.loss.kl_cov.ratio", "Entropy-Mechanism-of-RL",
+                       "a share, not a percentage: 0.2 is 0.002"),
     "rollout_is_batch_normalize": Alias("algorithm.mismatch.normalize_weights", "verl"),
     # OpenRLHF (command-line flags)
     "n_samples_per_prompt": Alias(_SAMPLES, "OpenRLHF"),
@@ -138,14 +179,15 @@ BY_NAME: dict[str, Alias] = {
     "reward_pretrain": Alias("reward.reward_model.path", "OpenRLHF", "with reward.type=reward_model"),
     "actor_learning_rate": Alias("policy.optimizer.lr", "OpenRLHF"),
     "critic_learning_rate": Alias("critic.optimizer.lr", "OpenRLHF"),
-    "init_kl_coef": Alias("algorithm.kl_reward_coef", "OpenRLHF, ROLL",
-                          "with OpenRLHF's --use_kl_loss it is algorithm.kl_loss_coef"),
-    "kl_estimator": Alias("algorithm.kl_loss_estimator", "OpenRLHF"),
-    "eps_clip": Alias("algorithm.clip_low", "OpenRLHF", "and algorithm.clip_high"),
-    "eps_clip_low_high": Alias("algorithm.clip_low", "OpenRLHF", "and algorithm.clip_high"),
-    "lambd": Alias("algorithm.lam", "OpenRLHF"),
-    "advantage_estimator": Alias("algorithm.estimator", "OpenRLHF", "or a whole recipe with algorithm.preset"),
-    "entropy_loss_coef": Alias("algorithm.entropy_coef", "OpenRLHF"),
+    "init_kl_coef": Alias("algorithm.kl.reward_coef", "OpenRLHF, ROLL",
+                          "with OpenRLHF's --use_kl_loss it is algorithm.kl.loss_coef"),
+    "kl_estimator": Alias("algorithm.kl.loss_estimator", "OpenRLHF"),
+    "eps_clip": Alias("algorithm.loss.clip_low", "OpenRLHF", "and algorithm.loss.clip_high"),
+    "eps_clip_low_high": Alias("algorithm.loss.clip_low", "OpenRLHF", "and algorithm.loss.clip_high"),
+    "lambd": Alias("algorithm.advantage.gae.lam", "OpenRLHF"),
+    "advantage_estimator": Alias("algorithm.advantage.estimator", "OpenRLHF",
+                                 "or a whole recipe with algorithm.preset"),
+    "entropy_loss_coef": Alias("algorithm.loss.entropy_coef", "OpenRLHF"),
     "save_path": Alias("run.output_dir", "OpenRLHF"),
     "max_ckpt_num": Alias("checkpoint.keep_last", "OpenRLHF"),
     "prompt_data": Alias("data.train_files", "OpenRLHF"),
@@ -226,7 +268,7 @@ BY_PIPELINE: dict[str, dict[str, Alias]] = {
 
 # Values gyre renamed, by key (the section's dotted path and the key): the old value -> what to write now.
 RENAMED_VALUES: dict[str, dict[str, str]] = {
-    "algorithm.estimator": {
+    "algorithm.advantage.estimator": {
         "reinforce_pp_baseline": "was renamed group_centred_batch_std (the group-centred reward over the batch "
                                  "std of the centred rewards, per response); the paper's REINFORCE++-baseline, "
                                  "normalised over tokens after the KL penalty, is algorithm.preset="
@@ -236,15 +278,69 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 
 
 def renamed_value(section: object, path: str) -> str | None:
-    """The message for a value of ``section`` (the raw mapping at dotted ``path``) that gyre renamed, if any."""
-    if not isinstance(section, dict):
-        return None
+    """The message for a value of ``section`` (the raw mapping at dotted ``path``, its sub-sections included)
+    that gyre renamed, if any."""
     for dotted, renames in RENAMED_VALUES.items():
         where, _, key = dotted.rpartition(".")
-        value = section.get(key) if where == path else None
+        if where != path and not where.startswith(path + "."):
+            continue
+        node = section
+        for part in where.split(".")[path.count(".") + 1:]:
+            node = node.get(part) if isinstance(node, dict) else None
+        value = node.get(key) if isinstance(node, dict) else None
         if isinstance(value, str) and value in renames:
             return f"{dotted}={value} {renames[value]}"
     return None
+
+
+_ANNOUNCED: set[str] = set()
+"""The moved keys already announced in this process (a notice is printed once per key)."""
+
+
+def announce_move(old: str, new: str) -> None:
+    """The one-line notice of a moved key, once per key and process, on stderr (stdout may be a report)."""
+    if old not in _ANNOUNCED:
+        _ANNOUNCED.add(old)
+        print(f"note: config key {old} -> {new} (renamed; write the new key, the old one still loads)",
+              file=sys.stderr)
+
+
+def move_renamed(section: object, path: str, announce: Callable[[str, str], None] = announce_move) -> object:
+    """``section`` (the raw mapping at dotted ``path``) with each key gyre moved (a ``moved`` alias) written at
+    its new place, ``{"cispo_low": 0.2}`` at ``algorithm`` becoming ``{"loss": {"cispo": {"low": 0.2}}}``, and
+    each move announced. The mapping given is not changed. A key written both ways is a ValueError."""
+    if not isinstance(section, dict):
+        return section
+    out = dict(section)
+    for key in section:
+        alias = BY_PATH.get(f"{path}.{key}")
+        if alias is None or not alias.moved:
+            continue
+        old = f"{path}.{key}"
+        *parents, leaf = alias.key.removeprefix(path + ".").split(".")
+        node = out
+        for part in parents:
+            child = node.get(part)
+            if child is not None and not isinstance(child, dict):
+                raise ValueError(f"{old} was renamed {alias.key}, but {part} is written as a value, not a section")
+            node[part] = dict(child or {})  # a copy: the caller's mapping stays as written
+            node = node[part]
+        if leaf in node:
+            raise ValueError(f"{old} was renamed {alias.key}, and both are written: keep {alias.key}")
+        node[leaf] = out.pop(key)
+        announce(old, alias.key)
+    return out
+
+
+def moved_close_to(path: str) -> Alias | None:
+    """The moved key whose old name is closest in spelling to the unknown key at dotted ``path``
+    (``algorithm.kl_los_coef`` -> the alias of algorithm.kl_loss_coef), if any is close."""
+    import difflib
+
+    where, _, name = path.rpartition(".")
+    olds = {k.rpartition(".")[2]: a for k, a in BY_PATH.items() if a.moved and k.rpartition(".")[0] == where}
+    close = difflib.get_close_matches(name, list(olds), n=1, cutoff=0.8)
+    return olds[close[0]] if close else None
 
 
 def alias_for(path: str, pipeline: str | None = None) -> tuple[str, Alias] | None:

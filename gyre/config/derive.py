@@ -50,7 +50,7 @@ class RunPlan:
     """LoRA: the reference log-probs come from the policy ranks with the adapters switched off (the base
     model), so there is no reference role."""
     use_critic: bool
-    """algorithm.estimator gae: a critic role (value model) trains beside the policy."""
+    """algorithm.advantage.estimator gae: a critic role (value model) trains beside the policy."""
     reward_workers: int
     """CPU reward-worker actors over all function domains (each takes one CPU outside the device slots)."""
     critic_dp_size: int
@@ -68,7 +68,7 @@ class RunPlan:
     critic_roles: tuple[str, ...] = ()
     """The critics' role names in ``roles``: critic (PPO), or critic.0 ... critic.M-1 (critic.num_critics = M)."""
     use_teacher: bool = False
-    """On-policy distillation (algorithm.distill_coef > 0): a teacher role scores every batch."""
+    """On-policy distillation (algorithm.distill.coef > 0): a teacher role scores every batch."""
 
     def with_warmup(self, sft: SFTConfig | None, examples: int) -> RunPlan:
         """This plan with the SFT warm-up's steps over its ``examples`` loaded examples."""
@@ -161,10 +161,10 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     recompute = _recompute_old_logprobs(cfg, steps_per_batch, notes)
     _note_rollout_logprobs(cfg, notes)
     _note_algorithm(cfg, steps_per_batch, notes)
-    agg_norm = (a.loss_agg_norm or _response_budget(cfg)) if a.loss_agg == "seq-mean-token-sum-norm" else None
+    agg_norm = (a.loss.agg_norm or _response_budget(cfg)) if a.loss.agg == "seq-mean-token-sum-norm" else None
     # The overlong penalty measures each response (each model turn, in an episode) against its own budget.
     turn_budget = cfg.env.turn_tokens if cfg.env is not None else cfg.rollout.sampling.max_new_tokens
-    cache = max(1, round(a.overlong_penalty_frac * turn_budget)) if a.overlong_penalty_frac else None
+    cache = max(1, round(a.masks.overlong_penalty_frac * turn_budget)) if a.masks.overlong_penalty_frac else None
     sft_steps = _check_sft(cfg, dp)
     if cfg.validation.every and cfg.data is not None and not cfg.data.val_files:
         raise ConfigError("validation.every > 0 needs data.val_files (held-out prompts); or set validation.every=0")
@@ -197,23 +197,26 @@ def _check_critics(cfg: RLVRConfig, notes: list[str]) -> None:
     """Several critics (AsyPPO) split every batch evenly; their disagreement needs at least two of them."""
     a, c = cfg.algorithm, cfg.critic
     m = c.num_critics
-    masks = [k for k in ("adv_mask_low_pct", "entropy_filter_high_pct") if getattr(a, k) > 0]
+    masks = [f"algorithm.critic.{k}" for k in ("adv_mask_low_pct", "entropy_filter_high_pct")
+             if getattr(a.critic, k) > 0]
     if masks and m < 2:
-        raise ConfigError(f"algorithm.{' and '.join(masks)} rank the disagreement (std) of several critics' values, "
+        raise ConfigError(f"{' and '.join(masks)} rank the disagreement (std) of several critics' values, "
                           f"but critic.num_critics={m}; set critic.num_critics >= 2 (algorithm=asyppo sets 2), or "
                           "set them to 0")
-    if a.entropy_filter_high_pct > 0 and a.entropy_coef == 0:
-        notes.append("algorithm.entropy_filter_high_pct: no effect, algorithm.entropy_coef is 0 (no entropy term)")
+    if a.critic.entropy_filter_high_pct > 0 and a.loss.entropy_coef == 0:
+        notes.append("algorithm.critic.entropy_filter_high_pct: no effect, algorithm.loss.entropy_coef is 0 "
+                     "(no entropy term)")
     if m == 1:
         return
     if not a.uses_critic:
-        notes.append(f"critic.num_critics={m}: no effect, estimator={a.estimator} has no critic")
+        notes.append(f"critic.num_critics={m}: no effect, estimator={a.advantage.estimator} has no critic")
         return
     rollout = cfg.rollout
-    share, what = ((rollout.samples_per_prompt, "rollout.samples_per_prompt") if a.critic_data_division ==
-                   "group_response_split" else (rollout.prompts_per_step, "rollout.prompts_per_step"))
+    division = a.critic.data_division
+    share, what = ((rollout.samples_per_prompt, "rollout.samples_per_prompt") if division == "group_response_split"
+                   else (rollout.prompts_per_step, "rollout.prompts_per_step"))
     if share % m:
-        raise ConfigError(f"algorithm.critic_data_division={a.critic_data_division} gives each of the {m} critics "
+        raise ConfigError(f"algorithm.critic.data_division={division} gives each of the {m} critics "
                           f"an equal share of {what}={share}; make it a multiple of critic.num_critics")
     mini = cfg.policy.mini_batch_size or rollout.prompts_per_step * rollout.samples_per_prompt
     ranks = len(c.devices)
@@ -224,7 +227,7 @@ def _check_critics(cfg: RLVRConfig, notes: list[str]) -> None:
 
 def _reference_note(cfg: RLVRConfig) -> str:
     a = cfg.algorithm
-    kl = f"KL to the reference (kl_loss_coef={a.kl_loss_coef}, kl_reward_coef={a.kl_reward_coef})"
+    kl = f"KL to the reference (kl.loss_coef={a.kl.loss_coef}, kl.reward_coef={a.kl.reward_coef})"
     if cfg.policy.lora is None:
         return f"{kl}: a reference role is created on devices {list(cfg.reference.devices)}"
     unused = " (the reference section has no effect)" if cfg.reference.model_fields_set else ""
@@ -236,14 +239,14 @@ def _teacher_note(cfg: RLVRConfig) -> str:
     """The teacher needs a model; say what its signal does (ConfigError without a model)."""
     a = cfg.algorithm
     if cfg.teacher.model_path is None:
-        raise ConfigError(f"algorithm.distill_coef={a.distill_coef:g} distils from a teacher model, but "
+        raise ConfigError(f"algorithm.distill.coef={a.distill.coef:g} distils from a teacher model, but "
                           "teacher.model_path is not set: name the teacher's model directory (or cached Hub id), "
-                          "one that uses the student's tokenizer; or set algorithm.distill_coef=0")
-    c, d = f"{a.distill_coef:g}", "(log pi_student - log pi_teacher)"
+                          "one that uses the student's tokenizer; or set algorithm.distill.coef=0")
+    mode, c, d = a.distill.mode, f"{a.distill.coef:g}", "(log pi_student - log pi_teacher)"
     what = {"pure": f"each token's advantage is -{c} x {d} (the task reward is not used)",
             "advantage": f"-{c} x {d} is added to each token's RL advantage",
             "loss": f"{c} x 1/2 {d}^2 joins the loss (its gradient is the reverse KL's)"}
-    return (f"on-policy distillation ({a.distill_mode}): {what[a.distill_mode]}; a teacher role is created on "
+    return (f"on-policy distillation ({mode}): {what[mode]}; a teacher role is created on "
             f"devices {list(cfg.teacher.devices)}")
 
 
@@ -311,9 +314,10 @@ def _check_groups(cfg: RLVRConfig) -> None:
     a = cfg.algorithm
     if not a.uses_groups:
         return
-    what = (f"estimator={a.estimator}" if a.advantage_estimator.groups else
-            "difficulty_mask" if a.difficulty_mask is not None and "group" not in (a.norm_mean, a.norm_std)
-            else f"norm_mean={a.norm_mean}, norm_std={a.norm_std}")
+    adv = a.advantage
+    what = (f"estimator={adv.estimator}" if adv.row.groups else
+            "masks.difficulty" if a.masks.difficulty is not None and "group" not in (adv.norm_mean, adv.norm_std)
+            else f"norm_mean={adv.norm_mean}, norm_std={adv.norm_std}")
     if cfg.rollout.samples_per_prompt < 2:
         raise ConfigError(f"algorithm {what} compares the samples of each prompt, so rollout.samples_per_prompt "
                           "must be >= 2; or use a batch-level estimator (e.g. algorithm=reinforce_pp or ppo)")
@@ -325,20 +329,21 @@ def _check_groups(cfg: RLVRConfig) -> None:
 
 def _check_baselines(cfg: RLVRConfig) -> None:
     """Estimators that need more of the rollout than the group: pass@k's k samples, ReMax's greedy response."""
-    a, r = cfg.algorithm, cfg.rollout
-    if a.estimator == "pass_at_k" and a.pass_k > r.samples_per_prompt:
-        raise ConfigError(f"algorithm.pass_k={a.pass_k} draws subsets of {a.pass_k} samples of each prompt, but "
-                          f"rollout.samples_per_prompt={r.samples_per_prompt}; set pass_k <= samples_per_prompt")
-    if not a.advantage_estimator.greedy:
+    a, r = cfg.algorithm.advantage, cfg.rollout
+    if a.estimator == "pass_at_k" and a.pass_at_k.k > r.samples_per_prompt:
+        raise ConfigError(f"algorithm.advantage.pass_at_k.k={a.pass_at_k.k} draws subsets of {a.pass_at_k.k} samples "
+                          f"of each prompt, but rollout.samples_per_prompt={r.samples_per_prompt}; set k <= "
+                          "samples_per_prompt")
+    if not a.row.greedy:
         return
     if cfg.env is not None:
-        raise ConfigError(f"algorithm.estimator={a.estimator} takes each prompt's greedy response as its baseline, "
-                          "which the rollout generates for prompts, not for environment episodes; choose another "
-                          "estimator (e.g. algorithm=grpo or rloo) for an environment")
+        raise ConfigError(f"algorithm.advantage.estimator={a.estimator} takes each prompt's greedy response as "
+                          "its baseline, which the rollout generates for prompts, not for environment episodes; "
+                          "choose another estimator (e.g. algorithm=grpo or rloo) for an environment")
     if r.sampling.temperature == 0:
         raise ConfigError(f"rollout.sampling.temperature=0 makes every sample the greedy response, so "
-                          f"algorithm.estimator={a.estimator} (greedy baseline) gives every advantage 0; use a "
-                          "temperature > 0")
+                          f"algorithm.advantage.estimator={a.estimator} (greedy baseline) gives every advantage 0; "
+                          "use a temperature > 0")
 
 
 def _response_budget(cfg: RLVRConfig) -> int:
@@ -352,18 +357,19 @@ def _check_turns(cfg: RLVRConfig, notes: list[str]) -> None:
     """Credit per model turn needs multi-turn episodes; a run that learns from prompts samples single responses."""
     a = cfg.algorithm
     if a.uses_turns and cfg.data is not None:
-        raise ConfigError(f"algorithm.estimator={a.estimator} assigns credit to the turns of multi-turn episodes, "
-                          "but this run learns from prompts (data), whose samples are single responses; choose a "
-                          "trajectory-level estimator (e.g. algorithm=grpo or rloo) or learn from an environment")
+        raise ConfigError(f"algorithm.advantage.estimator={a.advantage.estimator} assigns credit to the turns of "
+                          "multi-turn episodes, but this run learns from prompts (data), whose samples are single "
+                          "responses; choose a trajectory-level estimator (e.g. algorithm=grpo or rloo) or learn from "
+                          "an environment")
     env = cfg.env
     default_history = EnvConfig.model_fields["history_turns"].default
     if env is not None and env.samples != "step" and env.history_turns != default_history:
         notes.append(f"env.history_turns={env.history_turns}: no effect, trajectory-level samples show every turn "
                      "(set env.samples: step for a history window)")
     if a.uses_critic and env is not None and env.samples == "step":
-        raise ConfigError(f"algorithm.estimator={a.estimator} learns a value of each token of one sequence, but "
-                          "env.samples=step trains every turn as a sequence of its own whose context drops "
-                          "earlier turns; use env.samples: trajectory, or a critic-free estimator (e.g. grpo, "
+        raise ConfigError(f"algorithm.advantage.estimator={a.advantage.estimator} learns a value of each token of one "
+                          "sequence, but env.samples=step trains every turn as a sequence of its own whose context "
+                          "drops earlier turns; use env.samples: trajectory, or a critic-free estimator (e.g. grpo, "
                           "step_returns, gigpo)")
 
 
@@ -378,28 +384,38 @@ def _note_algorithm(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> 
                                       "there; bench/attention_credit.py measures the cost)")
         notes.append(f"attention-based credit ({credit.strategy}): non-negative advantages of the top "
                      f"{credit.top_q:.0%} tokens of each response are scaled by {credit.gamma_amp:g}, chosen by {how}")
-    if "distill_mode" in a.model_fields_set and not a.uses_teacher:
-        notes.append("algorithm.distill_mode: no effect, algorithm.distill_coef is 0 (no teacher)")
-    gigpo_keys = sorted(k for k in a.model_fields_set if k.startswith("gigpo_"))
-    if gigpo_keys and a.estimator != "gigpo":
-        notes.append(f"{', '.join('algorithm.' + k for k in gigpo_keys)}: no effect, estimator={a.estimator} "
-                     "is not gigpo")
-    if "pass_k" in a.model_fields_set and a.estimator != "pass_at_k":
-        notes.append(f"algorithm.pass_k: no effect, estimator={a.estimator} is not pass_at_k")
-    if a.estimator == "opo" and steps_per_batch > 1:
+    if "mode" in a.distill.model_fields_set and not a.uses_teacher:
+        notes.append("algorithm.distill.mode: no effect, algorithm.distill.coef is 0 (no teacher)")
+    notes += _unused_variant_knobs(a.advantage, "advantage", "estimator") + _unused_variant_knobs(a.loss, "loss",
+                                                                                                  "variant")
+    estimator = a.advantage.estimator
+    if estimator == "opo" and steps_per_batch > 1:
         notes.append(f"estimator=opo derives its baseline for exact on-policy training (one optimizer step per "
                      f"rollout batch); this run takes {steps_per_batch} (policy.mini_batch_size, policy.epochs)")
-    if not a.uses_critic and (a.value_clip is not None or a.critic_warmup):
-        notes.append(f"algorithm.value_clip / critic_warmup have no effect: estimator={a.estimator} has no critic")
-    if a.critic_warmup >= cfg.run.steps and a.uses_critic:
-        raise ConfigError(f"algorithm.critic_warmup={a.critic_warmup} >= run.steps={cfg.run.steps}: the policy "
+    if not a.uses_critic and (a.critic.value_clip is not None or a.critic.warmup):
+        notes.append(f"algorithm.critic.value_clip / warmup have no effect: estimator={estimator} has no critic")
+    if a.critic.warmup >= cfg.run.steps and a.uses_critic:
+        raise ConfigError(f"algorithm.critic.warmup={a.critic.warmup} >= run.steps={cfg.run.steps}: the policy "
                           "would never train")
-    if not a.loss_variant.has_ratio and steps_per_batch > 1:
-        notes.append(f"warning: policy_loss={a.policy_loss} has no importance ratio, so it is only correct on-policy; "
-                     f"with {steps_per_batch} optimizer steps per rollout batch later steps are off-policy")
-    if a.difficulty_mask == (0.0, 1.0):
-        notes.append("algorithm.difficulty_mask (0, 1): groups whose samples all score the same leave the loss "
+    if not a.loss.row.has_ratio and steps_per_batch > 1:
+        notes.append(f"warning: loss.variant={a.loss.variant} has no importance ratio, so it is only correct "
+                     f"on-policy; with {steps_per_batch} optimizer steps per rollout batch later steps are off-policy")
+    if a.masks.difficulty == (0.0, 1.0):
+        notes.append("algorithm.masks.difficulty (0, 1): groups whose samples all score the same leave the loss "
                      "(no refill: the batch shrinks instead)")
+
+
+def _unused_variant_knobs(section, name: str, selector: str) -> list[str]:
+    """Knobs written (by the user or the preset) in the sub-section of a variant the run does not use."""
+    chosen = getattr(section, selector)
+    notes = []
+    for variant in section.model_fields_set:
+        knobs = getattr(section, variant)
+        if variant == chosen or not hasattr(knobs, "model_fields_set") or not knobs.model_fields_set:
+            continue
+        keys = ", ".join(f"algorithm.{name}.{variant}.{k}" for k in sorted(knobs.model_fields_set))
+        notes.append(f"{keys}: no effect, {selector}={chosen} is not {variant}")
+    return sorted(notes)
 
 
 def _check_rollout_schedule(cfg: RLVRConfig, hybrid: bool, notes: list[str]) -> None:
@@ -427,16 +443,16 @@ def _check_rollout_schedule(cfg: RLVRConfig, hybrid: bool, notes: list[str]) -> 
             notes.append(f"rollout.async_ratio={r.async_ratio:g}: samples are queued one request each (queue "
                          "scheduling), over engines that keep generating while the policy trains")
         a = cfg.algorithm
-        if a.mismatch.weight == "none" and a.policy_loss not in ("tis", "cispo", "topr", "decoupled_ppo"):
+        if a.mismatch.weight == "none" and a.loss.variant not in ("tis", "cispo", "topr", "decoupled_ppo"):
             notes.append(f"warning: rollout.async_ratio={r.async_ratio:g} trains on samples up to "
                          f"{math.ceil(r.async_ratio)} version(s) old and nothing corrects for it: set "
                          "algorithm.mismatch.weight=token (truncated importance weights pi_old / mu) or an "
-                         "off-policy loss (algorithm.policy_loss=decoupled_ppo, tis, cispo or topr)")
+                         "off-policy loss (algorithm.loss.variant=decoupled_ppo, tis, cispo or topr)")
     if r.tail_batching is not None and r.dynamic_sampling is not None:
         raise ConfigError("rollout.tail_batching and rollout.dynamic_sampling both decide which groups of a round "
                           "train: use one of them")
-    if r.dynamic_sampling is not None and cfg.algorithm.difficulty_mask is not None:
-        notes.append("rollout.dynamic_sampling refills dropped groups, algorithm.difficulty_mask zeroes groups that "
+    if r.dynamic_sampling is not None and cfg.algorithm.masks.difficulty is not None:
+        notes.append("rollout.dynamic_sampling refills dropped groups, algorithm.masks.difficulty zeroes groups that "
                      "are generated: with both, a group can be masked that the filter kept")
 
 

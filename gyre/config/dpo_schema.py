@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from gyre.algos.preference import PreferenceLossSpec, PreferenceLossType
+from gyre.algos.specs import PreferenceLossSpec, PreferenceLossType
 from gyre.config.base import PositiveFloat, PositiveInt, StrictModel
 from gyre.config.data_schema import DataSource
 from gyre.config.schema import ClusterConfig, ModelConfig, OptimizerConfig, SchedulerConfig, WatchdogConfig

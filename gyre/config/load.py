@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gyre.config.aliases import alias_for, describe
+from gyre.config.aliases import alias_for, describe, moved_close_to
 from gyre.config.schema import RLVRConfig
 
 
@@ -133,7 +133,7 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel], source:
 def _suggest(root: type[BaseModel], loc: tuple[str, ...], value: Any = None) -> str:
     """A "did you mean" hint: gyre's key for another framework's name (``aliases``), else the same key
     in a nested section (exact, so it beats a spelling neighbour: policy.lr is policy.optimizer.lr, not
-    policy.lora), else a close spelling here."""
+    policy.lora), else a close spelling here, else the new place of a close spelling of a moved key."""
     foreign = _foreign_hint(root, _shown(".".join(loc)), value)
     if foreign:
         return foreign
@@ -146,7 +146,8 @@ def _suggest(root: type[BaseModel], loc: tuple[str, ...], value: Any = None) -> 
     guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6) or [k for k in valid if k.startswith(key)][:1]
     if guess:
         return f"; did you mean {_shown('.'.join(parent + (guess[0],)))!r}?"
-    return ""
+    moved = moved_close_to(".".join(loc))  # a misspelt key of an earlier gyre: where that key went
+    return f"; did you mean {moved.key!r}?" if moved is not None else ""
 
 
 def _foreign_hint(root: type[BaseModel], path: str, value: Any) -> str:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from gyre.config.aliases import alias_for
 from gyre.config.load import ConfigError, _model_in, _suggest
 
 NAME = "<name>"
@@ -178,8 +179,9 @@ def children(docs: list[FieldDoc], section: FieldDoc) -> list[FieldDoc]:
 
 def describe(key: str | None, pipeline: str | None = None) -> str:
     """What ``gyre config --describe KEY`` prints: a key's path, type, default, allowed values and
-    docstring; a section's keys one per line; no key: the top-level sections. An unknown key is a
-    ConfigError naming the closest valid key (another framework's name included)."""
+    docstring; a section's keys one per line; no key: the top-level sections. A key gyre moved shows the key
+    it became. An unknown key is a ConfigError naming the closest valid key (another framework's name
+    included)."""
     pipeline = pipeline or _pipeline_of_key(key)
     schema = schema_for(pipeline)
     docs = field_docs(schema)
@@ -187,6 +189,9 @@ def describe(key: str | None, pipeline: str | None = None) -> str:
         top = [d for d in docs if "." not in d.path]
         return f"{schema.__name__} (pipeline {pipeline or 'rlvr'}): its sections and keys\n" + _lines(top)
     doc = find(docs, key)
+    moved = alias_for(key.strip()) if doc is None else None
+    if moved is not None and moved[1].moved:  # a key of an earlier gyre: the entry of the key it became
+        return f"{key.strip()} is now {moved[1].key}\n\n" + describe(moved[1].key, pipeline)
     if doc is None:
         where = "" if pipeline else "; --pipeline sft or dpo for those runs' keys"
         raise ConfigError(f"unknown config key {key!r}{_hint(schema, docs, key)} (`gyre config --describe` lists "

@@ -72,23 +72,26 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
 def _algorithm_lines(cfg: RLVRConfig, plan: RunPlan) -> list[str]:
     """The estimator, the policy loss with the knobs its variant reads, the KL loss and the mismatch correction."""
     a = cfg.algorithm
-    estimator = a.estimator + (f" (k={a.pass_k})" if a.estimator == "pass_at_k" else "")
-    lines = [f"  advantages           {estimator}, rewards normalised by mean {a.norm_mean} / std {a.norm_std}"
-             + (", whitened" if a.whiten_advantages else "")
+    adv, loss = a.advantage, a.loss
+    estimator = adv.estimator + (f" (k={adv.pass_at_k.k})" if adv.estimator == "pass_at_k" else "")
+    lines = [f"  advantages           {estimator}, rewards normalised by mean {adv.norm_mean} / std {adv.norm_std}"
+             + (", whitened" if adv.whiten else "")
              + (f"; credit {a.credit.strategy} (gamma {a.credit.gamma_amp:g} on the top {a.credit.top_q:.0%})"
                 if a.credit.strategy != "none" else "")]
-    if a.advantage_estimator.greedy:
+    if adv.row.greedy:
         lines.append("  greedy baseline      + 1 greedy sample per prompt (temperature 0), scored, used as the "
                      "baseline, never trained")
-    ratio = f"{a.ratio_level} ratio" if a.loss_variant.has_ratio else "no ratio"
-    knobs = ", ".join(f"{k}={getattr(a, k)}" for k in a.loss_variant.knobs)
-    how = ratio + (f"; {knobs}" if knobs else "")
-    lines.append(f"  policy loss          {a.policy_loss} ({how}), aggregated {a.loss_agg}"
+    ratio = f"{loss.ratio_level} ratio" if loss.row.has_ratio else "no ratio"
+    own = getattr(loss, loss.variant) if loss.row.knobs is not None else None
+    knobs = [f"{k}={getattr(loss, k)}" for k in loss.row.shared]
+    knobs += [f"{loss.variant}.{k}={getattr(own, k)}" for k in type(own).model_fields] if own is not None else []
+    how = ratio + (f"; {', '.join(knobs)}" if knobs else "")
+    lines.append(f"  policy loss          {loss.variant} ({how}), aggregated {loss.agg}"
                  + (f" / {plan.loss_agg_norm}" if plan.loss_agg_norm else ""))
-    if a.kl_loss_coef > 0:
-        grad = a.kl_loss_grad_estimator
-        lines.append(f"  KL loss              {a.kl_loss_coef:g} x {a.kl_loss_estimator}"
-                     + (f" in value, {grad} in gradient (straight-through)" if grad and grad != a.kl_loss_estimator
+    if a.kl.loss_coef > 0:
+        grad = a.kl.loss_grad_estimator
+        lines.append(f"  KL loss              {a.kl.loss_coef:g} x {a.kl.loss_estimator}"
+                     + (f" in value, {grad} in gradient (straight-through)" if grad and grad != a.kl.loss_estimator
                         else ""))
     m = a.mismatch
     if m.enabled:
@@ -120,8 +123,8 @@ def _critic_line(cfg: RLVRConfig, plan: RunPlan) -> str:
         return head + "no"
     if len(plan.critic_roles) == 1:
         return head + f"{plan.critic_dp_size} rank(s)"
-    a, c = cfg.algorithm, cfg.critic
-    division = ("each an equal share of every prompt's responses" if a.critic_data_division == "group_response_split"
+    a, c = cfg.algorithm.critic, cfg.critic
+    division = ("each an equal share of every prompt's responses" if a.data_division == "group_response_split"
                 else "each whole prompts (prompt shards)")
     return (head + f"{c.num_critics} critics of {plan.critic_dp_size} rank(s) ({', '.join(plan.critic_roles)}), "
             f"{division}; GAE on their {a.value_aggregation} value; advantages masked on the "
@@ -138,9 +141,9 @@ def _reference(plan: RunPlan) -> str:
 def _teacher(cfg: RLVRConfig, plan: RunPlan) -> str:
     if not plan.use_teacher:
         return "no (no distillation)"
-    a = cfg.algorithm
-    return (f"{cfg.teacher.model_path}, on devices {list(cfg.teacher.devices)}; distill_mode {a.distill_mode}, "
-            f"distill_coef {a.distill_coef:g}")
+    d = cfg.algorithm.distill
+    return (f"{cfg.teacher.model_path}, on devices {list(cfg.teacher.devices)}; distill.mode {d.mode}, "
+            f"distill.coef {d.coef:g}")
 
 
 def _lora_line(cfg: RLVRConfig) -> str:

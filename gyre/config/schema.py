@@ -13,25 +13,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator
-from gyre.algos.agentic import TurnSpec
-from gyre.algos.attention_credit import CreditSpec
-from gyre.algos.distill import DistillMode
-from gyre.algos.mismatch import DIVERGENCE_LEVELS, DIVERGENCES
-from gyre.algos.policy_loss import POLICY_LOSSES, OldSource, PolicyLossSpec, PolicyLossVariant
-from gyre.config.base import (
-    DeviceList,
-    NonNegInt,
-    PositiveFloat,
-    PositiveInt,
-    StrictModel,
-    UnitFloat,
-    section_from_spec,
-)
+from gyre.config.algorithm_schema import AlgorithmConfig
+from gyre.config.base import DeviceList, NonNegInt, PositiveFloat, PositiveInt, StrictModel
 from gyre.config.data_schema import DataConfig
 from gyre.config.env_schema import EnvConfig
 from gyre.config.logging_schema import LoggingConfig
-from gyre.config.presets import algorithm_problems, expand_preset, expand_preset_sections
+from gyre.config.presets import expand_preset_sections
 from gyre.config.reward_schema import RewardConfig
 from gyre.config.sim_schema import SimulateConfig
 from gyre.config.train_schema import (  # noqa: F401 - the trainer sections, importable from here too
@@ -218,260 +205,6 @@ class RolloutConfig(StrictModel):
         return self.schedule == "queue" or self.async_ratio > 0
 
 
-NormScope = Literal["none", "group", "batch", "running"]
-Level = Literal["none", "token", "segment", "geometric", "sequence"]
-
-
-class MismatchConfig(StrictModel):
-    """Train-inference mismatch correction (ROLL ``train_infer_correction``): the trainer's pi_old against
-    the sampler's log-probs mu. Needs recomputed old log-probs (the plan turns recomputation on).
-
-    Every ratio here is pi_old / mu, the trainer's probability over the sampler's (log-ratio
-    log pi_old - log mu), as in ROLL and verl's rollout_is. Some frameworks bound the inverse: verl's k1
-    rejection (rollout_rs token_k1, seq_sum_k1, seq_mean_k1 with a "lo_hi" threshold) keeps
-    lo <= mu / pi_old <= hi, which is ratio_low = 1 / hi, ratio_high = 1 / lo here."""
-
-    weight: Level = "none"
-    """Importance weight pi_old / mu multiplying each token's loss, at this granularity; none turns it off."""
-    upper_bound: PositiveFloat = 1.2
-    """The weight pi_old / mu is truncated at this value (verl's rollout_is_threshold, same direction)."""
-    filter: Level = "none"
-    """Drop tokens / segments / sequences whose ratio pi_old / mu (at this granularity) leaves
-    [ratio_low, ratio_high] (k1 rejection: the log-ratio log pi_old - log mu outside [ln low, ln high])."""
-    ratio_low: Annotated[float, Field(ge=0)] = 0.8
-    """Lower bound on pi_old / mu, trainer over sampler (not mu / pi_old: a bound ported from a framework
-    that rejects on mu / pi_old becomes 1 / its upper bound here)."""
-    ratio_high: PositiveFloat = 1.2
-    """Upper bound on pi_old / mu, trainer over sampler (1 / the lower bound of an inverse-ratio threshold)."""
-    diff_low: float | None = None
-    """Optional bounds on p_old - p_mu as well (the diff filter)."""
-    diff_high: float | None = None
-    """Upper bound on p_old - p_mu (the diff filter); None: no upper bound."""
-    normalize_weights: bool = False
-    """Divide the importance weights by their mean over the batch's units (tokens; segments; rows at the
-    geometric and sequence levels) after truncation, so they average 1 (verl's rollout_is_batch_normalize)."""
-    divergence: Literal[("none", *DIVERGENCES.names)] = "none"
-    """Reject tokens or rows whose estimate of KL(mu || pi_old) exceeds divergence_max: k2 = d^2 / 2 or
-    k3 = exp(d) - 1 - d per token, d = log pi_old - log mu (verl's rollout_rs *_k2 / *_k3); none turns it off."""
-    divergence_level: Literal[DIVERGENCE_LEVELS.names] = "sequence_mean"
-    """What a token is judged by: its own estimate (token), or its row's sum, mean or max of them
-    (sequence_sum, sequence_mean, sequence_max: the whole row stays or leaves; verl's seq_sum, seq_mean, seq_max)."""
-    divergence_max: PositiveFloat = 0.01
-    """The largest divergence kept (verl's decoupled_k3_rs: seq_mean_k3 at 0.01)."""
-
-    @property
-    def enabled(self) -> bool:
-        return self.weight != "none" or self.filter != "none" or self.divergence != "none"
-
-    @model_validator(mode="after")
-    def _weights_to_normalize(self) -> MismatchConfig:
-        if self.normalize_weights and self.weight == "none":
-            raise ValueError("algorithm.mismatch.normalize_weights normalises the importance weights, which are off; "
-                             "set algorithm.mismatch.weight (token, segment, geometric or sequence)")
-        return self
-
-
-PolicyLossKnobs = section_from_spec(
-    PolicyLossSpec, "PolicyLossKnobs", __name__,
-    """The policy-loss keys of the algorithm section: the fields of ``gyre.algos.policy_loss.PolicyLossSpec``
-    (declared and documented there), checked here; ``AlgorithmConfig.loss_spec`` builds the spec back.""")
-
-
-CreditKnobs = section_from_spec(
-    CreditSpec, "CreditKnobs", __name__,
-    """Attention-based credit (arXiv 2510.13554): the fields of ``gyre.algos.attention_credit.CreditSpec``
-    (declared and documented there; tau_waad, tau_delta and alpha are unpublished, gyre's defaults).""")
-
-
-class AlgorithmConfig(PolicyLossKnobs):
-    """Advantage estimation, policy loss, aggregation, KL and masks. ``preset`` (or ``algorithm: NAME``)
-    fills these knobs from ``gyre.config.presets``; keys written here override the preset's values.
-    The policy-loss keys (policy_loss, ratio_level, clip_low, ..., loss_agg, kl_loss_coef,
-    kl_loss_estimator, entropy_coef) come from ``PolicyLossKnobs``."""
-
-    preset: str | None = None
-    """grpo, dr_grpo, dapo, lite_ppo, ppo, reinforce_pp, reinforce_pp_baseline, rloo, gspo, cispo, topr, remax,
-    opo, gpg, clip_cov, kl_cov, gmpo, sapo, asyppo, opd (``gyre.config.presets``: each sets the knobs of its
-    paper; asyppo also sets critic.num_critics)."""
-    # ---- advantages -------------------------------------------------------------------------
-    estimator: Literal[ESTIMATORS.names] = "reinforce"
-    """A name of ``gyre.algos.advantages.ESTIMATORS``. reinforce: (normalised) outcome reward as returns;
-    rloo: leave-one-out baseline; group_centred_batch_std: group-centred over the batch std of the centred
-    rewards, per response (REINFORCE++-baseline's response-level form); gae: PPO with a
-    critic (creates the critic role). These treat a multi-turn trajectory as one action (its reward is the
-    episode return). Credit per model turn, for runs that learn from an environment (``gyre.algos.agentic``):
-    step_returns: the discounted return of the turn rewards from each turn on (gamma per turn), no
-    baseline (norm scopes none); rebn: those returns normalised over every turn of the batch (GEM; scopes
-    none); gigpo: the episode return normalised by the scopes (group/group is GiGPO, group/none its
-    std-free variant) plus a step level over turns that saw the same state (the gigpo_* keys); chunk_returns
-    (IPA): the normalised episode return discounted back from the last turn, gamma^(turns after) * R.
-    Baselines that read more than the rewards (``gyre.algos.baselines``): remax: each prompt's greedy
-    response's reward (the rollout adds one greedy sample per prompt, scored, never trained; scopes none);
-    opo: the length-weighted group mean (scopes none); pass_at_k: how much a response raises its group's
-    best-of-pass_k reward, over that reward's std (scopes none); gpg: the scoped normalisation (group
-    mean, std group or none) times B / (B - M), M the samples of groups with equal rewards."""
-    norm_mean: NormScope = "group"
-    """Scope of the mean subtracted from rewards: group (per prompt), batch, running (per tag) or none."""
-    norm_std: NormScope = "group"
-    """Scope of the std rewards are divided by; none leaves the scale."""
-    std_eps: PositiveFloat = 1e-6
-    """Added to every std of this section, (x - mean) / (std + std_eps): the norm scopes, whitening, turn credit."""
-    std_ddof: Literal[0, 1] = 1
-    """Degrees of freedom of those stds: 1 the sample std (torch's default), 0 the population std."""
-    reward_clip: PositiveFloat | None = None
-    """Clamp the (normalised) rewards to +-value."""
-    gamma: UnitFloat = 1.0
-    """Discount per token of the returns and GAE; per model turn for step_returns, rebn and chunk_returns
-    (GEM uses 0.9 in its games)."""
-    lam: UnitFloat = 0.95
-    """GAE lambda."""
-    gigpo_step_gamma: UnitFloat = 0.95
-    """gigpo: discount per turn of the step level's returns (ROLL ``step_reward_gamma``)."""
-    gigpo_episode_weight: Annotated[float, Field(ge=0)] = 1.0
-    """gigpo: weight w_E of the episode-level advantage (ROLL ``episode_reward_weight``)."""
-    gigpo_step_weight: Annotated[float, Field(ge=0)] = 1.0
-    """gigpo: weight w_S of the step-level advantage (ROLL ``step_reward_weight``; the paper's omega). The
-    step level divides by its anchor group's std (std_eps, std_ddof) unless norm_std is none."""
-    pass_k: PositiveInt = 4
-    """pass_at_k: k, the subset size whose best reward the advantage raises (at most
-    rollout.samples_per_prompt; k = 1 is GRPO with the population std)."""
-    whiten_advantages: bool = False
-    """Whiten advantages over the tokens that train, (A - mean) / (std + std_eps) with std_ddof, mean and
-    std over tokens (longer responses weigh more); with a critic-free estimator these are the returns after
-    the KL penalty, which is REINFORCE++'s normalisation. Fewer than 2 tokens: left as they are; all equal: 0."""
-    advantage_clip: PositiveFloat | None = None
-    """Clamp the final advantages to +-value; None: no clamp."""
-    # ---- policy loss: the keys of PolicyLossKnobs, and the aggregation constant ------------
-    loss_agg_norm: PositiveInt | None = None
-    """The constant of seq-mean-token-sum-norm; default rollout.sampling.max_new_tokens."""
-    # ---- KL (the KL loss term is a policy-loss key) ---------------------------------------
-    kl_reward_coef: Annotated[float, Field(ge=0)] = 0.0
-    """Per-token KL penalty subtracted from the rewards (PPO / REINFORCE++ style); > 0 creates the reference."""
-    kl_reward_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
-    """The per-token KL estimate subtracted from the token rewards when kl_reward_coef > 0
-    (``gyre.algos.kl``; clamped by kl_clamp)."""
-    kl_target: PositiveFloat | None = None
-    """Adaptive KL coefficient (arXiv 1909.08593) aiming at this per-token KL; None keeps it fixed."""
-    kl_horizon: PositiveInt = 10000
-    """Adaptive KL (kl_target): the horizon of the proportional controller, in samples (arXiv 1909.08593)."""
-    # ---- on-policy distillation (gyre.algos.distill) --------------------------------------
-    distill_coef: Annotated[float, Field(ge=0)] = 0.0
-    """Weight of the per-token reverse KL to the teacher (ROLL ``opd_kl_coef``); > 0 creates the teacher role
-    (the ``teacher`` section names its model)."""
-    distill_mode: DistillMode = "advantage"
-    """pure: each token's advantage is -distill_coef * (log pi_student - log pi_teacher) of its sampled token
-    and the task reward is unused (ROLL ``is_pure_opd``; the opd preset). advantage: that term is added to
-    the RL advantage after the estimator, before whitening (ROLL ``use_opd``). loss: the RL advantage is
-    left alone and distill_coef * 1/2 (log pi_theta - log pi_teacher)^2 joins the loss, whose gradient is
-    the reverse-KL gradient on the student's samples."""
-    # ---- masks and shaping ------------------------------------------------------------------
-    overlong_mask: bool = False
-    """Truncated responses (hit max_new_tokens) leave the loss (DAPO overlong filtering)."""
-    overlong_penalty_frac: Annotated[float, Field(gt=0, le=1)] | None = None
-    """DAPO soft overlong punishment with L_cache = this fraction of max_new_tokens; None turns it off."""
-    difficulty_mask: tuple[UnitFloat, UnitFloat] | None = None
-    """(low, high): keep a prompt's group only if low < mean reward < high; (0, 1) drops groups with no
-    reward variance (DAPO's dynamic-sampling filter)."""
-    mismatch: MismatchConfig = MismatchConfig()
-    """Train-inference mismatch correction: importance weights and rejection by pi_old / mu."""
-    credit: CreditKnobs = CreditKnobs()
-    """Attention-based credit: non-negative advantages of selected tokens scaled by gamma_amp, the tokens
-    chosen from the policy's own attention (local_chunk, global_anchor, coupled: an extra eager-attention
-    forward of the policy per step), its entropy, or at random; strategy none (the default) turns it off."""
-    # ---- critic (estimator gae) -------------------------------------------------------------
-    value_clip: PositiveFloat | None = None
-    """Clip the new values to within +-value of the old ones in the critic's loss (PPO's value clip);
-    None: no clip."""
-    critic_warmup: NonNegInt = 0
-    """RL steps that train only the critic before the policy starts to move."""
-    value_aggregation: Literal["mean", "min"] = "mean"
-    """With critic.num_critics > 1, the value GAE uses: the critics' mean (AsyPPO; its ablation favours it)
-    or their min."""
-    critic_data_division: Literal["group_response_split", "prompt_shard"] = "group_response_split"
-    """How each batch's rows are divided among several critics (critic.num_critics > 1), each training on its
-    share only: group_response_split gives every critic an equal share of each prompt's responses
-    (rollout.samples_per_prompt a multiple of num_critics); prompt_shard gives each critic whole prompts
-    (rollout.prompts_per_step a multiple of num_critics)."""
-    adv_mask_low_pct: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    """AsyPPO's advantage mask, a fraction k: the advantages of the ceil(k * n) valid tokens of the batch
-    where the critics disagree least (lowest std of their values) become 0; needs critic.num_critics >= 2."""
-    entropy_filter_high_pct: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    """AsyPPO's entropy filter, a fraction h: the ceil(h * n) valid tokens where the critics disagree most
-    leave the entropy term (entropy_coef); needs critic.num_critics >= 2."""
-    old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
-    """Where pi_old comes from: recompute with the trainer, or the sampler's log-probs; auto recomputes
-    when there is more than one optimizer step per rollout batch (else the detached current ones serve)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _expand_preset(cls, data: object) -> object:
-        return expand_preset(data)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> AlgorithmConfig:
-        for problem in algorithm_problems(self):
-            raise ValueError(problem)
-        return self
-
-    @property
-    def advantage_estimator(self) -> AdvantageEstimator:
-        """The row of ``ESTIMATORS`` that ``estimator`` names."""
-        return ESTIMATORS.get(self.estimator)
-
-    @property
-    def uses_turns(self) -> bool:
-        """The estimator assigns credit per model turn (multi-turn trajectories only)."""
-        return self.advantage_estimator.turns is not None
-
-    @property
-    def turn_spec(self) -> TurnSpec:
-        """The knobs of the turn-level estimators, from this section."""
-        return TurnSpec(gamma=self.gamma, eps=self.std_eps, ddof=self.std_ddof,
-                        gigpo_step_gamma=self.gigpo_step_gamma, gigpo_episode_weight=self.gigpo_episode_weight,
-                        gigpo_step_weight=self.gigpo_step_weight, gigpo_step_std=self.norm_std != "none")
-
-    @property
-    def loss_variant(self) -> PolicyLossVariant:
-        """The row of ``POLICY_LOSSES`` that ``policy_loss`` names."""
-        return POLICY_LOSSES.get(self.policy_loss)
-
-    @property
-    def uses_critic(self) -> bool:
-        return self.advantage_estimator.critic
-
-    def loss_spec(self, temperature: float, old_source: OldSource) -> PolicyLossSpec:
-        """The loss spec trainers get: this section's policy-loss keys by name, and the run's values."""
-        return PolicyLossSpec(temperature=temperature, old_source=old_source,
-                              distill_loss_coef=self.distill_coef if self.distill_mode == "loss" else 0.0,
-                              **{name: getattr(self, name) for name in PolicyLossKnobs.model_fields})
-
-    @property
-    def credit_spec(self) -> CreditSpec:
-        """The attention-credit knobs as the trainer and the advantage stage take them."""
-        return CreditSpec(**self.credit.model_dump())
-
-    @property
-    def uses_teacher(self) -> bool:
-        """On-policy distillation: a teacher role scores every batch."""
-        return self.distill_coef > 0
-
-    @property
-    def uses_reference(self) -> bool:
-        return self.kl_loss_coef > 0 or self.kl_reward_coef > 0
-
-    @property
-    def needs_trainer_old_logprobs(self) -> list[str]:
-        """Knobs that compare the trainer's pi_old with the sampler's log-probs (so pi_old is recomputed)."""
-        return [knob for knob, on in ((f"policy_loss={self.policy_loss}", self.loss_variant.uses_behaviour),
-                                      ("algorithm.mismatch", self.mismatch.enabled)) if on]
-
-    @property
-    def uses_groups(self) -> bool:
-        """Whether advantages or masks compare the samples of one prompt with each other."""
-        return ("group" in (self.norm_mean, self.norm_std) or self.advantage_estimator.groups
-                or self.difficulty_mask is not None)
-
-
 class ValidationConfig(StrictModel):
     every: NonNegInt = 0
     """Validate every this many steps (and before the first and after the last); 0 turns it off."""
@@ -510,11 +243,12 @@ class RLVRConfig(StrictModel):
     policy: PolicyConfig = PolicyConfig()
     """The policy trainer: devices, strategy, optimizer, mini-batches, LoRA, memory levers."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
-    """Advantage estimator, policy loss, KL and masks (or a preset)."""
+    """Advantage estimation, policy loss, KL, masks, the critic's training, distillation, mismatch correction
+    and attention credit, one sub-section each (or a preset that fills them)."""
     reference: ReferenceConfig = ReferenceConfig()
     """The KL reference model's placement (used only when a KL term asks for it)."""
     teacher: TeacherConfig = TeacherConfig()
-    """The teacher model of on-policy distillation (used only when algorithm.distill_coef > 0)."""
+    """The teacher model of on-policy distillation (used only when algorithm.distill.coef > 0)."""
     critic: CriticConfig = CriticConfig()
     """The value model's placement and optimizer (used only by critic estimators such as gae)."""
     reward: RewardConfig = RewardConfig()

@@ -81,7 +81,7 @@ class PolicyConfig(ForwardLevers):
 
 
 class CriticConfig(ForwardLevers):
-    """The value model of PPO (algorithm.estimator gae): a value head on a copy of the backbone."""
+    """The value model of PPO (algorithm.advantage.estimator gae): a value head on a copy of the backbone."""
 
     model_path: str | None = None
     """Where the critic's backbone comes from (a local directory or a cached Hub id, as model.path);
@@ -99,8 +99,9 @@ class CriticConfig(ForwardLevers):
     num_critics: PositiveInt = 1
     """M critics (AsyPPO, arXiv 2510.01656): each its own model copy, optimizer and ranks (one per device of
     ``devices``, the critics time-sharing them), trained on a disjoint share of every batch
-    (algorithm.critic_data_division). GAE uses their aggregated value (algorithm.value_aggregation); their
-    disagreement drives algorithm.adv_mask_low_pct and entropy_filter_high_pct. 1 is PPO's single critic."""
+    (algorithm.critic.data_division). GAE uses their aggregated value (algorithm.critic.value_aggregation);
+    their disagreement drives algorithm.critic.adv_mask_low_pct and entropy_filter_high_pct. 1 is PPO's single
+    critic."""
 
     @model_validator(mode="after")
     def _no_vocabulary(self) -> CriticConfig:
@@ -120,7 +121,7 @@ class ReferenceConfig(ForwardLevers):
 
 
 class TeacherConfig(ForwardLevers):
-    """The frozen teacher of on-policy distillation (created only when algorithm.distill_coef > 0): a
+    """The frozen teacher of on-policy distillation (created only when algorithm.distill.coef > 0): a
     model scoring the student's samples token by token, placed and time-shared like the reference."""
 
     model_path: str | None = None

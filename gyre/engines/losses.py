@@ -21,14 +21,8 @@ import torch
 from gyre.algos.aggregation import AggMode, LossDenominator, aggregate_loss
 from gyre.algos.distill import distill_loss_tokens, reverse_kl_tokens
 from gyre.algos.kl import kl_estimate, kl_straight_through
-from gyre.algos.policy_loss import (
-    POLICY_LOSSES,
-    OldSource,
-    PolicyLossInputs,
-    PolicyLossOutput,
-    PolicyLossSpec,
-    PolicyLossVariant,
-)
+from gyre.algos.loss_table import POLICY_LOSSES, OldSource, PolicyLossSpec, PolicyLossVariant
+from gyre.algos.policy_loss import PolicyLossInputs, PolicyLossOutput
 from gyre.algos.preference import PairLogps, PreferenceLossSpec, preference_loss
 from gyre.algos.stats import masked_sum, where_valid
 from gyre.algos.value import value_loss
@@ -51,7 +45,7 @@ class PolicyLoss:
     """The spec's row of ``POLICY_LOSSES``, looked up once, here."""
 
     def __post_init__(self) -> None:
-        self.variant = POLICY_LOSSES.get(self.spec.policy_loss)
+        self.variant = POLICY_LOSSES.get(self.spec.variant)
 
     def compute(self, model, micro: TrainBatch, fwd: ForwardContext, metrics: MetricSums) -> torch.Tensor:
         lp, ent = sequence_logprobs(model, micro, fwd, self.spec.temperature, entropy=True,
@@ -68,12 +62,13 @@ class PolicyLoss:
         token_loss = out.token_loss
         if batch.token_weights is not None:
             token_loss = token_loss * where_valid(batch.token_weights.to(dev), mask, 1.0)
-        loss = aggregate_loss(token_loss, mask, spec.loss_agg, self.denom)
+        loss = aggregate_loss(token_loss, mask, spec.agg, self.denom)
         tokens = float(mask.sum())
-        if spec.kl_loss_coef > 0:
+        kl_spec = spec.kl
+        if kl_spec.loss_coef > 0:
             kl = kl_straight_through(where_valid(logprobs, mask), where_valid(batch.ref_logprobs.to(dev), mask),
-                                     spec.kl_loss_estimator, spec.kl_loss_grad_estimator, spec.kl_clamp)
-            loss = loss + spec.kl_loss_coef * aggregate_loss(kl, mask, spec.loss_agg, self.denom)
+                                     kl_spec.loss_estimator, kl_spec.loss_grad_estimator, kl_spec.clamp)
+            loss = loss + kl_spec.loss_coef * aggregate_loss(kl, mask, spec.agg, self.denom)
             metrics.add("kl_ref", float(masked_sum(kl.detach(), mask)), tokens)
         if spec.distill_loss_coef > 0:
             loss = loss + spec.distill_loss_coef * self._distill_term(batch, logprobs, mask, metrics)
@@ -82,7 +77,7 @@ class PolicyLoss:
             if spec.entropy_coef > 0:
                 # AsyPPO's I^H takes tokens out of the bonus but not out of its denominator.
                 kept = entropy if batch.entropy_mask is None else entropy * batch.entropy_mask.to(dev)
-                loss = loss - spec.entropy_coef * aggregate_loss(kept, mask, spec.loss_agg, self.denom)
+                loss = loss - spec.entropy_coef * aggregate_loss(kept, mask, spec.agg, self.denom)
             metrics.add("entropy", float(masked_sum(entropy.detach(), mask)), tokens)
         self._metrics(batch, out, old, logprobs.detach(), mask, metrics)
         return loss
@@ -91,20 +86,20 @@ class PolicyLoss:
                       metrics: MetricSums) -> torch.Tensor:
         """On-policy distillation's loss term (``gyre.algos.distill``), aggregated like the policy loss."""
         if batch.teacher_logprobs is None:
-            raise ValueError("algorithm.distill_mode=loss needs the teacher's log-probs; the batch has none")
+            raise ValueError("algorithm.distill.mode=loss needs the teacher's log-probs; the batch has none")
         teacher = batch.teacher_logprobs.to(logprobs.device)
         token_loss = distill_loss_tokens(logprobs, teacher, mask)
         tokens = float(mask.sum())
         metrics.add("distill/loss", float(token_loss.detach().sum()), tokens)
         metrics.add("distill/reverse_kl_current", float(reverse_kl_tokens(logprobs, teacher, mask).sum()), tokens)
-        return aggregate_loss(token_loss, mask, self.spec.loss_agg, self.denom)
+        return aggregate_loss(token_loss, mask, self.spec.agg, self.denom)
 
     def _policy_terms(self, batch: TrainBatch, lp: torch.Tensor, old: torch.Tensor,
                       mask: torch.Tensor) -> PolicyLossOutput:
         dev = lp.device
         scores = batch.scores.to(dev) if batch.scores is not None else None
         inputs = PolicyLossInputs(lp, old, batch.advantages.to(dev), mask, batch.rollout_logprobs.to(dev), scores)
-        return self.variant.loss(inputs.on_mask(), self.spec)
+        return self.variant.loss(inputs.on_mask(), self.spec, self.spec.knobs)
 
     @torch.no_grad()
     def _metrics(self, batch: TrainBatch, out: PolicyLossOutput, old: torch.Tensor, lp: torch.Tensor,

@@ -30,7 +30,7 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
         tail=TailSpec(tail.eta_prompts, tail.eta_samples) if tail else None,
         extra_samples=cfg.env.extra_samples if cfg.env is not None else 0,
         restart_stale=cfg.env is not None and cfg.env.stale_episodes == "restart",
-        greedy=cfg.algorithm.advantage_estimator.greedy,
+        greedy=cfg.algorithm.advantage.row.greedy,
         lockstep=lockstep,
         # Window asynchrony dispatches as capacity frees: an engine is given at most the rows it decodes at
         # once. Synchronous and lockstep runs keep every request on its engine from admission: which samples

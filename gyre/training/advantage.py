@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gyre.algos.advantages import ESTIMATORS, AdvantageEstimator, outcome_token_rewards
+from gyre.algos.advantages import outcome_token_rewards
 from gyre.algos.agentic import TurnBatch
 from gyre.algos.asyppo import aggregate_values, critic_rows, disagreement_masks
 from gyre.algos.attention_credit import apply_credit
 from gyre.algos.baselines import BaselineContext
 from gyre.algos.distill import distill_advantages, reverse_kl_tokens
+from gyre.algos.estimator_table import ESTIMATORS, AdvantageEstimator, AdvantageSpec
 from gyre.algos.kl import AdaptiveKLController, kl_penalized_rewards
 from gyre.algos.masks import difficulty_mask, overlong_mask, soft_overlong_penalty
 from gyre.algos.mismatch import (
@@ -38,8 +39,8 @@ from gyre.algos.mismatch import (
 )
 from gyre.algos.stats import RunningMoments, masked_mean, masked_whiten, where_valid
 from gyre.algos.value import explained_variance
+from gyre.config.algorithm_schema import AlgorithmConfig, MismatchConfig
 from gyre.config.derive import RunPlan
-from gyre.config.schema import AlgorithmConfig, MismatchConfig
 from gyre.data.batching import GroupLayout, RowMap, TurnLayout
 from gyre.types import Group, TrainBatch, Trajectory
 
@@ -49,15 +50,17 @@ class AlgorithmState:
     """The estimator, looked up once, and the algorithm state carried from step to step (saved in checkpoints)."""
 
     estimator: AdvantageEstimator
-    """The row of ``ESTIMATORS`` that ``algorithm.estimator`` names."""
+    """The row of ``ESTIMATORS`` that ``algorithm.advantage.estimator`` names."""
+    spec: AdvantageSpec
+    """The ``algorithm.advantage`` section as the estimator's functions take it (its own knobs included)."""
     running: dict[str, RunningMoments] = field(default_factory=dict)
     """Running reward moments per tag (domain), for the ``running`` normalisation scopes."""
     kl: AdaptiveKLController | None = None
 
     @classmethod
     def create(cls, a: AlgorithmConfig) -> AlgorithmState:
-        kl = AdaptiveKLController(a.kl_reward_coef, a.kl_target, a.kl_horizon) if a.kl_reward_coef > 0 else None
-        return cls(ESTIMATORS.get(a.estimator), kl=kl)
+        kl = AdaptiveKLController(a.kl.reward_coef, a.kl.target, a.kl.horizon) if a.kl.reward_coef > 0 else None
+        return cls(ESTIMATORS.get(a.advantage.estimator), a.advantage.spec(), kl=kl)
 
     def to_dict(self) -> dict:
         return {"running": {k: v.to_dict() for k, v in self.running.items()},
@@ -112,12 +115,13 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
         metrics["reward/overlong_penalty"] = float(penalty.mean())
     keep = rows.expand(_sample_keep(raw, truncated, a, layout, metrics))
     context = _baseline_context(groups, layout, a, plan, state, max_new_tokens, metrics)
-    rewards = _response_rewards(scores, groups, a, state, layout, context)
-    if a.reward_clip is not None:
-        rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
+    s = state.spec
+    rewards = _response_rewards(scores, groups, state, layout, context)
+    if s.reward_clip is not None:
+        rewards = rewards.clamp(-s.reward_clip, s.reward_clip)
     resp = batch.response_mask
     if state.estimator.turns is not None:
-        adv, returns = _turn_advantages(batch, groups, layout, rows, rewards, a, state), None
+        adv, returns = _turn_advantages(batch, groups, layout, rows, rewards, state), None
     else:
         adv, returns = _token_advantages(batch, rows.expand(rewards), a, state, metrics)
     if returns is not None:  # the critic's regression targets
@@ -127,10 +131,10 @@ def estimate_advantages(batch: TrainBatch, groups: list[Group], a: AlgorithmConf
     if a.uses_teacher:
         adv = _distill(batch, adv, a, metrics)
     final = resp * keep[:, None] * (token_keep if token_keep is not None else 1.0)
-    if a.whiten_advantages:  # over the tokens that train: REINFORCE++'s global normalisation of the returns
-        adv = masked_whiten(adv, final, eps=a.std_eps, ddof=a.std_ddof)
-    if a.advantage_clip is not None:
-        adv = adv.clamp(-a.advantage_clip, a.advantage_clip)
+    if s.whiten:  # over the tokens that train: REINFORCE++'s global normalisation of the returns
+        adv = masked_whiten(adv, final, eps=s.std_eps, ddof=s.std_ddof)
+    if s.clip is not None:
+        adv = adv.clamp(-s.clip, s.clip)
     if batch.credit_scales is not None:  # attention-based credit scales the final non-negative advantages
         adv = apply_credit(adv, batch.credit_scales)
         metrics["credit/amplified_frac"] = float(masked_mean((batch.credit_scales != 1).float(), final))
@@ -148,14 +152,15 @@ def critic_disagreement(batch: TrainBatch, a: AlgorithmConfig, layout: GroupLayo
     advantages where they agree most (I^A), set ``batch.entropy_mask`` (I^H) and deal the rows to the
     critics (``batch.critic_index``). The masks come after whitening, so masked advantages stay 0."""
     values = batch.critic_values
-    _, sigma = aggregate_values(values.transpose(0, 1), a.value_aggregation)
+    c = a.critic
+    _, sigma = aggregate_values(values.transpose(0, 1), c.value_aggregation)
     valid = batch.response_mask
-    masks = disagreement_masks(sigma, valid, a.adv_mask_low_pct, a.entropy_filter_high_pct)
+    masks = disagreement_masks(sigma, valid, c.adv_mask_low_pct, c.entropy_filter_high_pct)
     batch.advantages = batch.advantages * masks.advantage
     batch.entropy_mask = masks.entropy
     group_of = layout.group_index()
     row_groups = torch.tensor([int(group_of[e]) if e >= 0 else -1 for e in rows.trajectory])
-    owners = critic_rows(row_groups, values.shape[1], a.critic_data_division)
+    owners = critic_rows(row_groups, values.shape[1], c.data_division)
     batch.critic_index = torch.empty(len(batch), dtype=torch.long)
     for m, owned in enumerate(owners):
         batch.critic_index[owned] = m
@@ -177,36 +182,37 @@ def _token_advantages(batch: TrainBatch, rewards: torch.Tensor, a: AlgorithmConf
     token-level estimator."""
     token_rewards = outcome_token_rewards(rewards, batch.response_mask)
     token_rewards = _kl_penalty(batch, token_rewards, a, state, metrics)
-    return state.estimator.advantages(token_rewards, batch.values, batch.response_mask, a.gamma, a.lam)
+    return state.estimator.advantages(token_rewards, batch.values, batch.response_mask, state.spec)
 
 
 def _turn_advantages(batch: TrainBatch, groups: list[Group], layout: GroupLayout, rows: RowMap,
-                     rewards: torch.Tensor, a: AlgorithmConfig, state: AlgorithmState) -> torch.Tensor:
+                     rewards: torch.Tensor, state: AlgorithmState) -> torch.Tensor:
     """One advantage per model turn (``TurnRecord`` rewards and states, [E] response-level ``rewards``),
     spread over the turn's tokens in the rows that train it."""
     every = [t for g in groups for t in g.trajectories]
     single = [t for t in every if not t.turns]
     if single:
         whole = [n for n in ESTIMATORS.names if ESTIMATORS.get(n).turns is None]
-        raise ValueError(f"algorithm.estimator={a.estimator} assigns credit to the turns of multi-turn episodes, but "
+        raise ValueError(f"algorithm.advantage.estimator={state.spec.estimator} assigns credit to the turns of "
+                         "multi-turn episodes, but "
                          f"{len(single)} of {len(every)} trajectories have no turns (e.g. {single[0].prompt.uid}#"
                          f"{single[0].sample_index}, a single response); learn from an environment, or choose a "
                          f"trajectory-level estimator ({', '.join(whole)})")
     turn_rewards, mask, states = TurnLayout.of(groups).padded()
     inputs = TurnBatch(turn_rewards, mask, rewards, layout.group_index(), states)
-    per_turn = state.estimator.turns(inputs, a.turn_spec)
+    per_turn = state.estimator.turns(inputs, state.spec)
     return rows.broadcast(per_turn.to(torch.float32), batch.response_mask.shape[1])
 
 
 def _sample_keep(raw: torch.Tensor, truncated: torch.Tensor, a: AlgorithmConfig, layout: GroupLayout,
                  metrics: dict) -> torch.Tensor:
     keep = torch.ones_like(raw)
-    if a.overlong_mask:
+    if a.masks.overlong:
         over = overlong_mask(truncated)
         metrics["mask/overlong_frac"] = float(1 - over.mean())
         keep = keep * over
-    if a.difficulty_mask is not None:
-        low, high = a.difficulty_mask
+    if a.masks.difficulty is not None:
+        low, high = a.masks.difficulty
         diff = layout.scatter(difficulty_mask(layout.gather(raw), low, high))
         metrics["mask/difficulty_frac"] = float(1 - diff.mean())
         keep = keep * diff
@@ -224,7 +230,8 @@ def _baseline_context(groups: list[Group], layout: GroupLayout, a: AlgorithmConf
     if state.estimator.greedy:
         missing = [g.group_id for g in groups if g.greedy is None or g.greedy.reward is None]
         if missing:
-            raise ValueError(f"algorithm.estimator={a.estimator} takes each prompt's greedy response as its baseline, "
+            raise ValueError(f"algorithm.advantage.estimator={a.advantage.estimator} takes each prompt's greedy "
+                             "response as its baseline, "
                              f"but {len(missing)} group(s) have no scored one (e.g. {missing[0]}); the rollout "
                              "generates it when the run's schedule asks for it (gyre.rollout.schedule.schedule_spec)")
         baselines = [g.greedy for g in groups]
@@ -233,16 +240,16 @@ def _baseline_context(groups: list[Group], layout: GroupLayout, a: AlgorithmConf
             greedy = greedy + soft_overlong_penalty(_model_lengths(baselines), max_new_tokens,
                                                     plan.overlong_cache_tokens)
         metrics["reward/greedy_mean"] = float(greedy.mean())
-    return BaselineContext(layout.gather(lengths), greedy, a.pass_k)
+    return BaselineContext(layout.gather(lengths), greedy)
 
 
-def _response_rewards(scores: torch.Tensor, groups: list[Group], a: AlgorithmConfig, state: AlgorithmState,
-                      layout: GroupLayout, context: BaselineContext) -> torch.Tensor:
+def _response_rewards(scores: torch.Tensor, groups: list[Group], state: AlgorithmState, layout: GroupLayout,
+                      context: BaselineContext) -> torch.Tensor:
     """Response-level rewards after the estimator's baseline / normalisation, [B]."""
     rows = layout.gather(scores)
-    baseline = state.estimator.baseline
-    if "running" not in (a.norm_mean, a.norm_std):
-        return layout.scatter(baseline(rows, a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, context=context))
+    baseline, s = state.estimator.baseline, state.spec
+    if "running" not in (s.norm_mean, s.norm_std):
+        return layout.scatter(baseline(rows, s, context=context))
     # Running moments are kept per tag (domain): the trajectories of one group share its prompt's tag.
     tags = [g.prompt.tag or "default" for g in groups]
     out = torch.zeros_like(rows)
@@ -250,7 +257,7 @@ def _response_rewards(scores: torch.Tensor, groups: list[Group], a: AlgorithmCon
         idx = torch.tensor([i for i, t in enumerate(tags) if t == tag])
         moments = state.running.setdefault(tag, RunningMoments())
         moments.update(rows[idx])
-        out[idx] = baseline(rows[idx], a.norm_mean, a.norm_std, a.std_eps, a.std_ddof, moments, context.rows(idx))
+        out[idx] = baseline(rows[idx], s, moments, context.rows(idx))
     return layout.scatter(out)
 
 
@@ -262,7 +269,7 @@ def _kl_penalty(batch: TrainBatch, token_rewards: torch.Tensor, a: AlgorithmConf
     policy = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
     coef = state.kl.coef
     shaped, kl = kl_penalized_rewards(token_rewards, policy, batch.ref_logprobs, batch.response_mask, coef,
-                                      a.kl_reward_estimator, a.kl_clamp)
+                                      a.kl.reward_estimator, a.kl.clamp)
     observed = float(masked_mean(kl, batch.response_mask))
     state.kl.update(observed, len(batch))
     metrics.update({"kl_reward/kl": observed, "kl_reward/coef": coef})
@@ -274,13 +281,13 @@ def _distill(batch: TrainBatch, adv: torch.Tensor, a: AlgorithmConfig, metrics: 
     pure and advantage modes (the loss mode adds its term in the trainer), and the reverse KL to the
     teacher, measured at the weights that generated the batch (``distill/reverse_kl``)."""
     if batch.teacher_logprobs is None:
-        raise ValueError("algorithm.distill_coef > 0 but the batch has no teacher log-probs (no teacher role ran)")
+        raise ValueError("algorithm.distill.coef > 0 but the batch has no teacher log-probs (no teacher role ran)")
     student = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
     mask = batch.response_mask
     metrics["distill/reverse_kl"] = float(masked_mean(reverse_kl_tokens(student, batch.teacher_logprobs, mask), mask))
-    if a.distill_mode == "loss":
+    if a.distill.mode == "loss":
         return adv
-    return distill_advantages(adv, student, batch.teacher_logprobs, mask, a.distill_coef, a.distill_mode == "pure")
+    return distill_advantages(adv, student, batch.teacher_logprobs, mask, a.distill.coef, a.distill.mode == "pure")
 
 
 def _advantage_stats(adv: torch.Tensor, mask: torch.Tensor) -> dict:

@@ -70,7 +70,7 @@ class Learner:
             batch.values = values[0]
         elif values:  # AsyPPO: GAE on the critics' aggregate; the advantage stage ranks their disagreement
             batch.critic_values = torch.stack(values, dim=1)
-            how = self.cfg.algorithm.value_aggregation
+            how = self.cfg.algorithm.critic.value_aggregation
             batch.values, _ = aggregate_values(batch.critic_values.transpose(0, 1), how)
 
     def _credit_scales(self, batch: TrainBatch, spec) -> torch.Tensor:
@@ -101,7 +101,7 @@ class Learner:
     def update(self, batch: TrainBatch, step: int) -> dict:
         """The critic's optimizer steps, then the policy's once the critic has warmed up; their metrics."""
         metrics = self._train_critic(batch, step)
-        if step > self.cfg.algorithm.critic_warmup:
+        if step > self.cfg.algorithm.critic.warmup:
             metrics.update(self._train_policy(batch, step))
         return metrics
 
@@ -153,8 +153,8 @@ class Learner:
         self.timeshare.activate(name)
         per_rank, denoms = self.minibatches(batch, step, self.plan.critic_dp_size)
         a = self.cfg.algorithm
-        results = self._call_each(self.critics[name], CriticWorker.train, [(shards, denoms, a.value_clip, a.loss_agg)
-                                                                for shards in per_rank])
+        results = self._call_each(self.critics[name], CriticWorker.train,
+                                  [(shards, denoms, a.critic.value_clip, a.loss.agg) for shards in per_rank])
         out = TrainStepResult.summarize(results)
         return {**{k: v for k, v in out.items() if k.startswith("critic/")}, "critic/grad_norm": out["grad_norm"],
                 "critic/lr": out["lr"]}

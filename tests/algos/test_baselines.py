@@ -101,7 +101,7 @@ def test_gpg_scales_by_the_share_of_groups_with_a_signal():
 
 
 def test_context_rows_select_groups():
-    ctx = BaselineContext(torch.tensor([[1, 2], [3, 4], [5, 6]]), torch.tensor([0.1, 0.2, 0.3]), pass_k=2)
+    ctx = BaselineContext(torch.tensor([[1, 2], [3, 4], [5, 6]]), torch.tensor([0.1, 0.2, 0.3]))
     part = ctx.rows(torch.tensor([2, 0]))
     assert part.lengths.tolist() == [[5, 6], [1, 2]] and part.greedy.tolist() == pytest.approx([0.3, 0.1])
-    assert part.pass_k == 2 and BaselineContext().rows(torch.tensor([0])).greedy is None
+    assert BaselineContext().rows(torch.tensor([0])).greedy is None

@@ -10,12 +10,13 @@ import math
 import pytest
 import torch
 
-from gyre.algos.advantages import ESTIMATORS
-from gyre.algos.agentic import TurnBatch, TurnSpec
+from gyre.algos.agentic import TurnBatch
 from gyre.algos.aggregation import LossDenominator, aggregate_loss, denominator_for
+from gyre.algos.estimator_table import ESTIMATORS, AdvantageSpec
 from gyre.algos.kl import kl_penalized_rewards
+from gyre.algos.loss_table import POLICY_LOSSES, PolicyLossSpec
 from gyre.algos.mismatch import importance_weights, mismatch_filter, mismatch_metrics
-from gyre.algos.policy_loss import POLICY_LOSSES, PolicyLossInputs, PolicyLossSpec
+from gyre.algos.policy_loss import PolicyLossInputs
 from gyre.algos.stats import masked_whiten
 from gyre.algos.value import explained_variance, value_loss
 
@@ -48,12 +49,12 @@ def loss_inputs(fill: float) -> PolicyLossInputs:
 @pytest.mark.parametrize("name,ratio_level", [(n, "token") for n in POLICY_LOSSES.names] + [
     (n, "sequence") for n in POLICY_LOSSES.names if POLICY_LOSSES.get(n).sequence_ratio])
 def test_every_policy_loss_ignores_nan_padding(name, ratio_level):
-    spec = PolicyLossSpec(policy_loss=name, ratio_level=ratio_level)
+    spec = PolicyLossSpec(variant=name, ratio_level=ratio_level)
     denom = LossDenominator(tokens=5, sequences=2, norm_length=4)
     results = []
     for fill in (0.0, NAN, INF):
         x = loss_inputs(fill)
-        out = POLICY_LOSSES.get(name).loss(x.on_mask(), spec)
+        out = POLICY_LOSSES.get(name).loss(x.on_mask(), spec, spec.knobs)
         loss = sum(aggregate_loss(out.token_loss, MASK, mode, denom) for mode in AGG_MODES)
         loss.backward()
         assert math.isfinite(loss.item()) and torch.isfinite(x.logprobs.grad).all(), fill
@@ -86,15 +87,16 @@ def turn_batch(fill: float) -> TurnBatch:
 @pytest.mark.parametrize("name", ESTIMATORS.names)
 def test_every_estimator_ignores_nan_padding(name):
     estimator = ESTIMATORS.get(name)
+    spec = AdvantageSpec(estimator=name, gamma=0.9)  # GAE's lambda 0.95, GiGPO's knobs: their defaults
     results = []
     for fill in (0.0, NAN, INF, -INF):
         if estimator.turns is not None:
-            out = estimator.turns(turn_batch(fill), TurnSpec(gamma=0.9))
+            out = estimator.turns(turn_batch(fill), spec)
             mask = turn_batch(0.0).mask
         else:
             rewards = padded([[0.0, 1.0], [0.0, 0.0, 0.5]], fill)
             values = padded([[0.2, 0.4], [0.1, 0.3, 0.2]], fill) if estimator.critic else None
-            out, returns = estimator.advantages(rewards, values, MASK, 0.9, 0.95)
+            out, returns = estimator.advantages(rewards, values, MASK, spec)
             mask = MASK
             if returns is not None:
                 assert torch.isfinite(returns).all()

@@ -1,15 +1,19 @@
 """The name tables of gyre.algos: lookup errors, and that each row wires its knobs to its function."""
 
 import math
+from typing import get_args
 
 import pytest
 import torch
 
-from gyre.algos.advantages import ESTIMATORS
+from gyre.algos import loss_table
 from gyre.algos.aggregation import AGGREGATIONS, AggMode
 from gyre.algos.baselines import BaselineContext
+from gyre.algos.estimator_table import ESTIMATORS, AdvantageSpec, GaeKnobs, PassAtKKnobs
+from gyre.algos.loss_table import POLICY_LOSSES, PolicyLossSpec
 from gyre.algos.mismatch import DIVERGENCE_LEVELS, DIVERGENCES
-from gyre.algos.policy_loss import POLICY_LOSSES, PolicyLossInputs, PolicyLossSpec
+from gyre.algos.policy_loss import PolicyLossInputs
+from gyre.algos.specs import Divergence, DivergenceLevel
 from gyre.algos.tables import Registry
 
 
@@ -33,9 +37,16 @@ def test_unknown_names_list_the_valid_ones():
 
 # One token: rho = pi / pi_old = 1.5, A = +1, pi_old / mu = 2, a sample with reward 0 (TOPR's negative set).
 # Every knob is off its default, so a row that drops or swaps one gets a different number.
-SPEC = PolicyLossSpec(clip_low=0.1, clip_high=0.3, dual_clip_c=None, tis_high=0.9, topr_negative_weight=0.5,
-                      cispo_low=0.2, cispo_high=0.25, kimi15_tau=0.4, behaviour_cap=1.5, kl_cov_coef=0.7,
-                      gmpo_clip_high=0.3, sapo_tau_pos=2.0)
+SHARED = {"clip_low": 0.1, "clip_high": 0.3}
+KNOBS = {"ppo": loss_table.PpoKnobs(dual_clip_c=None), "tis": loss_table.TisKnobs(high=0.9),
+         "topr": loss_table.ToprKnobs(negative_weight=0.5), "cispo": loss_table.CispoKnobs(low=0.2, high=0.25),
+         "kimi15": loss_table.Kimi15Knobs(tau=0.4), "decoupled_ppo": loss_table.DecoupledPpoKnobs(behaviour_cap=1.5),
+         "clip_cov": loss_table.ClipCovKnobs(), "kl_cov": loss_table.KlCovKnobs(coef=0.7),
+         "gmpo": loss_table.GmpoKnobs(clip_high=0.3), "sapo": loss_table.SapoKnobs(tau_pos=2.0)}
+
+
+def spec_of(name: str) -> PolicyLossSpec:
+    return PolicyLossSpec(variant=name, knobs=KNOBS.get(name), **SHARED)
 LN = math.log(1.5)
 
 
@@ -56,7 +67,8 @@ def test_each_policy_loss_row_uses_its_knobs(name, expected):
     inputs = PolicyLossInputs(logprobs=torch.tensor([[LN]], requires_grad=True), old_logprobs=torch.zeros(1, 1),
                               advantages=torch.ones(1, 1), mask=torch.ones(1, 1),
                               behaviour_logprobs=torch.tensor([[math.log(0.5)]]), scores=torch.tensor([0.0]))
-    out = POLICY_LOSSES.get(name).loss(inputs, SPEC)
+    spec = spec_of(name)
+    out = POLICY_LOSSES.get(name).loss(inputs, spec, spec.knobs)
     assert out.token_loss.item() == pytest.approx(expected, abs=1e-6)
 
 
@@ -64,7 +76,7 @@ def test_topr_row_needs_scores():
     x = PolicyLossInputs(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
                          torch.zeros(1, 1), scores=None)
     with pytest.raises(ValueError, match="topr needs batch.scores"):
-        POLICY_LOSSES.get("topr").loss(x, SPEC)
+        POLICY_LOSSES.get("topr").loss(x, spec_of("topr"), KNOBS["topr"])
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -80,29 +92,32 @@ def test_topr_row_needs_scores():
 ])
 def test_each_estimator_baseline(name, expected):
     rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    context = BaselineContext(lengths=torch.tensor([[1, 3], [2, 2]]), greedy=torch.tensor([0.5, 1.0]), pass_k=1)
-    got = ESTIMATORS.get(name).baseline(rewards, "group", "group", 1e-6, 1, context=context)
+    context = BaselineContext(lengths=torch.tensor([[1, 3], [2, 2]]), greedy=torch.tensor([0.5, 1.0]))
+    spec = AdvantageSpec(estimator=name, knobs=PassAtKKnobs(k=1) if name == "pass_at_k" else None)
+    got = ESTIMATORS.get(name).baseline(rewards, spec, context=context)
     assert got.tolist() == [pytest.approx(row, abs=1e-4) for row in expected]
 
 
 def test_context_baselines_say_what_they_miss():
     rewards = torch.tensor([[1.0, 0.0]])
     with pytest.raises(ValueError, match="estimator remax needs a BaselineContext with greedy"):
-        ESTIMATORS.get("remax").baseline(rewards, "none", "none", 1e-6, 1, context=BaselineContext())
+        ESTIMATORS.get("remax").baseline(rewards, AdvantageSpec(estimator="remax"), context=BaselineContext())
     with pytest.raises(ValueError, match="estimator opo needs a BaselineContext with lengths"):
-        ESTIMATORS.get("opo").baseline(rewards, "none", "none", 1e-6, 1)
+        ESTIMATORS.get("opo").baseline(rewards, AdvantageSpec(estimator="opo"))
 
 
-def test_aggregation_table_matches_the_mode_type():
+def test_name_tables_match_the_types_the_config_reads():
     assert AGGREGATIONS.names == AggMode.__args__
+    assert DIVERGENCES.names == get_args(Divergence) and DIVERGENCE_LEVELS.names == get_args(DivergenceLevel)
 
 
 def test_token_estimators_returns_and_gae():
     # r = [0, 0, 1], V = [0.5, 0.6, 0.7], gamma 1, lambda 0.95 -> GAE [0.46575, 0.385, 0.3], returns A + V.
     rewards, values, mask = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3)
-    adv, returns = ESTIMATORS.get("reinforce").advantages(rewards, None, mask, 1.0, 0.95)
+    adv, returns = ESTIMATORS.get("reinforce").advantages(rewards, None, mask, AdvantageSpec(gamma=1.0))
     assert adv.tolist() == [[1.0, 1.0, 1.0]] and returns is None
-    adv, returns = ESTIMATORS.get("gae").advantages(rewards, values, mask, 1.0, 0.95)
+    spec = AdvantageSpec(estimator="gae", gamma=1.0, knobs=GaeKnobs(lam=0.95))
+    adv, returns = ESTIMATORS.get("gae").advantages(rewards, values, mask, spec)
     assert adv[0].tolist() == pytest.approx([0.46575, 0.385, 0.3], abs=1e-6)
     assert returns[0].tolist() == pytest.approx([0.96575, 0.985, 1.0], abs=1e-6)
     assert [n for n in ESTIMATORS.names if ESTIMATORS.get(n).critic] == ["gae"]

@@ -14,13 +14,13 @@ def test_variant_parsing():
 
 
 def test_variant_config_starts_from_the_shared_model(tmp_path):
-    base = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", "algorithm.clip_high=0.28",
+    base = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", "algorithm.loss.clip_high=0.28",
                               "sft_warmup.train_files=[s.jsonl]"])
     v = Variant("ppo", "ppo", ["critic.optimizer.lr=0.001"])
     cfg = variant_config(base, v, seed=2, steps=50, model="warm", out=tmp_path / "x")
     assert cfg.sft_warmup is None and cfg.model.path == "warm" and cfg.run.seed == 2 and cfg.run.steps == 50
     # The variant's preset replaces the base algorithm section entirely; its own overrides apply on top.
-    assert cfg.algorithm.preset == "ppo" and cfg.algorithm.clip_high == 0.2 and cfg.critic.optimizer.lr == 0.001
+    assert cfg.algorithm.preset == "ppo" and cfg.algorithm.loss.clip_high == 0.2 and cfg.critic.optimizer.lr == 0.001
 
 
 @pytest.mark.parametrize("preset", ["reinforce_pp", "reinforce_pp_baseline"])
@@ -28,13 +28,15 @@ def test_the_reinforce_pp_presets_are_ablation_variants(tmp_path, preset):
     # The quickstart's base (GRPO-like, groups of 8) takes either preset; the paper's normalisation is on.
     base = load_config("gyre/recipes/quickstart.yaml", ["data.train_files=[t.jsonl]"])
     cfg = variant_config(base, Variant.parse(preset), seed=0, steps=5, model="warm", out=tmp_path / "x")
-    assert cfg.algorithm.whiten_advantages and cfg.algorithm.norm_std == "none" and cfg.algorithm.kl_reward_coef > 0
+    a = cfg.algorithm
+    assert a.advantage.whiten and a.advantage.norm_std == "none" and a.kl.reward_coef > 0
 
 
 def test_asyppo_variant_gets_its_two_critics_unless_the_base_sets_them(tmp_path):
     base = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]"])
     cfg = variant_config(base, Variant.parse("asyppo"), seed=0, steps=5, model="m", out=tmp_path / "a")
-    assert cfg.algorithm.preset == "asyppo" and cfg.critic.num_critics == 2 and cfg.algorithm.adv_mask_low_pct == 0.2
+    assert cfg.algorithm.preset == "asyppo" and cfg.critic.num_critics == 2
+    assert cfg.algorithm.critic.adv_mask_low_pct == 0.2
     base = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", "critic.num_critics=4"])
     cfg = variant_config(base, Variant.parse("asyppo"), seed=0, steps=5, model="m", out=tmp_path / "b")
     assert cfg.critic.num_critics == 4

@@ -19,7 +19,7 @@ def plan_for(*overrides, kind="cuda"):
 
 
 def test_activating_a_role_offloads_only_the_roles_sharing_its_devices():
-    plan = plan_for("policy.devices=[0,1]", "rollout.devices=[0,1]", "algorithm.kl_loss_coef=0.1",
+    plan = plan_for("policy.devices=[0,1]", "rollout.devices=[0,1]", "algorithm.kl.loss_coef=0.1",
                     "reference.devices=[2]")
     log: list[str] = []
     groups = {name: Recorder(name, log) for name in ("policy", "rollout", "reference")}

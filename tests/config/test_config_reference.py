@@ -64,10 +64,18 @@ def test_an_unknown_key_names_the_closest_valid_one(key, hint):
     assert f"unknown config key {key!r}; {hint}" in str(err.value)
 
 
+def test_a_key_gyre_moved_shows_the_key_it_became():
+    text = describe("algorithm.cispo_low")
+    assert text.startswith("algorithm.cispo_low is now algorithm.loss.cispo.low\n\nalgorithm.loss.cispo.low\n"
+                           "  type: float >= 0\n  default: 0.1\n")
+    assert describe("algorithm.lam").splitlines()[2:5] == ["algorithm.advantage.gae.lam", "  type: float >= 0, <= 1",
+                                                           "  default: 0.95"]
+
+
 def test_gyre_config_describe_on_the_command_line(capsys):
-    assert main(["config", "--describe", "algorithm.clip_high"]) == 0
+    assert main(["config", "--describe", "algorithm.loss.clip_high"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("algorithm.clip_high\n  type: float >= 0\n  default: 0.2\n")
+    assert out.startswith("algorithm.loss.clip_high\n  type: float >= 0\n  default: 0.2\n")
     assert main(["config", "--describe", "policy.lr"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gyre: error: unknown config key 'policy.lr'; did you mean 'policy.optimizer.lr'?")

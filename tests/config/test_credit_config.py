@@ -5,8 +5,8 @@ import pytest
 
 from gyre.algos.attention_credit import CreditSpec
 from gyre.config import ConfigError, load_config, make_plan
+from gyre.config.algorithm_schema import CreditKnobs
 from gyre.config.report import format_plan
-from gyre.config.schema import CreditKnobs
 
 BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
 

@@ -60,7 +60,7 @@ def test_offload_only_on_gpu_by_default():
 
 
 def test_kl_creates_reference_and_says_so():
-    plan = plan_for("algorithm.kl_loss_coef=0.01", "reference.devices=[3]")
+    plan = plan_for("algorithm.kl.loss_coef=0.01", "reference.devices=[3]")
     assert plan.use_reference and plan.roles["reference"] == (3,)
     assert any("reference role" in n for n in plan.notes)
 
@@ -161,7 +161,7 @@ def test_check_reports_the_memory_levers_of_each_role():
 
     cfg = load_config(None, BASE + [
         "policy.micro_batch_tokens=4096", "policy.remove_padding=pack", "policy.logprob_chunk_tokens=512",
-        "model.gradient_checkpointing=true", "algorithm.kl_loss_coef=0.01", "reference.remove_padding=sort"])
+        "model.gradient_checkpointing=true", "algorithm.kl.loss_coef=0.01", "reference.remove_padding=sort"])
     report = format_plan(cfg, make_plan(cfg, "cpu", 4))
     assert ("per rank             64 samples in micro-batches of <= 4096 tokens (as many as the lengths need)"
             in report)

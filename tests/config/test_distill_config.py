@@ -15,8 +15,8 @@ def cfg_for(*overrides):
 
 def test_opd_preset_is_pure_distillation_with_discount_zero():
     a = cfg_for("algorithm=opd", "teacher.model_path=t").algorithm
-    assert (a.distill_mode, a.distill_coef, a.gamma, a.estimator) == ("pure", 1.0, 0.0, "reinforce")
-    assert (a.norm_mean, a.norm_std, a.dual_clip_c) == ("none", "none", None)
+    assert (a.distill.mode, a.distill.coef, a.advantage.gamma, a.advantage.estimator) == ("pure", 1.0, 0.0, "reinforce")
+    assert (a.advantage.norm_mean, a.advantage.norm_std, a.loss.ppo.dual_clip_c) == ("none", "none", None)
     assert a.uses_teacher and not a.uses_reference
 
 
@@ -28,7 +28,7 @@ def test_the_teacher_is_a_role_placed_and_time_shared_like_the_reference():
     assert ("policy", "teacher") in plan.shared_devices
     report = format_plan(cfg, plan)
     assert "  teacher    devices [0]  (1 worker(s))" in report
-    assert "teacher model        /models/teacher, on devices [0]; distill_mode pure, distill_coef 1" in report
+    assert "teacher model        /models/teacher, on devices [0]; distill.mode pure, distill.coef 1" in report
     assert "memory (teacher)     micro-batches <= 4 rows" in report
     assert "each token's advantage is -1 x (log pi_student - log pi_teacher)" in report
 
@@ -38,7 +38,7 @@ def test_without_distillation_there_is_no_teacher():
     plan = make_plan(cfg, "cpu", 2)
     assert not plan.use_teacher and "teacher" not in plan.roles
     assert "teacher model        no (no distillation)" in format_plan(cfg, plan)
-    assert "algorithm.distill_mode: no effect" in "\n".join(make_plan(cfg_for("algorithm.distill_mode=loss"),
+    assert "algorithm.distill.mode: no effect" in "\n".join(make_plan(cfg_for("algorithm.distill.mode=loss"),
                                                                         "cpu", 2).notes)
 
 
@@ -48,8 +48,8 @@ def test_distilling_needs_a_teacher_model():
 
 
 @pytest.mark.parametrize("extra,match", [
-    (["algorithm.estimator=gae"], "estimator=gae would compute advantages that are thrown away"),
-    (["algorithm.kl_reward_coef=0.1"], "kl_reward_coef has no effect"),
+    (["algorithm.advantage.estimator=gae"], "estimator=gae would compute advantages that are thrown away"),
+    (["algorithm.kl.reward_coef=0.1"], "kl.reward_coef has no effect"),
 ])
 def test_pure_distillation_refuses_knobs_it_would_ignore(extra, match):
     with pytest.raises(ConfigError, match=match):
@@ -57,7 +57,7 @@ def test_pure_distillation_refuses_knobs_it_would_ignore(extra, match):
 
 
 def test_loss_mode_puts_the_coefficient_in_the_trainer_spec_and_advantage_mode_does_not():
-    loss = cfg_for("algorithm.preset=grpo", "algorithm.distill_coef=0.5", "algorithm.distill_mode=loss").algorithm
+    loss = cfg_for("algorithm.preset=grpo", "algorithm.distill.coef=0.5", "algorithm.distill.mode=loss").algorithm
     assert loss.loss_spec(1.0, "current").distill_loss_coef == 0.5
-    adv = cfg_for("algorithm.preset=grpo", "algorithm.distill_coef=0.5", "algorithm.distill_mode=advantage").algorithm
+    adv = cfg_for("algorithm.preset=grpo", "algorithm.distill.coef=0.5", "algorithm.distill.mode=advantage").algorithm
     assert adv.loss_spec(1.0, "current").distill_loss_coef == 0.0

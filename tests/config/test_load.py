@@ -8,7 +8,7 @@ BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
 
 def test_minimal_config_fills_neutral_defaults():
     cfg = load_config(None, BASE)
-    assert cfg.algorithm.kl_loss_coef == 0.0  # KL off: no hidden reference model
+    assert cfg.algorithm.kl.loss_coef == 0.0  # KL off: no hidden reference model
     assert cfg.rollout.devices == (0,) and cfg.policy.devices == (0,)
 
 
@@ -126,7 +126,7 @@ def test_reward_config_errors(overrides, message):
     ("n_samples_per_prompt=8", "did you mean 'rollout.samples_per_prompt'? (OpenRLHF: n_samples_per_prompt)"),
     ("policy.learning_rate=1e-6", "did you mean 'policy.optimizer.lr'? (TRL: learning_rate)"),
     ("data.max_response_length=512", "did you mean 'rollout.sampling.max_new_tokens'?"),
-    ("beta=0.04", "did you mean 'algorithm.kl_loss_coef'?"),
+    ("beta=0.04", "did you mean 'algorithm.kl.loss_coef'?"),
     ("model.torch_dtype=bfloat16", "did you mean 'model.dtype'?"),
     ("ppo_mini_batch_size=16", "did you mean 'policy.mini_batch_size'? (verl: ppo_mini_batch_size; gyre counts "
                                "samples"),
@@ -169,8 +169,11 @@ def test_every_alias_names_a_real_key_and_no_gyre_key():
     assert not sorted(t for t in targets if not real(t))
     from gyre.config.reward_schema import DomainConfig
 
-    leaves = {p[-1] for p in _all_paths(RLVRConfig) + _all_paths(DomainConfig)}
-    assert not sorted(set(BY_NAME) & leaves)  # an alias must not shadow a gyre key written in the wrong place
+    paths = _all_paths(RLVRConfig) + [("reward", *p) for p in _all_paths(DomainConfig)]
+    # An alias must not shadow a gyre key written in the wrong place: a name that is also a key of the schema
+    # may only point at that key (verl's tau_pos is algorithm.loss.sapo.tau_pos, the one key of that name).
+    for name in set(BY_NAME) & {p[-1] for p in paths}:
+        assert [".".join(p) for p in paths if p[-1] == name] == [BY_NAME[name].key], name
 
 
 def test_standalone_runs_map_trl_names_to_their_own_sections():

@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from gyre.config import ConfigError, load_config, make_plan, validate_config
-from gyre.config.presets import PRESETS
+from gyre.config import ConfigError, aliases, load_config, make_plan, validate_config
+from gyre.config.presets import PRESETS, leaves, value_at
 from gyre.config.report import format_plan, resolved_yaml
 
 BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
@@ -30,9 +30,8 @@ PRESET_NEEDS = {"opd": ["teacher.model_path=t"]}
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_plans_and_round_trips(name):
     cfg = cfg_for(f"algorithm.preset={name}", *PRESET_NEEDS.get(name, ()))
-    for key, value in PRESETS[name].items():
-        got = getattr(cfg.algorithm, key)
-        assert (tuple(got) if isinstance(got, (list, tuple)) else got) == value, key
+    for key, value in leaves(PRESETS[name]):
+        assert value_at(cfg.algorithm, key) == value, key
     plan = make_plan(cfg, "cpu", 4)
     assert f"algorithm preset {name!r} expands to" in format_plan(cfg, plan)
     # The resolved YAML (preset + every explicit knob) loads back to the same config.
@@ -41,19 +40,22 @@ def test_every_preset_plans_and_round_trips(name):
 
 def test_shorthand_and_overrides():
     cfg = load_config(None, BASE + ["algorithm=lite_ppo"])
-    assert (cfg.algorithm.norm_mean, cfg.algorithm.norm_std, cfg.algorithm.loss_agg) == ("group", "batch", "token-mean")
-    cfg = cfg_for("algorithm.preset=dapo", "algorithm.clip_high=0.32")
-    assert cfg.algorithm.clip_high == 0.32 and cfg.algorithm.overlong_mask
+    a = cfg.algorithm
+    assert (a.advantage.norm_mean, a.advantage.norm_std, a.loss.agg) == ("group", "batch", "token-mean")
+    cfg = cfg_for("algorithm.preset=dapo", "algorithm.loss.clip_high=0.32")
+    assert cfg.algorithm.loss.clip_high == 0.32 and cfg.algorithm.masks.overlong
     report = format_plan(cfg, make_plan(cfg, "cpu", 4))
     assert "clip_high" in report and "(overridden: 0.32)" in report
 
 
 def test_the_renamed_estimator_says_where_its_two_meanings_went():
-    with pytest.raises(ConfigError, match="algorithm.estimator=reinforce_pp_baseline was renamed "
-                                          "group_centred_batch_std .*algorithm.preset=reinforce_pp_baseline"):
-        cfg_for("algorithm.estimator=reinforce_pp_baseline", "algorithm.norm_mean=none", "algorithm.norm_std=none")
-    cfg = cfg_for("algorithm.estimator=group_centred_batch_std", "algorithm.norm_mean=none", "algorithm.norm_std=none")
-    assert cfg.algorithm.advantage_estimator.groups
+    scopes = ["algorithm.advantage.norm_mean=none", "algorithm.advantage.norm_std=none"]
+    for key in ("algorithm.advantage.estimator", "algorithm.estimator"):  # the earlier flat key too
+        with pytest.raises(ConfigError, match="algorithm.advantage.estimator=reinforce_pp_baseline was renamed "
+                                              "group_centred_batch_std .*algorithm.preset=reinforce_pp_baseline"):
+            cfg_for(f"{key}=reinforce_pp_baseline", *scopes)
+    cfg = cfg_for("algorithm.advantage.estimator=group_centred_batch_std", *scopes)
+    assert cfg.algorithm.advantage.row.groups
 
 
 def test_unknown_preset_names_the_closest():
@@ -62,19 +64,21 @@ def test_unknown_preset_names_the_closest():
 
 
 def test_misspelt_knob_names_the_closest():
-    with pytest.raises(ConfigError, match="did you mean 'algorithm.kl_loss_coef'"):
+    with pytest.raises(ConfigError, match="did you mean 'algorithm.kl.loss_coef'"):
+        cfg_for("algorithm.kl.los_coef=0.1")
+    with pytest.raises(ConfigError, match="did you mean 'algorithm.kl.loss_coef'"):  # the earlier key, misspelt
         cfg_for("algorithm.kl_los_coef=0.1")
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["algorithm.preset=rloo", "algorithm.norm_mean=group"], "computes its own baseline"),
-    (["algorithm.policy_loss=cispo", "algorithm.ratio_level=sequence"], "ratio_level=sequence"),
-    (["algorithm.kl_target=0.1"], "kl_target adapts the KL reward penalty, which is off"),
-    (["algorithm.loss_agg_norm=100"], "loss_agg_norm is the constant of seq-mean-token-sum-norm"),
-    (["algorithm.policy_loss=decoupled_ppo", "algorithm.old_logprobs=rollout"], "cannot be the sampler's"),
+    (["algorithm.preset=rloo", "algorithm.advantage.norm_mean=group"], "computes its own baseline"),
+    (["algorithm.loss.variant=cispo", "algorithm.loss.ratio_level=sequence"], "ratio_level=sequence"),
+    (["algorithm.kl.target=0.1"], "kl.target adapts the KL reward penalty, which is off"),
+    (["algorithm.loss.agg_norm=100"], "loss.agg_norm is the constant of seq-mean-token-sum-norm"),
+    (["algorithm.loss.variant=decoupled_ppo", "algorithm.old_logprobs=rollout"], "cannot be the sampler's"),
     (["algorithm.mismatch.weight=token", "algorithm.old_logprobs=rollout"], "cannot be the sampler's"),
-    (["algorithm.difficulty_mask=[0.5, 0.5]"], "keeps nothing"),
-    (["algorithm.dual_clip_c=1.0"], "greater than 1"),
+    (["algorithm.masks.difficulty=[0.5, 0.5]"], "keeps nothing"),
+    (["algorithm.loss.ppo.dual_clip_c=1.0"], "greater than 1"),
 ])
 def test_nonsense_combinations_are_rejected(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -106,3 +110,36 @@ def test_derived_activations_are_reported():
 def test_critic_ranks_must_divide_the_mini_batch():
     with pytest.raises(ConfigError, match="divisible by the 3 critic devices"):
         plan_for("algorithm=ppo", "critic.devices=[0,1,2]")
+
+
+EARLIER_KEYS = """\
+algorithm:
+  preset: dapo
+  clip_high: 0.3
+  cispo_low: 0.25
+  lam: 0.9
+  critic_warmup: 2
+  kl_loss_coef: 0.01
+"""
+
+
+def test_earlier_flat_keys_load_at_their_new_place_with_one_notice_each(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(aliases, "_ANNOUNCED", set())
+    path = tmp_path / "earlier.yaml"
+    path.write_text(EARLIER_KEYS)
+    old = load_config(path, BASE + ["algorithm.gigpo_step_weight=0.5"])
+    # Written over the preset as the new keys would be: dapo's clip_low and masks stay.
+    assert old == cfg_for("algorithm.preset=dapo", "algorithm.loss.clip_high=0.3", "algorithm.loss.cispo.low=0.25",
+                          "algorithm.advantage.gae.lam=0.9", "algorithm.critic.warmup=2", "algorithm.kl.loss_coef=0.01",
+                          "algorithm.advantage.gigpo.step_weight=0.5")
+    assert (old.algorithm.loss.clip_low, old.algorithm.loss.clip_high, old.algorithm.masks.overlong) == (0.2, 0.3, True)
+    moves = [("clip_high", "loss.clip_high"), ("cispo_low", "loss.cispo.low"), ("lam", "advantage.gae.lam"),
+             ("critic_warmup", "critic.warmup"), ("kl_loss_coef", "kl.loss_coef"),
+             ("gigpo_step_weight", "advantage.gigpo.step_weight")]
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: config key algorithm.{a} -> algorithm.{b} (renamed; write the new key, the old one still loads)"
+        for a, b in moves]
+    assert load_config(path, BASE) and capsys.readouterr().err == ""  # once per key and process
+    with pytest.raises(ConfigError, match="algorithm: algorithm.clip_high was renamed algorithm.loss.clip_high, and "
+                                          "both are written: keep algorithm.loss.clip_high"):
+        cfg_for("algorithm.clip_high=0.3", "algorithm.loss.clip_high=0.2")

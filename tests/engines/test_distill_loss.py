@@ -35,6 +35,6 @@ def test_without_teacher_logprobs_the_loss_mode_says_what_is_missing():
     b = TrainBatch(input_ids=torch.zeros(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
                    response_mask=torch.tensor([[0.0, 1.0]]), advantages=torch.zeros(1, 2),
                    rollout_logprobs=torch.zeros(1, 2))
-    with pytest.raises(ValueError, match="distill_mode=loss needs the teacher's log-probs"):
+    with pytest.raises(ValueError, match="distill.mode=loss needs the teacher's log-probs"):
         PolicyLoss(LossDenominator(tokens=1), PolicyLossSpec(old_source="current", distill_loss_coef=1.0))(
             b, lp, None, MetricSums())

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from gyre.algos import POLICY_LOSSES, LossDenominator
+from gyre.algos.loss_table import PpoKnobs
+from gyre.algos.specs import KLSpec
 from gyre.engines.losses import PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.types import MetricSums, TrainBatch
 
@@ -27,7 +29,8 @@ def test_grpo_loss_hand_computed():
     lp = current()
     b.ref_logprobs = lp.detach() - torch.tensor([[0.0, 0.5, -0.5]])  # log pi - log ref = +0.5, -0.5
     entropy = torch.tensor([[0.0, 2.0, 1.0]])
-    spec = PolicyLossSpec(clip_low=0.2, clip_high=0.2, kl_loss_coef=0.1, entropy_coef=0.01, old_source="recomputed")
+    spec = PolicyLossSpec(clip_low=0.2, clip_high=0.2, kl=KLSpec(loss_coef=0.1), entropy_coef=0.01,
+                          old_source="recomputed")
     metrics = MetricSums()
     loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, entropy, metrics)
     # PPO: -min(1.5, 1.2) = -1.2 and -min(0.5, 0.5) = -0.5 -> token-mean -0.85
@@ -89,7 +92,7 @@ def test_topr_splits_on_the_sample_score():
     b = batch()
     b.scores = torch.tensor([1.0])
     lp = current()
-    spec = PolicyLossSpec(policy_loss="topr")
+    spec = PolicyLossSpec(variant="topr")
     loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, None, MetricSums())
     assert loss.item() == pytest.approx(-((-1 + math.log(1.5)) + (-2 + math.log(0.5))) / 2, abs=1e-6)
     # Non-positive sample: the weight is sg(clip(rho, 0, 1)) = [1, 0.5].
@@ -101,7 +104,7 @@ def test_topr_splits_on_the_sample_score():
 def test_sequence_mean_aggregation_in_the_step_loss():
     # seq-mean-token-mean over one sequence of two tokens equals token-mean; with 2 sequences in the
     # optimizer step (the other on another micro-batch) this micro-batch contributes half.
-    spec = PolicyLossSpec(loss_agg="seq-mean-token-mean")
+    spec = PolicyLossSpec(agg="seq-mean-token-mean")
     loss = PolicyLoss(LossDenominator(tokens=2, sequences=2), spec)(batch(), current(), None, MetricSums())
     assert loss.item() == pytest.approx(-0.85 / 2, abs=1e-6)
 
@@ -129,7 +132,8 @@ def test_every_policy_loss_variant_dispatches(variant):
     b.scores = torch.tensor([1.0])
     lp = current()
     metrics = MetricSums()
-    spec = PolicyLossSpec(policy_loss=variant, ratio_level="token", dual_clip_c=3.0 if variant == "ppo" else None)
+    spec = PolicyLossSpec(variant=variant, ratio_level="token",
+                          knobs=PpoKnobs(dual_clip_c=3.0) if variant == "ppo" else None)
     loss = PolicyLoss(LossDenominator(tokens=2), spec)(b, lp, None, metrics)
     loss.backward()
     assert math.isfinite(loss.item()) and lp.grad is not None and lp.grad[0, 1:].abs().sum() > 0
@@ -162,7 +166,7 @@ def _fill_prompt(b: TrainBatch, fill: float) -> TrainBatch:
 def test_nan_padding_reaches_neither_the_step_loss_nor_its_gradient(variant):
     # Padding may hold NaN (a sampler's missing log-prob) or -inf (a reference log-prob of a masked token);
     # every input is selected on the mask, so the loss and the gradient equal those of a clean batch.
-    spec = PolicyLossSpec(policy_loss=variant, kl_loss_coef=0.1, entropy_coef=0.01)
+    spec = PolicyLossSpec(variant=variant, kl=KLSpec(loss_coef=0.1), entropy_coef=0.01)
     results = []
     for fill in (0.0, math.nan, -math.inf, math.inf):
         b = batch()

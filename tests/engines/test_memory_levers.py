@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from gyre.algos.aggregation import denominator_for
+from gyre.algos.specs import KLSpec
 from gyre.data.batching import collate
 from gyre.engines.forward import ForwardContext, ReferenceModel, micro_batches, sequence_logprobs, sequence_values
 from gyre.engines.logit_head import check_chunkable
@@ -73,7 +74,8 @@ def _batch():
     return batch
 
 
-SPEC = PolicyLossSpec(loss_agg="seq-mean-token-mean", kl_loss_coef=0.1, entropy_coef=0.01, temperature=0.8)
+SPEC = PolicyLossSpec(agg="seq-mean-token-mean", kl=KLSpec(loss_coef=0.1), entropy_coef=0.01,
+                      temperature=0.8)
 
 
 def _step(model, batch, levers: MemoryLevers, spec=SPEC, rows=2):
@@ -140,7 +142,7 @@ def test_levers_give_the_plain_per_token_logprobs_and_entropies(policy_model):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_token_budget_split_keeps_the_step_loss(sdpa_model, agg):
     """Any split into micro-batches gives the one-pass loss: the global denominators see the whole step."""
-    batch, spec = _batch(), PolicyLossSpec(loss_agg=agg, old_source="recomputed")
+    batch, spec = _batch(), PolicyLossSpec(agg=agg, old_source="recomputed")
     whole = _step(sdpa_model, batch, MemoryLevers(), spec, rows=len(batch))
     for budget in (12, 25, 40):
         split = _step(sdpa_model, batch, MemoryLevers(micro_batch_tokens=budget, remove_padding="pack"), spec)

@@ -47,7 +47,7 @@ def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu",
     batch = _batch()
     shard = split_for_ranks(batch, world)[0][rank]
     denom = denominator_for(batch.response_mask, world, norm_length=8)
-    loss = PolicyLoss(denom=denom, spec=PolicyLossSpec(old_source="rollout", loss_agg=agg))
+    loss = PolicyLoss(denom=denom, spec=PolicyLossSpec(old_source="rollout", agg=agg))
     norm = backend.optimizer_step(backend.split_micro(shard), loss, MetricSums())
     grads = {}
     for name, p in backend.model.named_parameters():

@@ -96,11 +96,11 @@ BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
 
 
 def test_the_reference_is_the_base_model_on_the_policy_ranks():
-    plan = make_plan(load_config(None, [*BASE, "policy.lora={}", "algorithm.kl_loss_coef=0.01",
+    plan = make_plan(load_config(None, [*BASE, "policy.lora={}", "algorithm.kl.loss_coef=0.01",
                                         "reference.devices=[1]"]), "cpu", 4)
     assert plan.use_reference and plan.reference_on_policy and "reference" not in plan.roles
     assert any("adapters switched off" in n and "reference section has no effect" in n for n in plan.notes)
-    full = make_plan(load_config(None, [*BASE, "algorithm.kl_loss_coef=0.01"]), "cpu", 4)
+    full = make_plan(load_config(None, [*BASE, "algorithm.kl.loss_coef=0.01"]), "cpu", 4)
     assert "reference" in full.roles and not full.reference_on_policy
 
 
@@ -117,7 +117,7 @@ def test_check_prints_what_lora_trains_and_refuses_bad_targets(tiny_model_dir, a
     args = ["check", "gyre/recipes/quickstart.yaml", f"model.path={tiny_model_dir}",
             f"data.train_files=[{arithmetic_data['train']}]", f"data.val_files=[{arithmetic_data['val']}]",
             f"sft_warmup.train_files=[{arithmetic_data['sft']}]", "cluster.cpu_slots=2",
-            "policy.lora={r: 4, alpha: 8}", "algorithm.kl_loss_coef=0.01"]
+            "policy.lora={r: 4, alpha: 8}", "algorithm.kl.loss_coef=0.01"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "LoRA                 r=4, alpha=8 (scale 2) on 14 all-linear layers: 17,408 of" in out

@@ -38,7 +38,7 @@ CASES: dict[str, list[str]] = {
                       "reference.devices=[0]",
                       "critic.devices=[1,2]", "rollout.prompts_per_step=16", "rollout.samples_per_prompt=4",
                       "policy.mini_batch_size=32", "policy.micro_batch_size=32", "critic.micro_batch_size=32",
-                      "algorithm.kl_reward_coef=0.01", "algorithm.mismatch.weight=token",
+                      "algorithm.kl.reward_coef=0.01", "algorithm.mismatch.weight=token",
                       "algorithm.mismatch.filter=sequence"],
     # Lockstep asynchrony (alpha 1) on a rollout engine of its own, with dynamic sampling's refills: the
     # publication hold, the plan's parts and refills of the oldest unsettled batch.

@@ -22,7 +22,7 @@ def asyppo_config(tmp_path, model_dir, data, *extra):
         f"model.path={model_dir}", f"data.train_files=[{data['train']}]",
         "rollout.mode=hybrid", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
         "rollout.sampling.max_new_tokens=4", "policy.micro_batch_size=8", "policy.optimizer.lr=0.001",
-        "algorithm.preset=asyppo", "algorithm.kl_reward_coef=0", "critic.micro_batch_size=8",
+        "algorithm.preset=asyppo", "algorithm.kl.reward_coef=0", "critic.micro_batch_size=8",
         "critic.optimizer.lr=0.001", "validation.every=0", "reward.type=function",
         f"reward.function={reward}:digit_fraction", "logging.progress=false", "logging.trackers=[]",
         "logging.plot=false", *extra])

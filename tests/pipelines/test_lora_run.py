@@ -21,7 +21,7 @@ pytest.importorskip("peft")
 def test_a_lora_run_syncs_adapters_resumes_exactly_and_saves_both_forms(ray_local, tiny_model_dir, arithmetic_data,
                                                                         tmp_path):
     reward = Path(__file__).with_name("reward_fns.py")
-    args = ["policy.lora={r: 4, alpha: 8}", "policy.strategy=fsdp2", "algorithm.kl_loss_coef=0.01",
+    args = ["policy.lora={r: 4, alpha: 8}", "policy.strategy=fsdp2", "algorithm.kl.loss_coef=0.01",
             "validation.every=0", "checkpoint.every=1", "logging.plot=false", "logging.trackers=[]",
             "reward.type=function", f"reward.function={reward}:digit_fraction"]
     lines = []
@@ -65,7 +65,7 @@ def test_hybrid_lora_ranks_sample_with_their_adapters(ray_local, tiny_model_dir,
     reward = Path(__file__).with_name("reward_fns.py")
     cfg = quick_config(tmp_path, tiny_model_dir, arithmetic_data, "rollout.mode=hybrid", "rollout.devices=[0]",
                        "policy.devices=[0]", "run.steps=2", "policy.lora={r: 4, save: adapter}",
-                       "algorithm.kl_loss_coef=0.01", "validation.every=0", "logging.plot=false",
+                       "algorithm.kl.loss_coef=0.01", "validation.every=0", "logging.plot=false",
                        "logging.trackers=[]", "reward.type=function", f"reward.function={reward}:digit_fraction")
     summary = launch.train(cfg, echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -63,7 +63,7 @@ def test_a_remax_run_baselines_on_the_greedy_response_and_trains_only_the_sample
                                                                                    arithmetic_data, tmp_path):
     reward = Path(__file__).with_name("reward_fns.py")
     cfg = quick_config(tmp_path, tiny_model_dir, arithmetic_data, "run.steps=2", "validation.every=0",
-                       "algorithm.preset=remax", "algorithm.kl_reward_coef=0", "rollout.devices=[0]",
+                       "algorithm.preset=remax", "algorithm.kl.reward_coef=0", "rollout.devices=[0]",
                        "policy.devices=[0]", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
                        "policy.mini_batch_size=4", "reward.type=function",
                        f"reward.function={reward}:digit_fraction")

@@ -32,7 +32,7 @@ def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_p
     for name, source in (("train", rows), ("val", val)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({**r, "weight": 1.0}) + "\n" for r in source))
     cfg = quick_config(tmp_path, tiny_model_dir, {"train": tmp_path / "train.jsonl", "val": tmp_path / "val.jsonl"},
-                       "algorithm.kl_loss_coef=0.01", "reference.devices=[1]", "policy.offload=always",
+                       "algorithm.kl.loss_coef=0.01", "reference.devices=[1]", "policy.offload=always",
                        "reference.remove_padding=sort", "reference.logprob_chunk_tokens=16",
                        "reward.type=function", f"reward.function={reward}:weighted_digit_fraction",
                        "data.max_prompt_tokens=5", "data.overlong_prompts=truncate_left")
@@ -107,7 +107,7 @@ def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_dat
         "data": {"train_files": [str(arithmetic_data["train"])]},
         "rollout": {"devices": [0], "prompts_per_step": 4, "samples_per_prompt": 4, "sampling": {"max_new_tokens": 4}},
         "policy": {"devices": [0], "strategy": "fsdp2", "micro_batch_size": 4, "mini_batch_size": 8},
-        "algorithm": {"kl_loss_coef": 0.01},
+        "algorithm": {"kl": {"loss_coef": 0.01}},
         "reference": {"devices": [0]},
         "logging": {"progress": False, "trackers": [], "plot": False},
     }))
@@ -123,7 +123,7 @@ def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_dat
 def test_ppo_with_a_critic_role_warms_up_checkpoints_and_resumes(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
     """PPO: a critic (value head on the tiny backbone) trains as its own role; the policy waits one step."""
     reward = Path(__file__).with_name("reward_fns.py")
-    args = ["algorithm.preset=ppo", "algorithm.critic_warmup=1", "critic.devices=[0,1]", "critic.micro_batch_size=4",
+    args = ["algorithm.preset=ppo", "algorithm.critic.warmup=1", "critic.devices=[0,1]", "critic.micro_batch_size=4",
             "critic.optimizer.lr=0.001", "validation.every=0", "checkpoint.every=1", "reward.type=function",
             f"reward.function={reward}:digit_fraction", "critic.remove_padding=pack", "critic.micro_batch_tokens=64"]
     launch.train(quick_config(tmp_path, tiny_model_dir, arithmetic_data, *args), echo=lambda s: None)
@@ -154,8 +154,8 @@ def test_an_agentic_run_plays_environments_turn_by_turn(ray_local, tiny_model_di
     """A multi-turn run on a built-in game: environment workers host the games, episodes are sampled
     turn by turn, the episode return is the reward, and validation plays fixed seeds. Step-level samples
     train one row per turn (with GiGPO), padded to equal shares of two ranks' two mini-batches."""
-    mode = ["env.samples=step", "env.history_turns=1", "algorithm.estimator=gigpo", "policy.mini_batch_size=4"] \
-        if samples == "step" else []
+    mode = ["env.samples=step", "env.history_turns=1", "algorithm.advantage.estimator=gigpo",
+            "policy.mini_batch_size=4"] if samples == "step" else []
     cfg = load_config(None, [
         f"run.output_dir={tmp_path / 'run'}", "run.steps=2", "run.seed=1", f"model.path={tiny_model_dir}",
         "env.id=gyre:guess_number", "env.kwargs={low: 1, high: 8}", "env.max_turns=3", "env.turn_tokens=12",

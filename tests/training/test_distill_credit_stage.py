@@ -24,7 +24,7 @@ def test_pure_distillation_replaces_the_advantages():
 
 
 def test_mixed_distillation_adds_the_scaled_kl_to_the_grpo_advantage():
-    cfg, plan = stage("algorithm.preset=grpo", "algorithm.kl_loss_coef=0", "algorithm.distill_coef=0.5",
+    cfg, plan = stage("algorithm.preset=grpo", "algorithm.kl.loss_coef=0", "algorithm.distill.coef=0.5",
                       "teacher.model_path=t", n=2)
     samples = [sample(0, 0, 1.0, 2), sample(0, 1, 0.0, 2)]
     batch = to_batch(samples, 0)
@@ -38,7 +38,7 @@ def test_mixed_distillation_adds_the_scaled_kl_to_the_grpo_advantage():
 
 
 def test_credit_scales_only_the_non_negative_advantages():
-    cfg, plan = stage("algorithm.preset=grpo", "algorithm.kl_loss_coef=0", "algorithm.credit.strategy=coupled", n=2)
+    cfg, plan = stage("algorithm.preset=grpo", "algorithm.kl.loss_coef=0", "algorithm.credit.strategy=coupled", n=2)
     samples = [sample(0, 0, 1.0, 3), sample(0, 1, 0.0, 3)]
     batch = to_batch(samples, 0)
     batch.credit_scales = torch.tensor([[1, 1, 1.5, 1, 1.25], [1, 1, 1.5, 1, 1]])

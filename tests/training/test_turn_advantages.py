@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from gyre.config.schema import AlgorithmConfig
+from gyre.config.algorithm_schema import AlgorithmConfig
 from gyre.data.batching import RowMap, TurnLayout, collate_groups
 from gyre.training.advantage import AlgorithmState, estimate_advantages
 from gyre.types import Group, PromptRecord, RewardResult, Segment, Trajectory, TurnRecord
@@ -43,11 +43,11 @@ def stepwise(groups, window=1):
 
 
 def advantages(groups, multiple=1, **knobs):
-    """Run the stage with an algorithm section of ``knobs`` on a batch padded to ``multiple`` rows; returns
+    """Run the stage with an advantage section of ``knobs`` on a batch padded to ``multiple`` rows; returns
     the batch. (A run that learns from prompts refuses turn-level estimators, so the algorithm section is
     built on its own here.)"""
     _, plan = stage()
-    a = AlgorithmConfig(**knobs)
+    a = AlgorithmConfig(advantage=knobs)
     batch, _ = collate_groups(groups, 0, multiple)
     estimate_advantages(batch, groups, a, plan, AlgorithmState.create(a), 16)
     return batch
@@ -143,7 +143,7 @@ def test_gigpo_worked_example():
 def test_gigpo_std_free_and_weights():
     # norm_std none: A^E = R - 2/3 = [1/3, -2/3, 1/3], A^S = deviations [0.3325, -0.6175, 0.285] at s0;
     # weights w_E 2, w_S 0.5 at step 0: [0.8329, -1.6421, 0.8092].
-    batch = advantages(GIGPO, estimator="gigpo", norm_std="none", gigpo_episode_weight=2.0, gigpo_step_weight=0.5)
+    batch = advantages(GIGPO, estimator="gigpo", norm_std="none", gigpo={"episode_weight": 2.0, "step_weight": 0.5})
     assert [row[0] for row in turn_values(batch, GIGPO)] == pytest.approx([0.83292, -1.64208, 0.80917], abs=1e-4)
 
 
@@ -200,9 +200,9 @@ def test_the_overlong_penalty_measures_an_episodes_longest_turn():
     # Turn budget 4, L_cache 0.5 x 4 = 2: an episode whose longest turn has 3 tokens gets (2 - 3) / 2 = -0.5,
     # though its 10 response tokens (observations included) would be far past the budget; one of 2-token
     # turns gets nothing.
-    _, plan = stage("algorithm.overlong_penalty_frac=0.5", max_new=4)
+    _, plan = stage("algorithm.masks.overlong_penalty_frac=0.5", max_new=4)
     groups = [group("g0", episode(0, [(2, 1.0, "a"), (3, 0.0, "b")]), episode(1, [(2, 1.0, "a"), (2, 0.0, "c")]))]
-    a = AlgorithmConfig(estimator="reinforce", norm_mean="none", norm_std="none")
+    a = AlgorithmConfig(advantage={"estimator": "reinforce", "norm_mean": "none", "norm_std": "none"})
     batch, _ = collate_groups(groups, 0)
     metrics = estimate_advantages(batch, groups, a, plan, AlgorithmState.create(a), 4)
     assert batch.scores.tolist() == [0.5, 1.0] and metrics["reward/overlong_penalty"] == -0.25
