@@ -117,7 +117,8 @@ def alias_table() -> str:
     entries += [(name, a, p) for p, table in aliases.BY_PIPELINE.items() for name, a in table.items()]
     for name, alias, pipeline in entries:
         where = f" (in `{STANDALONE[pipeline]}`)" if pipeline in STANDALONE else ""
-        row = f"| `{name}`{where} | {_gyre_key(alias.key, pipeline)} | {_escape(alias.note)} |"
+        note = alias.note or ("moved: the old key still loads, with a notice" if alias.moved else "")
+        row = f"| `{name}`{where} | {_gyre_key(alias.key, pipeline)} | {_escape(note)} |"
         for origin in alias.origin.split(", "):
             rows.setdefault(origin, []).append(row)
     out = []
