@@ -158,10 +158,20 @@ def section_from_spec(spec: type, name: str, module: str, doc: str | None = None
                 continue
             if row in fields:
                 raise TypeError(f"{spec.__name__}: {table.kind} {row!r} would hide the key of the same name")
-            sub = section_from_spec(knobs, f"{knobs.__name__}Section", module)
+            sub = _module_level(section_from_spec(knobs, f"{knobs.__name__}Section", module))
             about = f"{inspect.cleandoc(knobs.__doc__ or '')} Its keys apply when {selector} is {row}."
             fields[row] = (sub, Field(sub(), description=about))
     section = create_model(name, __base__=SpecSection, __module__=module, __doc__=doc or spec.__doc__, **fields)
     section._spec, section._keys = spec, keys
     section._variants = (slot.name, slot.metadata["selector"]) if slot is not None else None
+    return section
+
+
+def _module_level(section: type[SpecSection]) -> type[SpecSection]:
+    """``section`` as an attribute of its module, where pickle looks a class up by name (a config crosses
+    process boundaries pickled; a class only create_model holds cannot be found again)."""
+    home = sys.modules[section.__module__]
+    if getattr(home, section.__name__, section) is not section:
+        raise TypeError(f"{section.__module__}.{section.__name__} exists already: a generated section needs its name")
+    setattr(home, section.__name__, section)
     return section

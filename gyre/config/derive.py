@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import BaseModel
+
 from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
 from gyre.config.schema import RLVRConfig, SFTConfig
@@ -409,13 +411,12 @@ def _unused_variant_knobs(section, name: str, selector: str) -> list[str]:
     """Knobs written (by the user or the preset) in the sub-section of a variant the run does not use."""
     chosen = getattr(section, selector)
     notes = []
-    for variant in section.model_fields_set:
+    for variant in sorted(section.model_fields_set - {chosen}):
         knobs = getattr(section, variant)
-        if variant == chosen or not hasattr(knobs, "model_fields_set") or not knobs.model_fields_set:
-            continue
-        keys = ", ".join(f"algorithm.{name}.{variant}.{k}" for k in sorted(knobs.model_fields_set))
-        notes.append(f"{keys}: no effect, {selector}={chosen} is not {variant}")
-    return sorted(notes)
+        if isinstance(knobs, BaseModel) and knobs.model_fields_set:  # a variant's sub-section, written to
+            keys = ", ".join(f"algorithm.{name}.{variant}.{k}" for k in sorted(knobs.model_fields_set))
+            notes.append(f"{keys}: no effect, {selector}={chosen} is not {variant}")
+    return notes
 
 
 def _check_rollout_schedule(cfg: RLVRConfig, hybrid: bool, notes: list[str]) -> None:

@@ -3,6 +3,7 @@ advantage keys are their specs' fields and their rows' knobs (declared once, on 
 
 import dataclasses
 import math
+import pickle
 
 import pytest
 import torch
@@ -51,6 +52,14 @@ def test_section_keys_are_the_spec_fields_then_one_section_per_variant(section, 
         knobs = table.get(name).knobs
         assert list(model.model_fields[name].annotation.model_fields) == _keys(knobs)
         assert getattr(model(), name).spec() == knobs()
+
+
+def test_a_config_with_generated_sections_pickles():
+    # Configs cross process boundaries pickled: every generated section must be found again by name.
+    cfg = load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", "algorithm.preset=cispo",
+                             "algorithm.loss.cispo.low=0.3", "algorithm.advantage.gae.lam=0.9"])
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and again.algorithm.loss.cispo.low == 0.3 and again.algorithm.advantage.gae.lam == 0.9
 
 
 def test_default_sections_build_the_default_specs():
@@ -194,3 +203,11 @@ def test_turn_estimators_refuse_the_token_kl_penalty():
 def test_gigpo_knobs_without_gigpo_are_noted():
     _, plan = stage("algorithm.advantage.gigpo.step_gamma=0.9")
     assert "algorithm.advantage.gigpo.step_gamma: no effect, estimator=reinforce is not gigpo" in plan.notes
+
+
+def test_knobs_of_another_loss_variant_are_noted():
+    # grpo's expansion writes loss.ppo.dual_clip_c; a run that swaps the variant is told it no longer applies.
+    _, plan = stage("algorithm.preset=grpo", "algorithm.loss.variant=cispo", "algorithm.loss.tis.high=0.5")
+    assert [n for n in plan.notes if "no effect, variant=" in n] == [
+        "algorithm.loss.ppo.dual_clip_c: no effect, variant=cispo is not ppo",
+        "algorithm.loss.tis.high: no effect, variant=cispo is not tis"]
