@@ -34,7 +34,7 @@ COMMON = ["cluster.cpu_slots=2", "rollout.mode=hybrid", "rollout.devices=[0,1]",
           f"rollout.prompts_per_step={GROUPS}", f"rollout.samples_per_prompt={SAMPLES}", "policy.micro_batch_size=48",
           "policy.optimizer.lr=1e-4", "env.id=gyre.envs.latency:LatencyEnv", "env.turn_tokens=16",
           "env.context_tokens=320", "env.workers=2", "env.val_episodes=1", "logging.progress=false",
-          "logging.tensorboard=false", "logging.plot=false", "checkpoint.every=0"]
+          "logging.trackers=[]", "logging.plot=false", "checkpoint.every=0"]
 SCHEDULES: dict[str, list[str]] = {
     "turn-sync": ["env.turn_sync=true"],
     "turn-sync+redundancy": ["env.turn_sync=true", "env.extra_samples={extra}"],

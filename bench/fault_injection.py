@@ -35,7 +35,7 @@ def drill_config(out: Path, name: str, model: Path, data: dict, steps: int, rest
         "validation": {"every": 5},
         "checkpoint": {"every": 2, "keep_last": 2},
         "watchdog": {"call_timeout_s": 90, "stall_min_s": 8, "stall_factor": 10},
-        "logging": {"progress": False, "tensorboard": True, "plot": False},
+        "logging": {"progress": False, "trackers": ["tensorboard"], "plot": False},
     }
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))

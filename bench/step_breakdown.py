@@ -33,7 +33,7 @@ def run_layout(model: str, data: Path, out: Path, steps: int, overrides: list[st
         f"run.output_dir={out}", f"run.steps={steps}", f"model.path={model}", f"data.train_files=[{data}]",
         "rollout.prompts_per_step=8", "rollout.samples_per_prompt=8", "rollout.sampling.max_new_tokens=32",
         "policy.micro_batch_size=64", "policy.optimizer.lr=1e-5", "logging.progress=false",
-        "logging.tensorboard=false", "logging.plot=false", *overrides])
+        "logging.trackers=[]", "logging.plot=false", *overrides])
     launch.train(cfg, echo=lambda s: None)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

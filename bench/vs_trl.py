@@ -53,7 +53,7 @@ def run_gyre(model: str, data: Path, out: Path, steps: int, layout: str) -> list
         f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}",
         f"rollout.sampling.max_new_tokens={NEW_TOKENS}", "policy.micro_batch_size=64", f"policy.optimizer.lr={LR}",
         "policy.grad_clip=1.0", "reward.type=function", f"reward.function={Path(__file__).resolve()}:gyre_reward",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", *devices])
+        "logging.progress=false", "logging.trackers=[]", "logging.plot=false", *devices])
     launch.train(cfg, echo=lambda s: None)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["time"] for r in records if r["phase"] == "train"]
