@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 CONSTRAINTS ?= requirements/cpu-constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: setup quickstart quickstart-agentic test test-all bench docs docs-serve clean
+.PHONY: setup quickstart quickstart-agentic test test-all bench bench-smoke docs docs-serve clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,7 @@ $(VENV)/.gyre-bench: $(STAMP)
 	$(BIN)/pip install -q $(PIP_C) -e ".[dev,gem,bench]"
 	touch $@
 
+# Not here: fault_injection.py (~10 minutes), sim_claims.py and sim_calibration.py (they rewrite bench/results/).
 bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/step_breakdown.py
 	$(BIN)/python bench/vs_trl.py
@@ -45,6 +46,20 @@ bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/agentic_async.py
 	$(BIN)/python bench/memory_levers.py
 	$(BIN)/python bench/attention_credit.py
+	$(BIN)/python bench/sim_scale.py
+	$(BIN)/python bench/sim_elastic.py
+	$(BIN)/python bench/sim_predict.py
+
+# Every benchmark at its smallest size (--smoke): that it still runs, not what it measures (CI runs this).
+# Stops at the first failure; prints each script's wall time.
+bench-smoke: $(VENV)/.gyre-bench
+	@start=$$(date +%s); times=""; \
+	for script in bench/*.py; do \
+		echo "== $$script --smoke"; t0=$$(date +%s); \
+		$(BIN)/python $$script --smoke || { echo "== FAILED: $$script --smoke"; exit 1; }; \
+		t=$$(( $$(date +%s) - t0 )); echo "== $$script: $$t s"; times="$$times  $$script $$t s\n"; \
+	done; \
+	printf "bench-smoke wall times:\n$$times  all $$(( $$(date +%s) - start )) s\n"
 
 # The docs site (mkdocs-material, the docs extra that setup installs) into site/; strict: a broken link fails.
 docs: $(STAMP)

@@ -17,7 +17,12 @@ time) and seconds per training step, each with its speed-up over ``turn-sync`` (
 the environment steps each training step paid for (redundancy's cost). The first step (environment
 processes start, engines warm up) is left out; a JSON file holds every run's per-step numbers.
 
-    python bench/agentic_async.py [--steps 4] [--turns 5] [--factor 4] [--only env-async] [--out DIR]
+``--smoke``: the smallest run of the same path: env-async+redundancy, 2 steps of 2 groups x 2 (+1 redundant)
+episodes of 2 turns, with the decode time taken as 0.05 s instead of measured (the calibration is one more
+run of the same function); the other schedules are planned (config and placement checked), not trained.
+
+    python bench/agentic_async.py [--steps 4] [--turns 5] [--factor 4] [--groups 8] [--samples 4] [--only env-async]
+                                  [--out DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -31,10 +36,9 @@ from pathlib import Path
 
 GROUPS, SAMPLES = 8, 4
 COMMON = ["cluster.cpu_slots=2", "rollout.mode=hybrid", "rollout.devices=[0,1]", "policy.devices=[0,1]",
-          f"rollout.prompts_per_step={GROUPS}", f"rollout.samples_per_prompt={SAMPLES}", "policy.micro_batch_size=48",
-          "policy.optimizer.lr=1e-4", "env.id=gyre.envs.latency:LatencyEnv", "env.turn_tokens=16",
-          "env.context_tokens=320", "env.workers=2", "env.val_episodes=1", "logging.progress=false",
-          "logging.tensorboard=false", "logging.plot=false", "checkpoint.every=0"]
+          "policy.micro_batch_size=48", "policy.optimizer.lr=1e-4", "env.id=gyre.envs.latency:LatencyEnv",
+          "env.turn_tokens=16", "env.context_tokens=320", "env.workers=2", "env.val_episodes=1",
+          "logging.progress=false", "logging.trackers=[]", "logging.plot=false", "checkpoint.every=0"]
 SCHEDULES: dict[str, list[str]] = {
     "turn-sync": ["env.turn_sync=true"],
     "turn-sync+redundancy": ["env.turn_sync=true", "env.extra_samples={extra}"],
@@ -47,28 +51,42 @@ STEP_KEYS = ("step", "time/step", "time/generate", "time/train", "env/steps", "r
 DEFAULT = ["turn-sync", "env-async", "env-async+redundancy"]
 """Run by default (3-6 minutes on 2 CPU cores). Under turn-sync every episode of a group ends at the
 same barrier, so redundancy there only adds work: ask for it with --only."""
+SMOKE = {"steps": 2, "turns": 2, "groups": 2, "samples": 2, "extra": 1, "only": ["env-async+redundancy"],
+         "trials": 200, "decode_s": 0.05}
+"""--smoke: every run starts its own workers and a process per environment slot (one per episode), so one
+schedule trains, the one with the most machinery (async, redundancy), on 2 groups of 2 (+1) episodes."""
+
+
+def env_slots(name: str, args) -> int:
+    """Per environment worker: every episode of a step has an environment (they are the bottleneck)."""
+    return -(-args.groups * (args.samples + (args.extra if "redundancy" in name else 0)) // 2)
+
+
+def schedule_config(name: str, model: str, out: Path, args, mean_s: float, cv: float):
+    from gyre.config import load_config
+
+    extra = [o.format(extra=args.extra) for o in SCHEDULES[name]]
+    slots = env_slots(name, args)
+    return load_config(None, [
+        f"run.output_dir={out}", f"run.steps={args.steps}", f"run.seed={args.seed}", f"model.path={model}",
+        f"env.kwargs={{turns: {args.turns}, mean_s: {mean_s:.6f}, cv: {cv}}}", f"env.max_turns={args.turns}",
+        f"env.slots_per_worker={slots}", f"env.step_timeout_s={max(30.0, 40 * mean_s):.0f}",
+        f"rollout.prompts_per_step={args.groups}", f"rollout.samples_per_prompt={args.samples}", *COMMON, *extra])
 
 
 def run(name: str, model: str, out: Path, args, mean_s: float, cv: float) -> dict:
     """Train ``args.steps`` steps under schedule ``name``; the timed steps' numbers."""
     from gyre.app import launch
-    from gyre.config import load_config
 
-    extra = [o.format(extra=args.extra) for o in SCHEDULES[name]]
-    episodes = GROUPS * (SAMPLES + (args.extra if "redundancy" in name else 0))
-    slots = -(-episodes // 2)  # every episode of a step has an environment: the environments are the bottleneck
-    cfg = load_config(None, [
-        f"run.output_dir={out}", f"run.steps={args.steps}", f"run.seed={args.seed}", f"model.path={model}",
-        f"env.kwargs={{turns: {args.turns}, mean_s: {mean_s:.6f}, cv: {cv}}}", f"env.max_turns={args.turns}",
-        f"env.slots_per_worker={slots}", f"env.step_timeout_s={max(30.0, 40 * mean_s):.0f}", *COMMON, *extra])
     t0 = time.perf_counter()
-    launch.train(cfg, echo=lambda s: None)
+    launch.train(schedule_config(name, model, out, args, mean_s, cv), echo=lambda s: None)
     wall = time.perf_counter() - t0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in records if r.get("step", 0) > 1 and "time/step" in r]
     generate = [r["time/generate"] for r in timed]
-    return {"schedule": name, "wall_s": wall, "episodes_per_step": GROUPS * SAMPLES, "slots": 2 * slots,
-            "episodes_per_s": GROUPS * SAMPLES * len(timed) / sum(generate),
+    episodes = args.groups * args.samples
+    return {"schedule": name, "wall_s": wall, "episodes_per_step": episodes, "slots": 2 * env_slots(name, args),
+            "episodes_per_s": episodes * len(timed) / sum(generate),
             "s_per_step": statistics.mean(r["time/step"] for r in timed), "generate_s": statistics.mean(generate),
             "train_s": statistics.mean(r["time/train"] for r in timed),
             "env_steps_per_step": statistics.mean(r.get("env/steps", 0) for r in timed),
@@ -91,17 +109,28 @@ def main() -> None:
     ap.add_argument("--factor", type=float, default=4.0, help="mean environment latency / decode time of a turn")
     ap.add_argument("--cv", type=float, default=1.0, help="standard deviation / mean of the latency")
     ap.add_argument("--extra", type=int, default=2, help="redundant episodes per group (env.extra_samples)")
+    ap.add_argument("--groups", type=int, default=GROUPS, help="environment seeds (groups) per step")
+    ap.add_argument("--samples", type=int, default=SAMPLES, help="episodes trained per group")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="+", choices=list(SCHEDULES), default=DEFAULT)
     ap.add_argument("--out", default=None, help="keep the runs and results.json here")
+    ap.add_argument("--trials", type=int, default=2000, help="Monte Carlo trials of the expected speed-ups")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
+    from gyre.app.preflight import preflight
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(args.out or tmp_dir)
         tmp.mkdir(parents=True, exist_ok=True)
         model = str(init_model("tiny", tmp / "model"))
-        decode = decode_time(model, tmp, args)
+        for name in SCHEDULES:
+            if args.smoke and name not in args.only:  # planned (config, placement), not trained
+                preflight(schedule_config(name, model, tmp / "plan", args, 0.01, args.cv), None)
+        decode = args.decode_s if args.smoke else decode_time(model, tmp, args)
         mean_s = args.factor * decode
-        print(f"decode time of one turn ({GROUPS * SAMPLES} episodes, {args.turns} turns, turn-synchronised): "
+        how = "fixed by --smoke" if args.smoke else "turn-synchronised"
+        print(f"decode time of one turn ({args.groups * args.samples} episodes, {args.turns} turns, {how}): "
               f"{decode:.3f} s; environment step latency: lognormal, mean {mean_s:.3f} s "
               f"({args.factor:g}x), std {args.cv * mean_s:.3f} s", flush=True)
         results = []
@@ -121,7 +150,7 @@ def main() -> None:
               f"{ideal['env-async+redundancy']:.2f}x")
 
 
-def expected_speedups(args, trials: int = 2000) -> dict[str, float]:
+def expected_speedups(args) -> dict[str, float]:
     """What the schedules would gain if only the latencies mattered (Monte Carlo, in units of the mean
     latency): a turn-synchronised step waits for the slowest environment at every turn, an asynchronous
     one for the slowest episode, a redundant one for the G-th fastest episode of its slowest group."""
@@ -130,15 +159,16 @@ def expected_speedups(args, trials: int = 2000) -> dict[str, float]:
     from gyre.envs.latency import lognormal_params
 
     mu, sigma = lognormal_params(1.0, args.cv)
-    rng, decode, size = random.Random(0), 1 / args.factor, SAMPLES + args.extra
+    groups, samples = args.groups, args.samples
+    rng, decode, size = random.Random(0), 1 / args.factor, samples + args.extra
     sync, free, spare = [], [], []
-    for _ in range(trials):
-        lat = [[rng.lognormvariate(mu, sigma) for _ in range(args.turns)] for _ in range(GROUPS * size)]
+    for _ in range(args.trials):
+        lat = [[rng.lognormvariate(mu, sigma) for _ in range(args.turns)] for _ in range(groups * size)]
         episode = [sum(row) + args.turns * decode for row in lat]
-        kept = [i for i in range(GROUPS * size) if i % size < SAMPLES]
+        kept = [i for i in range(groups * size) if i % size < samples]
         sync.append(sum(max(lat[i][t] for i in kept) + decode for t in range(args.turns)))
         free.append(max(episode[i] for i in kept))
-        spare.append(max(sorted(episode[g * size:(g + 1) * size])[SAMPLES - 1] for g in range(GROUPS)))
+        spare.append(max(sorted(episode[g * size:(g + 1) * size])[samples - 1] for g in range(groups)))
     return {"env-async": sum(sync) / sum(free), "env-async+redundancy": sum(sync) / sum(spare)}
 
 

@@ -7,7 +7,9 @@ the log-prob pass the run makes anyway (the model's default kernel, sdpa), the c
 entropy baseline's pass (the same forward without the maps). Times are the fastest of the repeats,
 CPU seconds of the process (a shared machine inflates wall time, not the work), or wall seconds on a GPU.
 
-    python bench/attention_credit.py [--preset small] [--rows 8] [--prompt 64] [--response 192] [--repeats 3]
+``--smoke``: the same passes at the smallest size (the `tiny` preset, 2 rows of up to 8+16 tokens, once).
+
+    python bench/attention_credit.py [--preset small] [--rows 8] [--prompt 64] [--response 192] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import tempfile
 import time
 
 import torch
+
+SMOKE = {"preset": "tiny", "rows": 2, "prompt": 8, "response": 16, "micro_batch": 2, "repeats": 1}
 
 
 def _batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0):
@@ -55,7 +59,10 @@ def main() -> None:
     p.add_argument("--preset", default="small", help="a gyre model preset (tiny, small, base)")
     for name, default in (("rows", 8), ("prompt", 64), ("response", 192), ("micro-batch", 4), ("repeats", 3)):
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = p.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
 
     import torch.distributed as dist
 

@@ -9,7 +9,10 @@ from the second round a case's timeout is ~lam x its slowest correct run. Prints
 for each, their ratio, and how many correct programs each scored: adaptive must not turn slow-but-
 correct programs into timeouts.
 
-    python bench/code_sandbox.py [--rounds 3] [--problems 4] [--per-problem 5] [--workers 2]
+``--smoke``: the same rounds at the smallest size: 2 rounds (the adaptive timeout adapts from the second)
+of one problem's 5 programs, T_max 1 s.
+
+    python bench/code_sandbox.py [--rounds 3] [--problems 4] [--per-problem 5] [--workers 2] [--smoke]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ SLOW = "import time\nstart = time.perf_counter()\nwhile time.perf_counter() - st
 WRONG = "xs = list(map(int, input().split()))\nprint(sum(xs) * {m} + 1)"
 LOOP = "while True:\n    pass"
 MIX = (("fast", FAST, 0.4), ("slow", SLOW, 0.2), ("wrong", WRONG, 0.2), ("loop", LOOP, 0.2))
+SMOKE = {"rounds": 2, "problems": 1, "per_problem": 5, "t_max": 1.0}
 
 
 def make_batch(problems: int, per_problem: int, seed: int) -> list[tuple[str, str, str, str]]:
@@ -89,7 +93,10 @@ def main() -> None:
     ap.add_argument("--t-min", type=float, default=0.2)
     ap.add_argument("--t-max", type=float, default=3.0)
     ap.add_argument("--lam", type=float, default=1.5)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     from gyre.rewards.code import AdaptiveTimeout
     from gyre.rewards.sandbox import sandbox_capabilities
 

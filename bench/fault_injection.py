@@ -6,18 +6,26 @@ process is never continued: the run must notice the stall). A killed driver is r
 ``--resume auto``. The drill passes when the faulted run finishes and its metric stream (every
 metric but timings and fault counters) and final weights equal the uninterrupted run's.
 
-    python bench/fault_injection.py [--faults 20] [--steps 600] [--seed 0] [--out runs/fault-drill]
+``--smoke``: the smallest drill of the same path, in a temporary directory: 6 steps, one fault (a reward
+subprocess killed: the cheapest to recover from, so the drill stays short).
+
+    python bench/fault_injection.py [--faults 20] [--steps 600] [--seed 0] [--out runs/fault-drill] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import yaml
+
+SMOKE = {"faults": 1, "steps": 6, "gap": (0.1, 0.3), "targets": ("reward_subprocess",)}
+"""--smoke: a fault lands within a few steps (a short gap) and costs no worker restart, so the two runs, each
+starting its own cluster, are most of the time."""
 
 
 def drill_config(out: Path, name: str, model: Path, data: dict, steps: int, restarts: int) -> Path:
@@ -35,7 +43,7 @@ def drill_config(out: Path, name: str, model: Path, data: dict, steps: int, rest
         "validation": {"every": 5},
         "checkpoint": {"every": 2, "keep_last": 2},
         "watchdog": {"call_timeout_s": 90, "stall_min_s": 8, "stall_factor": 10},
-        "logging": {"progress": False, "tensorboard": True, "plot": False},
+        "logging": {"progress": False, "trackers": ["tensorboard"], "plot": False},
     }
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -61,10 +69,19 @@ def main() -> None:
     ap.add_argument("--gap", type=float, nargs=2, default=(0.3, 2.0),
                     help="seconds from the run's first step after the previous fault to the next fault (uniform)")
     ap.add_argument("--out", default="runs/fault-drill")
+    ap.add_argument("--targets", nargs="+", help="what the faults hit (default: every role and the driver)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest drill of the same path (SMOKE)")
     args = ap.parse_args()
+    if not args.smoke:
+        return drill(args, Path(args.out))
+    vars(args).update(SMOKE)
+    with tempfile.TemporaryDirectory() as tmp:
+        drill(args, Path(tmp))
+
+
+def drill(args, out: Path) -> None:
     from gyre.cluster.chaos import compare_runs, plan_faults, run_drill
 
-    out = Path(args.out)
     for old in out.glob("straight*"):
         shutil.rmtree(old) if old.is_dir() else old.unlink()
     for old in out.glob("faulted*"):
@@ -76,7 +93,7 @@ def main() -> None:
     t0 = time.monotonic()
     run_drill(straight, [], args.seed)
     straight_s = time.monotonic() - t0
-    faults = plan_faults(args.faults, args.seed)
+    faults = plan_faults(args.faults, args.seed, **({"targets": tuple(args.targets)} if args.targets else {}))
     report = run_drill(faulted, faults, args.seed, gap_s=tuple(args.gap))
     problems = compare_runs(out / "straight", out / "faulted")
     kinds = Counter(fault for _, fault, _ in report.injected)

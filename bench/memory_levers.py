@@ -14,7 +14,10 @@ Two models: the `base` preset as gyre builds it (512 wide, 8 layers, a 100-token
 and the same shape with a 32,000-token vocabulary, where the [tokens, vocabulary] logits weigh what they
 do in real models (Llama 2's vocabulary; Qwen 2.5's is 151,936).
 
-    python bench/memory_levers.py [--rows 12] [--max-len 320] [--repeats 2]
+``--smoke``: the smallest run of the same path: the `tiny` preset's shape with the 32,000-token vocabulary,
+4 rows of <= 128 tokens, once, plain against all levers with checkpointing (every lever in one process).
+
+    python bench/memory_levers.py [--rows 12] [--max-len 320] [--repeats 2] [--smoke]
 """
 
 from __future__ import annotations
@@ -47,20 +50,23 @@ CONFIGS = {
                             "checkpointing": True},
 }
 MICRO_ROWS = 4
+SMOKE = {"rows": 4, "max_len": 128, "repeats": 1, "preset": "tiny", "models": ["tiny, vocab 32k"],
+         "configs": ["plain", "all + checkpointing"]}
+"""--smoke: each configuration is a fresh process (~10 s of imports on 2 cores): two of them, on one model."""
 
 
-def make_models(root: Path) -> dict[str, Path]:
+def make_models(root: Path, preset: str = "base") -> dict[str, Path]:
     from transformers import LlamaForCausalLM
 
     from gyre.models.presets import init_model
 
-    base = init_model("base", root / "base")
+    base = init_model(preset, root / "base")
     model = LlamaForCausalLM.from_pretrained(base)
     model.config.vocab_size = 32000
     model.resize_token_embeddings(32000)
-    big = root / "base-vocab32k"
+    big = root / f"{preset}-vocab32k"
     model.save_pretrained(big)
-    return {"base (vocab 100)": base, "base, vocab 32k": big}
+    return {f"{preset} (vocab 100)": base, f"{preset}, vocab 32k": big}
 
 
 def row_lengths(rows: int, max_len: int) -> tuple[list[int], list[int]]:
@@ -206,7 +212,9 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=320)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
+    vars(args).update(SMOKE if args.smoke else {"preset": "base", "models": None, "configs": list(CONFIGS)})
     if args.child:
         job = json.loads(args.child)
         print(json.dumps(measure(job["model"], job["config"], args.rows, args.max_len, args.repeats)))
@@ -218,8 +226,9 @@ def main() -> None:
     print(f"memory levers: one policy train step and one scoring pass, {args.rows} rows of <= {args.max_len} "
           f"tokens, fp32, {where}; fastest of {args.repeats}")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, model_dir in make_models(Path(tmp)).items():
-            report(name, {label: run_config(model_dir, config, args) for label, config in CONFIGS.items()})
+        for name, model_dir in make_models(Path(tmp), args.preset).items():
+            if args.models is None or name in args.models:
+                report(name, {label: run_config(model_dir, CONFIGS[label], args) for label in args.configs})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ trains for the same number of steps and seeds; the table gives samples trained p
 per step (validation time excluded), their ratio to the best synchronous layout, and held-out reward at
 the end; a JSON file holds every run's curve (held-out reward against samples consumed).
 
-    python bench/rollout_schedules.py [--steps 40] [--seeds 0 1] [--only sync-hybrid async-2] [--out DIR]
+``--smoke``: the smallest run of the same path: a 2-step warm start, 3 steps of async-2 (alpha 2, window)
+with one validation; the other schedules are planned (config and placement checked), not trained.
+
+    python bench/rollout_schedules.py [--steps 40] [--seeds 0 1] [--only sync-hybrid async-2] [--out DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ SCHEDULES: dict[str, list[str]] = {
     "lockstep-2": [*SPLIT, "rollout.async_ratio=2", "rollout.async_mode=lockstep"],
 }
 SYNC = ("sync-hybrid", "sync-split")
+SMOKE = {"steps": 3, "seeds": [0], "every": 2, "only": ["async-2"], "sft_steps": 2}
+"""--smoke: every run starts its own workers (20-40 s on 2 cores), so one schedule trains: an asynchronous
+one, with the most machinery (rollout ahead of the policy on its own slot, a staleness window)."""
 
 
-def warm_start(tmp: Path) -> tuple[str, dict]:
-    """A tiny model taught the task's format by a short SFT, shared by every run."""
+def warm_start(tmp: Path, sft_steps: int = 40) -> tuple[str, dict]:
+    """A tiny model taught the task's format by a short SFT, shared by every run (``sft_steps`` 0: untaught)."""
     from gyre.app.ablation import warm_start as shared_warm_start
     from gyre.config import load_config
     from gyre.models.presets import init_model
@@ -49,22 +55,29 @@ def warm_start(tmp: Path) -> tuple[str, dict]:
 
     data = write_repeat_task(tmp / "data", RepeatSpec(short=(1, 6), long=(40, 60), long_frac=0.08))
     model = init_model("tiny", tmp / "model")
+    if not sft_steps:
+        return str(model), data
     base = load_config(None, [f"model.path={model}", f"data.train_files=[{data['train']}]",
-                              f"sft_warmup.train_files=[{data['sft']}]", "sft_warmup.steps=40",
+                              f"sft_warmup.train_files=[{data['sft']}]", f"sft_warmup.steps={sft_steps}",
                               "sft_warmup.batch_size=64", "sft_warmup.micro_batch_size=64",
                               "sft_warmup.optimizer.lr=3e-3", *COMMON, *HYBRID])
     return shared_warm_start(base, tmp / "warm", lambda s: None), data
 
 
-def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int) -> dict:
-    from gyre.app import launch
+def schedule_config(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int):
     from gyre.config import load_config
 
-    cfg = load_config(None, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}", f"model.path={model}",
-                             f"data.train_files=[{data['train']}]", f"data.val_files=[{data['val']}]",
-                             f"validation.every={every}", *COMMON, *SCHEDULES[name]])
+    return load_config(None, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}",
+                              f"model.path={model}", f"data.train_files=[{data['train']}]",
+                              f"data.val_files=[{data['val']}]", f"validation.every={every}", *COMMON,
+                              *SCHEDULES[name]])
+
+
+def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int) -> dict:
+    from gyre.app import launch
+
     t0 = time.perf_counter()
-    launch.train(cfg, echo=lambda s: None)
+    launch.train(schedule_config(name, model, data, out, steps, seed, every), echo=lambda s: None)
     wall = time.perf_counter() - t0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("step", 0) > 0 and "time/step" in r]
@@ -94,11 +107,20 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=10, help="validate every this many steps")
     ap.add_argument("--only", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES))
     ap.add_argument("--out", default=None, help="keep the runs and results.json here")
+    ap.add_argument("--sft-steps", type=int, default=40, help="steps of the shared SFT warm start")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
+    from gyre.app.preflight import preflight
+
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(args.out or tmp_dir)
         tmp.mkdir(parents=True, exist_ok=True)
-        model, data = warm_start(tmp)
+        model, data = warm_start(tmp, args.sft_steps)
+        for name in SCHEDULES:
+            if args.smoke and name not in args.only:  # planned (config, placement), not trained
+                preflight(schedule_config(name, model, data, tmp / "plan", args.steps, 0, args.every), None)
         results = []
         for seed in args.seeds:  # schedules interleaved within a seed: machine drift hits them alike
             for name in args.only:

@@ -22,6 +22,7 @@ drifts between sittings), ``--repeats`` passes over the settings interleaved.
     python bench/sim_calibration.py report [--json PATH]    # re-fit and re-print a stored JSON
     python bench/sim_calibration.py predict [--json PATH] [--md PATH]
     python bench/sim_calibration.py both [--steps 12] [--repeats 2]
+    python bench/sim_calibration.py --smoke    # `both` at its smallest (SMOKE), in a temporary directory
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_schedules import COMMON, SCHEDULES, warm_start  # noqa: E402
-from sim_predict import fit_cpu, train_microbench  # noqa: E402
+from sim_predict import SIM_SEEDS, TRAIN_SHAPES, fit_cpu, train_microbench  # noqa: E402
 
 SETTINGS = ("sync-hybrid", "queue-hybrid", "tail-hybrid", "async-2")
 KEPT_PREFIXES = ("time/", "batch/", "response_length/", "staleness/", "rollout/", "reward/")
@@ -49,6 +50,27 @@ DECODE_PROMPTS = (8, 32, 128)
 WARMUP_STEPS, TIMED_STEPS, PREFILL_REPEATS = 2, 16, 5
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "sim_calibration_real.json"
 DEFAULT_MD = Path(__file__).resolve().parent / "results" / "sim_calibration.md"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much ``measure`` does besides the runs themselves."""
+
+    decode_rows: tuple[int, ...] = DECODE_ROWS
+    decode_prompts: tuple[int, ...] = DECODE_PROMPTS
+    timed_steps: int = TIMED_STEPS
+    prefill_repeats: int = PREFILL_REPEATS
+    train_shapes: tuple[tuple[int, int], ...] = TRAIN_SHAPES
+    train_repeats: int = 3
+    shape_repeats: int = 6
+    sft_steps: int = 40
+
+
+SMOKE = {"steps": 4, "repeats": 1, "seed": 0, "only": ["sync-hybrid"], "out": None,
+         "sizes": Sizes((1, 8), (8, 32), 4, 2, TRAIN_SHAPES[::5], 1, 1, 0)}
+"""--smoke: `both` with the setting ``predict`` fits from (the others planned, not trained: each run starts
+its own workers, 20-40 s on 2 cores), no SFT warm start (another such run; rollout_schedules.py's smoke
+runs it), the fewest points each fit takes (4 steps: 3 past the first) and one workload seed to predict."""
 
 
 @dataclass
@@ -192,7 +214,7 @@ def training_prompts(model: str, data: dict, out: Path) -> list:
 
 
 # ---- engine microbenchmark ----------------------------------------------------------------------------------
-def engine_point(engine, vocab: int, rows: int, prompt: int, seed: int) -> EnginePoint:
+def engine_point(engine, vocab: int, rows: int, prompt: int, seed: int, sizes: Sizes = Sizes()) -> EnginePoint:
     """Prefill and decode-step seconds of ``rows`` distinct random prompts of ``prompt`` tokens each."""
     import torch
 
@@ -201,14 +223,14 @@ def engine_point(engine, vocab: int, rows: int, prompt: int, seed: int) -> Engin
     params = SamplingParams(max_new_tokens=1 << 20, ignore_eos=True)
     gen = torch.Generator().manual_seed(seed)
     firsts, steps, contexts = [], [], []
-    for rep in range(PREFILL_REPEATS):
+    for rep in range(sizes.prefill_repeats):
         reqs = [GenerationRequest(f"r{rep}-{i}", torch.randint(3, vocab, (prompt,), generator=gen).tolist(), params,
                                   seed=i) for i in range(rows)]
         engine.add(reqs)
         t0 = time.perf_counter()
         engine.step()  # admission prefill + the first sample + one decode forward
         firsts.append(time.perf_counter() - t0)
-        for k in range(WARMUP_STEPS + (TIMED_STEPS if rep == 0 else 0)):
+        for k in range(WARMUP_STEPS + (sizes.timed_steps if rep == 0 else 0)):
             t0 = time.perf_counter()
             engine.step()
             if k >= WARMUP_STEPS:
@@ -220,7 +242,7 @@ def engine_point(engine, vocab: int, rows: int, prompt: int, seed: int) -> Engin
                        statistics.mean(contexts), statistics.median(f - decode for f in firsts), rows * prompt)
 
 
-def engine_sweep(model_path: str, threads: int) -> list[EnginePoint]:
+def engine_sweep(model_path: str, threads: int, sizes: Sizes = Sizes()) -> list[EnginePoint]:
     """The HF rollout engine on its own (no Ray), at the thread count of one run worker."""
     import torch
 
@@ -236,9 +258,9 @@ def engine_sweep(model_path: str, threads: int) -> list[EnginePoint]:
     points = []
     # Prompt lengths interleaved within each row count: a slow spell of the machine (or the allocator's
     # first growth) then skews neighbouring rows a little, not a whole prompt length's curve.
-    for rows in DECODE_ROWS:
-        for prompt in DECODE_PROMPTS:
-            points.append(engine_point(engine, vocab, rows, prompt, rows * 1000 + prompt))
+    for rows in sizes.decode_rows:
+        for prompt in sizes.decode_prompts:
+            points.append(engine_point(engine, vocab, rows, prompt, rows * 1000 + prompt, sizes))
             p = points[-1]
             print(f"  engine rows {rows:>3} prompt {prompt:>3}: decode {p.decode_step_s * 1e3:7.2f} ms "
                   f"(±{p.decode_step_std_pct:4.1f}%), prefill {p.prefill_s * 1e3:7.2f} ms", flush=True)
@@ -411,14 +433,19 @@ def print_summary(summaries: list[dict], fits: list[LinearFit]) -> None:
 
 def measure(args: argparse.Namespace) -> dict:
     """Warm start, the real runs, the engine sweep; then ``analyse`` fits, writes the JSON and prints."""
-    t_all = time.perf_counter()
+    from gyre.app.preflight import preflight
+
+    t_all, sizes = time.perf_counter(), args.sizes
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(args.out or tmp_dir)
         tmp.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        model, data = warm_start(tmp)
+        model, data = warm_start(tmp, sizes.sft_steps)
         warm_s = time.perf_counter() - t0
         print(f"warm start: {warm_s:.1f} s", flush=True)
+        for name in SETTINGS:
+            if args.smoke and name not in args.only:  # planned (config, placement), not trained
+                preflight(run_config(name, model, data, tmp / "plan", args.steps, args.seed), None)
         prompts = training_prompts(model, data, tmp / "prompts")
         by_text = {p.prompt_text: len(p.prompt_ids) for p in prompts}
         runs = []
@@ -429,11 +456,11 @@ def measure(args: argparse.Namespace) -> dict:
                 print(f"  {name:<13} pass {rep}: {runs[-1].wall_s:.1f} s for {args.steps} steps", flush=True)
         threads = runs[0].facts["threads_per_worker"] if runs else 1
         t0 = time.perf_counter()
-        points = engine_sweep(model, threads)
-        train_points = train_microbench(model, threads)
+        points = engine_sweep(model, threads, sizes)
+        train_points = train_microbench(model, threads, sizes.train_repeats, sizes.train_shapes)
         trained = tmp / "sync-hybrid-r0" / "final_model"
-        shapes = engine_run_shape(str(trained), [p.prompt_ids for p in prompts], runs[0].facts) if (
-            trained.exists()) else []
+        shapes = engine_run_shape(str(trained), [p.prompt_ids for p in prompts], runs[0].facts,
+                                  sizes.shape_repeats) if trained.exists() else []
         raw = {"machine": machine(), "threads_per_worker": threads, "warm_start_s": warm_s,
                "engine_sweep_s": time.perf_counter() - t0, "total_s": time.perf_counter() - t_all,
                "common_overrides": COMMON, "model_config": json.loads((Path(model) / "config.json").read_text()),
@@ -470,9 +497,10 @@ def analyse(raw: dict, path: Path) -> None:
           f"(warm start {raw['warm_start_s']:.0f} s, engine sweep {raw['engine_sweep_s']:.0f} s)")
 
 
-def predict(raw: dict, md: Path) -> None:
+def predict(raw: dict, md: Path | None, seeds: tuple[int, ...] = SIM_SEEDS, passes: int | None = None) -> None:
     """Per pass: fit the CPU class from that pass's sync-hybrid run, simulate every run of the pass from its
-    own config (plus simulate.* keys), print and write the comparison (``bench/sim_predict.py``)."""
+    own config (plus simulate.* keys) over workload ``seeds``, print the comparison and write it to ``md``
+    (None: print only) (``bench/sim_predict.py``). ``passes``: the first this many (None: all)."""
     from sim_predict import comparison_rows, fit_record, fit_summary, table
 
     from gyre.config.catalog import ModelShape
@@ -489,7 +517,7 @@ def predict(raw: dict, md: Path) -> None:
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(raw["model_config"]))
         model = ModelShape.from_hf_config(model_dir)
-        for rep in sorted({r.get("repeat", 0) for r in raw["runs"]}):
+        for rep in sorted({r.get("repeat", 0) for r in raw["runs"]})[:passes]:
             runs = [r for r in raw["runs"] if r.get("repeat", 0) == rep]
             sync = next(r for r in runs if r["setting"] == "sync-hybrid")
             fit = fit_cpu(sync, engine, model, prompts, raw.get("train_points"))
@@ -502,9 +530,10 @@ def predict(raw: dict, md: Path) -> None:
                 return run_config(run["setting"], str(model_dir), {"train": "unused", "val": "unused"}, tmp / "cfg",
                                   len(run["steps"]), run["facts"]["seed"], tuple(sim))
 
-            rows = comparison_rows(runs, fit, config_of, calibrate, None)
-            empirical = comparison_rows(runs, fit, config_of, calibrate, sync["samples"])
-            own = [row for run in runs for row in comparison_rows([run], fit, config_of, calibrate, run["samples"])]
+            rows = comparison_rows(runs, fit, config_of, calibrate, None, seeds)
+            empirical = comparison_rows(runs, fit, config_of, calibrate, sync["samples"], seeds)
+            own = [row for run in runs for row in comparison_rows([run], fit, config_of, calibrate, run["samples"],
+                                                                  seeds)]
             fits.append({"repeat": rep, "fit": fit_record(fit), "rows": rows, "empirical_rows": empirical,
                          "own_length_rows": own})
             out += [f"## Pass {rep}\n", "```", fit_summary(fit), "```\n",
@@ -515,6 +544,8 @@ def predict(raw: dict, md: Path) -> None:
                     "right):\n", table(own), ""]
     text = "\n".join(out)
     print(text)
+    if md is None:
+        return
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(text + "\n")
     md.with_name(md.stem + "_fits.json").write_text(json.dumps(fits, indent=1))
@@ -530,9 +561,18 @@ def machine() -> dict:
             "torch": torch.__version__, "python": platform.python_version()}
 
 
+def smoke() -> None:
+    """`both` at its smallest (SMOKE), its JSON and table in a temporary directory, not bench/results."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = argparse.Namespace(**SMOKE, smoke=True, json=str(Path(tmp) / "real.json"))
+        measure(args)
+        predict(json.loads(Path(args.json).read_text()), Path(tmp) / "sim_calibration.md", SIM_SEEDS[:1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap.add_argument("--smoke", action="store_true", help="`both` at its smallest (SMOKE), in a temporary directory")
+    sub = ap.add_subparsers(dest="command")
     m = sub.add_parser("measure", help="real runs + engine microbenchmarks + fits -> JSON")
     m.add_argument("--steps", type=int, default=12)
     m.add_argument("--seed", type=int, default=0)
@@ -555,6 +595,11 @@ def main() -> None:
     b.add_argument("--json", default=str(DEFAULT_JSON))
     b.add_argument("--md", default=str(DEFAULT_MD))
     args = ap.parse_args()
+    if args.smoke:
+        return smoke()
+    if args.command is None:
+        ap.error("choose a command (measure, report, predict, both) or --smoke")
+    args.sizes = Sizes()
     if args.command == "measure":
         measure(args)
     elif args.command == "report":

@@ -5,7 +5,10 @@ Each claim builds ``SimSpec``s directly, runs the real ``RolloutScheduler`` on t
 and a verdict computed from the numbers (``holds`` / ``does not hold``). The output also goes to
 ``bench/results/sim_claims.md``. Anchors are ``systems.md`` sections 2, 3, 4 and 8.
 
-    PYTHONPATH=. python bench/sim_claims.py [--out bench/results/sim_claims.md]
+    PYTHONPATH=. python bench/sim_claims.py [--out bench/results/sim_claims.md] [--smoke]
+
+``--smoke`` runs every claim at its smallest size (``SMOKE``: a few devices, prompts and steps; verdicts
+at that size mean nothing) and writes no file.
 
 Modelling assumptions (what the simulator does and does not capture):
 
@@ -118,24 +121,25 @@ QUEUE_SETTINGS = ((16, 64, 8), (8, 128, 16))
 """(devices, prompts, samples): light load (32 samples per engine) and heavy load (256 per engine)."""
 
 
-def claim_queue() -> ClaimTable:
+def claim_queue(settings=QUEUE_SETTINGS, tokens: int = 16384, mean: float = 4000, steps: int = 4) -> ClaimTable:
     """ROLL Flash 2.3 / 8.2: sync 125 s -> queue scheduling 58 s -> queue + 16 redundant prompts 37 s."""
-    tokens, redundant = 16384, 16
-    wl = rlvr_workload(tokens, 4000)
+    redundant = 16
+    wl = rlvr_workload(tokens, mean)
     table = ClaimTable("Queue scheduling and redundant prompts cut generation time (ROLL Flash)",
                        "sync 125 s -> queue 58 s (2.16x) -> queue + 16 redundant prompts 37 s (3.38x)",
-                       f"Qwen2.5-7B, H800 colocated, max {tokens // 1024}k tokens, mean 4k before the cap, sigma 0.9, "
-                       f"alpha 0, {redundant} redundant prompts; two loads per engine",
+                       f"Qwen2.5-7B, H800 colocated, max {tokens // 1024}k tokens, mean {mean / 1000:g}k before the "
+                       f"cap, sigma 0.9, alpha 0, {redundant} redundant prompts; two loads per engine",
                        ["devices, prompts x samples", "schedule", "generate s", "step s", "generate speedup"])
     verdicts = []
     rows = int(QWEN7B.kv_capacity_tokens() / (wl.prompt_tokens + tokens))  # what an engine decodes at once
-    for devices, P, R in QUEUE_SETTINGS:
+    for devices, P, R in settings:
         base = ScheduleSpec(R, P, sampling(tokens), 0)
         queue = replace(base, replicate=True)  # per-sample requests to the least-loaded engines, at admission
         cases = [("sync (a group = one request)", base),
                  ("queue scheduling (per-sample dispatch)", queue),
                  (f"queue + {redundant} redundant prompts", replace(queue, redundancy=redundant))]
-        results = [run(SimSpec(s, shared(devices), QWEN7B, wl, steps=4, warmup=1, max_rows=rows)) for _, s in cases]
+        results = [run(SimSpec(s, shared(devices), QWEN7B, wl, steps=steps, warmup=1, max_rows=rows))
+                   for _, s in cases]
         check_window(results)
         gens = [r.mean("generate_s") for r in results]
         for (name, _), r, g in zip(cases, results, gens, strict=True):
@@ -147,7 +151,7 @@ def claim_queue() -> ClaimTable:
     q, r, _, _ = verdicts[-1]
     table.holds = q and r
     table.reason = "; ".join(f"{d} devices: queue {fmt(qx, 2)}x over sync, redundancy {fmt(rx, 2)}x over queue"
-                             for (d, _, _), (_, _, qx, rx) in zip(QUEUE_SETTINGS, verdicts, strict=True)) \
+                             for (d, _, _), (_, _, qx, rx) in zip(settings, verdicts, strict=True)) \
         + " (need >= 1.05x each under load, the 8-device rows; at light load the longest sample sets the time)"
     return table
 
@@ -157,17 +161,19 @@ ALPHAS = (0.0, 1.0, 2.0, 4.0, 8.0)
 DEVICE_COUNTS = (16, 32, 64, 128)
 
 
-def _best_sync(devices: int, sched: ScheduleSpec, wl: WorkloadSpec, share: float) -> tuple[float, str]:
+def _best_sync(devices: int, sched: ScheduleSpec, wl: WorkloadSpec, share: float, steps: int) -> tuple[float, str]:
     """Step time of the faster synchronous layout on ``devices``: colocated on all, or the async split."""
     rows = []
     for layout in (shared(devices), split(devices, share)):
-        rows.append((run(SimSpec(sched, layout, QWEN8B, wl, steps=5, warmup=2)).step_s, layout.describe()))
+        rows.append((run(SimSpec(sched, layout, QWEN8B, wl, steps=steps, warmup=2)).step_s, layout.describe()))
     return min(rows)
 
 
-def claim_async() -> ClaimTable:
-    """ROLL Flash 2.7 / 2.8 / 8.2: most of the gain by alpha = 2, and the gain grows with device count."""
-    P, R, tokens, share = 128, 8, 16384, 0.625
+def claim_async(device_counts=DEVICE_COUNTS, alphas=ALPHAS, prompts: int = 128, tokens: int = 16384,
+                steps: tuple[int, int] = (5, 12)) -> ClaimTable:
+    """ROLL Flash 2.7 / 2.8 / 8.2: most of the gain by alpha = 2, and the gain grows with device count.
+    ``steps``: of the synchronous runs (2 warm-up) and the asynchronous ones (3 warm-up)."""
+    P, R, share = prompts, 8, 0.625
     wl = rlvr_workload(tokens, 4000)
     sched = ScheduleSpec(R, P, sampling(tokens), 0, replicate=True)
     table = ClaimTable("Async ratio: most of the gain by alpha = 2, growing with device count (ROLL Flash)",
@@ -175,13 +181,13 @@ def claim_async() -> ClaimTable:
                        "best alpha ~2 (2.8); up to 2.24x at 128 GPUs, 16 -> 128 GPUs grows the gain (8.2)",
                        f"Qwen3-8B, H800, {P} prompts x {R} (fixed batch), max {tokens // 1024}k tokens, sigma 0.9; "
                        f"async on {share:.0%} rollout + the rest training; speedup vs the best sync layout",
-                       ["devices", "best sync step s (layout)"] + [f"alpha {a:g}" for a in ALPHAS[1:]]
+                       ["devices", "best sync step s (layout)"] + [f"alpha {a:g}" for a in alphas[1:]]
                        + ["alpha 2's share of the alpha-8 gain"])
     gains: dict[int, list[float]] = {}
-    for devices in DEVICE_COUNTS:
-        sync_s, where = _best_sync(devices, sched, wl, share)
-        results = [run(SimSpec(replace(sched, async_ratio=a), split(devices, share), QWEN8B, wl, steps=12, warmup=3))
-                   for a in ALPHAS[1:]]
+    for devices in device_counts:
+        sync_s, where = _best_sync(devices, sched, wl, share, steps[0])
+        results = [run(SimSpec(replace(sched, async_ratio=a), split(devices, share), QWEN8B, wl, steps=steps[1],
+                               warmup=3)) for a in alphas[1:]]
         check_window(results)
         gains[devices] = [sync_s / r.step_s for r in results]
         best = max(gains[devices])
@@ -204,29 +210,31 @@ def claim_async() -> ClaimTable:
 ETAS = (1.0, 1.1, 1.25, 1.5, 2.0)
 
 
-def claim_tail() -> ClaimTable:
+def claim_tail(etas=ETAS, prompts: int = 128, devices: int = 16, tokens: int = 8192, mean: float = 2500,
+               steps: int = 17) -> ClaimTable:
     """RollPacker 3.1 / 8.3: tail batching helps, best near eta = 1.25 for both P and R."""
-    P, R, devices, tokens = 128, 8, 16, 8192
-    wl = rlvr_workload(tokens, 2500)
+    P, R = prompts, 8
+    wl = rlvr_workload(tokens, mean)
     base = ScheduleSpec(R, P, sampling(tokens), 0, replicate=True)
     table = ClaimTable("Tail batching is best near eta = 1.25 (RollPacker)",
                        "eta = 1.25 for P and R recommended; tail batching alone 1.30x (7B/8k) over veRL",
                        f"Qwen2.5-7B, {devices} x H800 colocated, P0 {P} x R0 {R}, max {tokens // 1024}k tokens, "
-                       f"mean 2.5k before the cap, sigma 0.9, alpha 0, 16 steps (long rounds included)",
+                       f"mean {mean / 1000:g}k before the cap, sigma 0.9, alpha 0, {steps - 1} steps (long rounds "
+                       "included)",
                        ["eta (P and R)", "mean step s", "speedup vs off", "long rounds", "max generate s"])
-    steps = {}
-    for eta in ETAS:
+    step_s = {}
+    for eta in etas:
         sched = base if eta == 1.0 else replace(base, tail=TailSpec(eta, eta))
-        r = run(SimSpec(sched, shared(devices), QWEN7B, wl, steps=17, warmup=1))
+        r = run(SimSpec(sched, shared(devices), QWEN7B, wl, steps=steps, warmup=1))
         check_window([r])
-        steps[eta] = r.step_s
+        step_s[eta] = r.step_s
         table.rows.append([f"{eta:g}" + (" (off)" if eta == 1.0 else ""), fmt(r.step_s),
-                           fmt(steps[1.0] / r.step_s, 2) + "x",
+                           fmt(step_s[1.0] / r.step_s, 2) + "x",
                            str(int(sum(s.stats.get("rollout/long_round", 0) for s in r.measured))),
                            fmt(max(s.generate_s for s in r.measured))])
-    best = min(steps, key=steps.get)
-    table.holds = best in (1.1, 1.25, 1.5) and steps[1.25] < steps[1.0]
-    table.reason = f"fastest at eta {best:g}; eta 1.25 is {fmt(steps[1.0] / steps[1.25], 2)}x over off"
+    best = min(step_s, key=step_s.get)
+    table.holds = best in (1.1, 1.25, 1.5) and step_s[1.25] < step_s[1.0]
+    table.reason = f"fastest at eta {best:g}; eta 1.25 is {fmt(step_s[1.0] / step_s[1.25], 2)}x over off"
     return table
 
 
@@ -240,86 +248,88 @@ def agent_workload(latency: float, cv: float, turns: float = 8.0) -> WorkloadSpe
 
 
 def agent_spec(groups: int, size: int, devices: int, wl: WorkloadSpec, slots: int, turn_sync: bool = False,
-               **schedule) -> SimSpec:
+               steps: int = 4, **schedule) -> SimSpec:
     sched = ScheduleSpec(size, groups, sampling(AGENT_LIMITS.turn_tokens), 0, **schedule)
     colocated = schedule.get("async_ratio", 0) == 0
     layout = shared(devices) if colocated else split(devices, 0.5)
-    return SimSpec(sched, layout, QWEN8B, wl, steps=4, warmup=1,
+    return SimSpec(sched, layout, QWEN8B, wl, steps=steps, warmup=1,
                    agentic=Agentic(AGENT_LIMITS, slots, 1.0, turn_sync))
 
 
-def claim_env_async() -> ClaimTable:
+def claim_env_async(groups: int = 32, size: int = 8, devices: int = 32, cvs=(0.1, 0.5, 1.0), turns: float = 8.0,
+                    steps: int = 4) -> ClaimTable:
     """ROLL Flash 2.5 / 8.2 and RollArt 8.4: no per-turn barrier across environments, growing with variance."""
-    groups, size, devices = 32, 8, 32
     table = ClaimTable("Environment-level async beats turn-synchronous batching, more so as latency varies "
                        "(ROLL Flash agentic, RollArt)",
                        "env latency 10 s +- 10 s: step 892 s -> 362 s (2.46x), gain grows with variance; RollArt "
                        "N(10 s, sigma 1..10 s): 1.23x -> 2.27x",
-                       f"Qwen3-8B, {devices} x H800 colocated, {groups} groups x {size} episodes, ~8 turns of ~384 "
-                       f"tokens, env latency mean 10 s, one env per episode, alpha 0",
+                       f"Qwen3-8B, {devices} x H800 colocated, {groups} groups x {size} episodes, ~{turns:g} turns of "
+                       f"~384 tokens, env latency mean 10 s, one env per episode, alpha 0",
                        ["env latency cv", "turn-sync step s", "env-async step s", "speedup"])
     gains = []
-    for cv in (0.1, 0.5, 1.0):
-        wl = agent_workload(10.0, cv)
-        pair = [run(agent_spec(groups, size, devices, wl, groups * size, turn_sync=ts)) for ts in (True, False)]
+    for cv in cvs:
+        wl = agent_workload(10.0, cv, turns)
+        pair = [run(agent_spec(groups, size, devices, wl, groups * size, turn_sync=ts, steps=steps))
+                for ts in (True, False)]
         check_window(pair)
         gains.append(pair[0].step_s / pair[1].step_s)
         table.rows.append([f"{cv:g}", fmt(pair[0].step_s), fmt(pair[1].step_s), fmt(gains[-1], 2) + "x"])
     table.holds = all(g > 1 for g in gains) and gains[-1] > gains[0]
-    table.reason = f"speedup {' -> '.join(fmt(g, 2) for g in gains)} as cv goes 0.1 -> 1.0"
+    table.reason = f"speedup {' -> '.join(fmt(g, 2) for g in gains)} as cv goes {cvs[0]} -> {cvs[-1]}"
     return table
 
 
-def claim_redundant_envs() -> ClaimTable:
+def claim_redundant_envs(groups: int = 32, size: int = 8, devices: int = 32, turns: float = 8.0,
+                         steps: int = 4) -> ClaimTable:
     """ROLL Flash 2.5 / 8.2: 32 x 8 -> 36 x 9 / 36 x 12 (more groups and more episodes per group)."""
-    devices = 32
-    wl = agent_workload(10.0, 0.5)
-    cases = [("32 x 8 (none)", 0, 0), ("36 x 8 (+4 groups)", 4, 0), ("32 x 9 (+1 episode)", 0, 1),
-             ("36 x 9", 4, 1), ("36 x 12", 4, 4)]
+    wl = agent_workload(10.0, 0.5, turns)
+    extras = [(0, 0, " (none)"), (4, 0, " (+4 groups)"), (0, 1, " (+1 episode)"), (4, 1, ""), (4, 4, "")]
+    cases = [(f"{groups + g} x {size + e}{note}", g, e) for g, e, note in extras]
     table = ClaimTable("Redundant environments cut agentic step time (ROLL Flash agentic)",
                        "latency 10 +- 5 s, batch 256: 32x8 243 s; 36x9 45 s (5.40x); 36x12 46 s (5.28x); RollArt: "
                        "up to 1.62x",
-                       f"Qwen3-8B, {devices} x H800 colocated, 32 groups x 8 trained, env latency 10 s cv 0.5, "
-                       f"one env per launched episode, alpha 0",
+                       f"Qwen3-8B, {devices} x H800 colocated, {groups} groups x {size} trained, env latency 10 s "
+                       "cv 0.5, one env per launched episode, alpha 0",
                        ["launched (groups x episodes)", "step s", "generate s", "speedup"])
     results = []
     for name, extra_groups, extra_eps in cases:
-        r = run(agent_spec(32, 8, devices, wl, (32 + extra_groups) * (8 + extra_eps), redundancy=extra_groups,
-                           extra_samples=extra_eps))
+        r = run(agent_spec(groups, size, devices, wl, (groups + extra_groups) * (size + extra_eps), steps=steps,
+                           redundancy=extra_groups, extra_samples=extra_eps))
         results.append(r)
         table.rows.append([name, fmt(r.step_s), fmt(r.mean("generate_s")), fmt(results[0].step_s / r.step_s, 2) + "x"])
     check_window(results)
     best = max(results[0].step_s / r.step_s for r in results[1:])
     table.holds = results[3].step_s < results[0].step_s
-    table.reason = f"36 x 9 is {fmt(results[0].step_s / results[3].step_s, 2)}x over 32 x 8 (best {fmt(best, 2)}x)"
+    table.reason = (f"{cases[3][0]} is {fmt(results[0].step_s / results[3].step_s, 2)}x over "
+                    f"{cases[0][0].removesuffix(' (none)')} (best {fmt(best, 2)}x)")
     return table
 
 
 # ---- 5. RollArt hardware affinity ---------------------------------------------------------------------
-def claim_affinity() -> ClaimTable:
+def claim_affinity(groups: int = 32, size: int = 8, devices: int = 32, turns: float = 8.0,
+                   steps: int = 6) -> ClaimTable:
     """RollArt 4.2 / 8.4: environments on CPU nodes and rollout on its own devices beat colocating all."""
-    groups, size, devices = 32, 8, 32
-    wl = agent_workload(5.0, 1.0)
-    episodes = groups * size
-    cases = [("colocated: all roles on 32 GPUs, envs on GPU hosts (128 slots, latency x1.5)",
-              dict(layout=shared(devices), slots=128, scale=1.5, alpha=0.0)),
-             ("colocated, envs on CPU nodes (256 slots)",
+    wl = agent_workload(5.0, 1.0, turns)
+    episodes, host_slots, half = groups * size, devices * 4, split(devices, 0.5)  # 32 slots per 8-GPU host
+    cases = [(f"colocated: all roles on {devices} GPUs, envs on GPU hosts ({host_slots} slots, latency x1.5)",
+              dict(layout=shared(devices), slots=host_slots, scale=1.5, alpha=0.0)),
+             (f"colocated, envs on CPU nodes ({episodes} slots)",
               dict(layout=shared(devices), slots=episodes, scale=1.0, alpha=0.0)),
-             ("disaggregated 16 rollout + 16 train, envs on GPU hosts, alpha 1",
-              dict(layout=split(devices, 0.5), slots=128, scale=1.5, alpha=1.0)),
-             ("affinity: 16 rollout + 16 train, envs on CPU nodes, alpha 1",
-              dict(layout=split(devices, 0.5), slots=episodes, scale=1.0, alpha=1.0))]
+             (f"disaggregated {half.rollout_devices} rollout + {half.train_devices} train, envs on GPU hosts, alpha 1",
+              dict(layout=half, slots=host_slots, scale=1.5, alpha=1.0)),
+             (f"affinity: {half.rollout_devices} rollout + {half.train_devices} train, envs on CPU nodes, alpha 1",
+              dict(layout=half, slots=episodes, scale=1.0, alpha=1.0))]
     table = ClaimTable("Hardware affinity: envs on CPU nodes, rollout on its own devices (RollArt)",
                        "at about equal cost, affinity beats single-pool baselines by 1.12-1.68x; RollArt 2.65-4.58x "
                        "over Sync end to end",
-                       f"Qwen3-8B, {devices} x H800, {groups} groups x {size} episodes, ~8 turns, env latency 5 s "
-                       f"cv 1.0 (x1.5 and 128 slots, 32 per 8-GPU host, when sharing the GPU hosts' CPUs)",
+                       f"Qwen3-8B, {devices} x H800, {groups} groups x {size} episodes, ~{turns:g} turns, env latency "
+                       f"5 s cv 1.0 (x1.5 and {host_slots} slots, 32 per 8-GPU host, when sharing the GPU hosts' CPUs)",
                        ["placement", "step s", "speedup vs colocated"])
     results = []
     for name, c in cases:
         sched = ScheduleSpec(size, groups, sampling(AGENT_LIMITS.turn_tokens), 0, async_ratio=c["alpha"],
                              replicate=True)
-        spec = SimSpec(sched, c["layout"], QWEN8B, wl, steps=6, warmup=2,
+        spec = SimSpec(sched, c["layout"], QWEN8B, wl, steps=steps, warmup=2,
                        agentic=Agentic(AGENT_LIMITS, c["slots"], c["scale"], False))
         results.append(run(spec))
         table.rows.append([name, fmt(results[-1].step_s), fmt(results[0].step_s / results[-1].step_s, 2) + "x"])
@@ -331,28 +341,38 @@ def claim_affinity() -> ClaimTable:
     return table
 
 
-CLAIMS: list[Callable[[], ClaimTable]] = [claim_queue, claim_async, claim_tail, claim_env_async,
-                                          claim_redundant_envs, claim_affinity]
+CLAIMS: list[Callable[..., ClaimTable]] = [claim_queue, claim_async, claim_tail, claim_env_async,
+                                           claim_redundant_envs, claim_affinity]
+SMOKE: dict[str, dict] = {
+    "claim_queue": dict(settings=((4, 8, 4),), tokens=2048, mean=500, steps=2),
+    "claim_async": dict(device_counts=(8,), alphas=(0.0, 1.0, 2.0), prompts=16, tokens=2048, steps=(3, 4)),
+    "claim_tail": dict(etas=(1.0, 1.25), prompts=16, devices=4, tokens=2048, mean=500, steps=3),
+    "claim_env_async": dict(groups=4, size=2, devices=4, cvs=(0.1, 1.0), turns=2, steps=2),
+    "claim_redundant_envs": dict(groups=4, size=2, devices=4, turns=2, steps=2),
+    "claim_affinity": dict(groups=4, size=2, devices=4, turns=2, steps=3),
+}
+"""--smoke: each claim's arguments at the smallest size that still runs every case of its table."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sim_claims.md"))
     parser.add_argument("--only", default="", help="comma-separated claim function names (default: all)")
+    parser.add_argument("--smoke", action="store_true", help="every claim at its smallest size (SMOKE); no file")
     args = parser.parse_args(argv)
     chosen = [c for c in CLAIMS if not args.only or c.__name__ in args.only.split(",")]
     t0, parts = time.perf_counter(), ["# Simulated reproduction of the papers' claims", "",
                                       "Generated by `bench/sim_claims.py` (gyre's simulator, the real scheduler).", ""]
     for claim in chosen:
         t = time.perf_counter()
-        table = claim()
+        table = claim(**SMOKE[claim.__name__]) if args.smoke else claim()
         text = table.markdown()
         print(text + f"\n_({time.perf_counter() - t:.1f} s)_\n", flush=True)
         parts.append(text)
     total = time.perf_counter() - t0
     parts.append(f"_Simulated in {total:.0f} s of wall time._\n")
     print(f"total {total:.1f} s", file=sys.stderr)
-    if not args.only:
+    if not args.only and not args.smoke:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text("\n".join(parts))
     return 0

@@ -16,7 +16,9 @@ processes are random), samples per second (and per engine) with the ratio to ``f
 step, mean staleness of the trained groups (versions), tokens wasted per step (aborted, or lost with a
 killed engine), and samples continued / regenerated from scratch per step.
 
-    python bench/sim_elastic.py [--devices 64 256] [--steps 12] [--on 60] [--off 60] [--warning 20]
+``--smoke``: the same table at the smallest size (8 devices, 3 steps: one measured).
+
+    python bench/sim_elastic.py [--devices 64 256] [--steps 12] [--on 60] [--off 60] [--warning 20] [--smoke]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from gyre.sim.workload import WorkloadSpec
 from gyre.types import SamplingParams
 
 POOLS = ("fixed", "lent", "spot-warn", "spot-kill")
+SMOKE = {"devices": [8], "steps": 3}
 
 
 def spec(devices: int, pool: str, args: argparse.Namespace) -> SimSpec:
@@ -76,7 +79,10 @@ def main() -> None:
     p.add_argument("--off", type=float, default=60.0, help="mean seconds it is away")
     p.add_argument("--warning", type=float, default=20.0, help="spot reclaim notice (spot-warn)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = p.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     t0 = time.perf_counter()
     print(f"on {args.on:.0f} s / off {args.off:.0f} s, notice {args.warning:.0f} s, {args.steps} steps "
           f"(first 2 left out), alpha 1, 7B on H100\n")

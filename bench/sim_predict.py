@@ -18,6 +18,11 @@ The fit (``fit_cpu``), in the cost model's own terms (``gyre.sim.cost``, an addi
 * weight sync: the run's mean ``time/weight_sync``; the link is taken as memory bandwidth (an in-host copy).
 * workload: ``fit_lengths`` of the run's metrics (``--calibrate``), the data's prompt lengths, the run's
   logged reward latency and pass rate.
+
+Run alone, it fits and predicts from a stored calibration JSON (the committed one by default), printing only;
+``--smoke``: the first pass with one workload seed.
+
+    python bench/sim_predict.py [--json PATH] [--md PATH] [--smoke]
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ TRAIN_SHAPES = ((128, 4), (128, 8), (128, 16), (128, 32), (128, 68), (64, 68))
 their longest, from ~5 tokens (short answers) to 68 (a sample at the 64-token cap)."""
 
 
-def train_microbench(model_path: str, threads: int, repeats: int = 3) -> list[dict]:
+def train_microbench(model_path: str, threads: int, repeats: int = 3, shapes=TRAIN_SHAPES) -> list[dict]:
     """Seconds of one update (forward, loss, backward, AdamW step) of the tiny model on the CPU alone, per
     padded micro-batch shape: the training cost's shape (fixed cost against tokens), which one run's
     steps cannot separate when nearly every step pads to the cap."""
@@ -103,7 +108,7 @@ def train_microbench(model_path: str, threads: int, repeats: int = 3) -> list[di
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     gen = torch.Generator().manual_seed(0)
     out = []
-    for rows, length in (TRAIN_SHAPES[0], *TRAIN_SHAPES):  # the first shape twice: it warms the allocator
+    for rows, length in (shapes[0], *shapes):  # the first shape twice: it warms the allocator
         times = []
         for _ in range(repeats):
             ids = torch.randint(3, model.config.vocab_size, (rows, length), generator=gen)
@@ -190,16 +195,17 @@ def device_literal(d: DeviceClass) -> str:
 
 
 # ---- prediction -----------------------------------------------------------------------------------------
-def predict_setting(cfg, fit: CpuFit, calibrate: Path, groups: list[list[list]] | None = None) -> dict:
+def predict_setting(cfg, fit: CpuFit, calibrate: Path, groups: list[list[list]] | None = None,
+                    seeds: tuple[int, ...] = SIM_SEEDS) -> dict:
     """Mean seconds per step (and generate, train) over steps 3..N of the simulation of ``cfg`` (a real
-    run's config with simulate.* keys), with the fitted class and lengths, averaged over ``SIM_SEEDS``;
+    run's config with simulate.* keys), with the fitted class and lengths, averaged over ``seeds``;
     ``groups`` (the calibration run's [prompt tokens, [response tokens]] per step): draw lengths from them
     (``gyre.sim.workload.RecordedWorkload``) instead of the fitted lognormal."""
     from gyre.sim.run import SimRun
     from gyre.sim.scenario import scenario
 
     out = {"step_s": [], "generate_s": [], "train_s": [], "expired": [], "response_mean": []}
-    for seed in SIM_SEEDS:
+    for seed in seeds:
         spec = scenario(cfg, 2, calibrate=calibrate)
         spec = replace(spec, cost=CostModel(fit.device, spec.cost.model, spec.cost.tp), seed=seed,
                        workload=replace(spec.workload, prompt_tokens=fit.workload.prompt_tokens,
@@ -246,13 +252,13 @@ def measured_of(run: dict) -> dict:
             "expired": sum(r.get("rollout/groups_expired", 0) for r in run["steps"])}
 
 
-def comparison_rows(runs: list[dict], fit: CpuFit, config_of, calibrate: Path, groups: list[list[list]] | None
-                    ) -> list[dict]:
+def comparison_rows(runs: list[dict], fit: CpuFit, config_of, calibrate: Path, groups: list[list[list]] | None,
+                    seeds: tuple[int, ...] = SIM_SEEDS) -> list[dict]:
     """One row per run: measured against predicted (``config_of(run)`` gives the run's config with the
     simulate.* keys; ``groups``: empirical lengths, see ``predict_setting``)."""
     rows = []
     for run in runs:
-        m, p = measured_of(run), predict_setting(config_of(run), fit, calibrate, groups)
+        m, p = measured_of(run), predict_setting(config_of(run), fit, calibrate, groups, seeds)
         m["train_replay_s"] = replay_train_s(run, fit)
         rows.append({"setting": run["setting"], "repeat": run.get("repeat", 0), "measured": m, "predicted": p,
                      "error_pct": (p["step_s"] - m["step_s"]) / m["step_s"] * 100})
@@ -291,3 +297,27 @@ def fit_summary(fit: CpuFit) -> str:
 def fit_record(fit: CpuFit) -> dict:
     return {"device": asdict(fit.device), "workload": asdict(fit.workload), "decode": fit.decode,
             "train": fit.train}
+
+
+SMOKE = {"seeds": SIM_SEEDS[:1], "passes": 1}
+
+
+def main() -> None:
+    """Fit and predict from a stored calibration JSON (``sim_calibration.py predict``), printing only unless
+    ``--md`` names where to write: the committed results are ``sim_calibration.py``'s to rewrite."""
+    import argparse
+
+    from sim_calibration import DEFAULT_JSON, predict
+
+    ap = argparse.ArgumentParser(description="fit the simulator's CPU class from a stored calibration run and "
+                                             "predict every setting of it")
+    ap.add_argument("--json", default=str(DEFAULT_JSON), help="measurements (default: the committed ones)")
+    ap.add_argument("--md", default=None, help="also write the comparison here (and its _fits.json beside it)")
+    ap.add_argument("--smoke", action="store_true", help="the first pass, one workload seed (SMOKE)")
+    args = ap.parse_args()
+    predict(json.loads(Path(args.json).read_text()), Path(args.md) if args.md else None,
+            **(SMOKE if args.smoke else {}))
+
+
+if __name__ == "__main__":
+    main()

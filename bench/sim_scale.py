@@ -5,7 +5,9 @@ with the cluster (devices / 2 prompts x 8 samples: 4096 samples per step at 1024
 synchronous, queue-scheduled and asynchronous (alpha 2) schedules. The issue's bar: a 1024-device step
 in well under a second.
 
-    python bench/sim_scale.py [--devices 8 64 256 1024] [--steps 6]
+``--smoke``: the same table at the smallest size (8 devices, 2 steps).
+
+    python bench/sim_scale.py [--devices 8 64 256 1024] [--steps 6] [--smoke]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gyre.types import SamplingParams
 
 SCHEDULES = {"sync": dict(async_ratio=0.0, replicate=False), "queue": dict(async_ratio=0.0, replicate=True),
              "async 2": dict(async_ratio=2.0, replicate=True)}
+SMOKE = {"devices": [8], "steps": 2}
 
 
 def spec(devices: int, name: str, steps: int) -> SimSpec:
@@ -36,7 +39,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--devices", type=int, nargs="+", default=[8, 64, 256, 1024])
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     print("| devices | schedule | samples / step | events / step | simulated s / step | real s / step |")
     print("|---|---|---|---|---|---|")
     for devices in args.devices:

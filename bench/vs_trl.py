@@ -6,7 +6,10 @@ alternating rounds (machine speed drifts by tens of percent over minutes here, s
 runs can mislead). Seconds per step are the wall-clock gaps between consecutive steps after warm-up
 steps are dropped; the figure reported per framework is the median over all rounds' steps.
 
-    python bench/vs_trl.py [--preset small] [--steps 14] [--warmup 4] [--rounds 2]
+``--smoke``: the smallest run of the same path: the tiny model, one round of 2 steps of gyre (hybrid) and
+of TRL; the other gyre layouts are planned (config and placement checked), not trained.
+
+    python bench/vs_trl.py [--preset small] [--steps 14] [--warmup 4] [--rounds 2] [--smoke]
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ RUNS = ("gyre:hybrid", "trl", "gyre:hybrid1x2", "gyre:2x1", "gyre:async1")
 SYNC = ("gyre:hybrid", "gyre:hybrid1x2", "gyre:2x1")
 """TRL's own setting is synchronous; the asynchronous figure (alpha 1, rollout and policy on one slot each)
 is printed beside it, not compared as the same thing."""
+SMOKE = {"preset": "tiny", "steps": 2, "warmup": 0, "rounds": 1, "runs": ("gyre:hybrid", "trl")}
+"""--smoke: each run is a process that starts its own workers (20-40 s on 2 cores), so one gyre layout trains."""
 
 
 def exact_match(completions, ground_truth, **kwargs):
@@ -36,8 +41,7 @@ def gyre_reward(response: str, ground_truth: str) -> float:
     return exact_match([response], [ground_truth])[0]
 
 
-def run_gyre(model: str, data: Path, out: Path, steps: int, layout: str) -> list[float]:
-    from gyre.app import launch
+def gyre_config(model: str, data: Path, out: Path, steps: int, layout: str):
     from gyre.config import load_config
 
     devices = {
@@ -48,13 +52,18 @@ def run_gyre(model: str, data: Path, out: Path, steps: int, layout: str) -> list
                       "rollout.devices=[0]", "rollout.mode=hybrid"],
         "async1": ["cluster.cpu_slots=2", "policy.devices=[1]", "rollout.devices=[0]", "rollout.async_ratio=1"],
     }[layout]
-    cfg = load_config(None, [
+    return load_config(None, [
         f"run.output_dir={out}", f"run.steps={steps}", f"model.path={model}", f"data.train_files=[{data}]",
         f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}",
         f"rollout.sampling.max_new_tokens={NEW_TOKENS}", "policy.micro_batch_size=64", f"policy.optimizer.lr={LR}",
         "policy.grad_clip=1.0", "reward.type=function", f"reward.function={Path(__file__).resolve()}:gyre_reward",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", *devices])
-    launch.train(cfg, echo=lambda s: None)
+        "logging.progress=false", "logging.trackers=[]", "logging.plot=false", *devices])
+
+
+def run_gyre(model: str, data: Path, out: Path, steps: int, layout: str) -> list[float]:
+    from gyre.app import launch
+
+    launch.train(gyre_config(model, data, out, steps, layout), echo=lambda s: None)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["time"] for r in records if r["phase"] == "train"]
 
@@ -117,9 +126,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--run"), ap.add_argument("--model"), ap.add_argument("--data"), ap.add_argument("--out")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
     if args.run:
         return child(args)
+    vars(args).update(SMOKE if args.smoke else {"runs": RUNS})
+    from gyre.app.preflight import preflight
     from gyre.models.presets import init_model
     from gyre.tasks.arithmetic import write_arithmetic_task
 
@@ -127,10 +139,14 @@ def main() -> None:
         tmp = Path(tmp_dir)
         model = str(init_model(args.preset, tmp / "model"))
         data = write_arithmetic_task(tmp / "data")["train"]
+        for run in RUNS:
+            if run.startswith("gyre:") and run not in args.runs:  # planned (config, placement), not trained
+                preflight(gyre_config(model, data, tmp / "plan", args.steps, run.split(":")[1]), None)
         print(f"model preset {args.preset}; {PROMPTS} prompts x {SAMPLES} samples x <= {NEW_TOKENS} new tokens, fp32")
-        gaps: dict[str, list[float]] = {run: [] for run in RUNS}
+        runs = [run for run in RUNS if run in args.runs]
+        gaps: dict[str, list[float]] = {run: [] for run in runs}
         for r in range(args.rounds):
-            for run in RUNS if r % 2 == 0 else RUNS[::-1]:
+            for run in runs if r % 2 == 0 else runs[::-1]:
                 gaps[run] += step_gaps(launch_child(run, model, data, tmp, args.steps, r), args.warmup)
                 print(f"  round {r + 1}: {run:<9} {statistics.median(gaps[run]):.3f} s/step so far", flush=True)
         median = {run: statistics.median(g) for run, g in gaps.items()}
@@ -138,7 +154,9 @@ def main() -> None:
             print(f"{run:<9} median {value:.3f} s/step over {len(gaps[run])} steps")
         best = min(v for k, v in median.items() if k in SYNC)
         print(f"TRL / gyre (best synchronous layout) seconds per step: {median['trl'] / best:.2f}x")
-        print(f"TRL / gyre asynchronous (alpha 1): {median['trl'] / median['gyre:async1']:.2f}x")
+        if "gyre:async1" in median:
+            print(f"TRL / gyre asynchronous (alpha 1): {median['trl'] / median['gyre:async1']:.2f}x")
+
 
 if __name__ == "__main__":
     main()
