@@ -26,7 +26,7 @@ quickstart: $(STAMP)
 quickstart-agentic: $(STAMP)
 	$(BIN)/gyre quickstart --task guess_number --overwrite
 
-# SLOW_SHARD=auto (what CI runs) or K/N adds one shard of the slow tests, about 2 minutes of them; auto
+# SLOW_SHARD=auto (what CI runs) or K/N adds one shard of the slow tests, at most 2 minutes of them; auto
 # rotates with the commit count, so the shards take turns over landings (tests/slow_shards.py).
 test: $(STAMP)
 	$(BIN)/pytest -q $(if $(SLOW_SHARD),--slow-shard=$(SLOW_SHARD),)

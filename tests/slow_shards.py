@@ -2,8 +2,9 @@
 
 ``make test`` leaves the tests marked slow out; ``make test-all`` runs them all (about half an hour on a
 2-core CPU), too long for every landing. ``pytest --slow-shard=auto`` (CI: ``make test SLOW_SHARD=auto``)
-adds one shard of them to the run: the slow tests collected are packed into shards of about
-``--slow-budget`` seconds each (longest first, each to the emptiest shard) by their measured durations
+adds one shard of them to the run: the slow tests collected are packed into shards of at most
+``--slow-budget`` seconds each (longest first, each to the emptiest shard; a test longer than that alone
+in one) by their measured durations
 (``slow_durations.json``; a test not measured yet counts as the median), and the shard is the number of
 commits in HEAD's history modulo the number of shards. Every landing adds at least one commit, so
 consecutive landings run different shards and one commit per landing runs every shard in turn. Without
@@ -52,7 +53,13 @@ def partition(durations: dict[str, float], count: int) -> list[list[str]]:
 
 
 def shard_count(durations: dict[str, float], budget_s: float) -> int:
-    return max(1, math.ceil(sum(durations.values()) / budget_s))
+    """The fewest shards that keep each within ``budget_s``, but for a test longer than that alone in one."""
+    alone = sum(d > budget_s for d in durations.values())
+    count = max(1, alone + math.ceil(sum(d for d in durations.values() if d <= budget_s) / budget_s))
+    while count < len(durations) and any(
+            sum(durations[n] for n in shard) > budget_s for shard in partition(durations, count) if len(shard) > 1):
+        count += 1
+    return count
 
 
 def _git(root: Path, *args: str) -> str:

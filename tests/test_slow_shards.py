@@ -16,11 +16,12 @@ DURATIONS = {"a": 300.0, "b": 145.0, "c": 60.0, "d": 50.0, "e": 40.0, "f": 30.0,
 
 def test_shards_hold_each_test_once_and_fit_the_budget_unless_one_test_alone_is_longer():
     count = slow_shards.shard_count(DURATIONS, 120.0)
-    assert count == 6  # 650 s of tests
+    assert count == 4  # 300 s and 145 s alone, the other 205 s in two
     shards = slow_shards.partition(DURATIONS, count)
     assert sorted(n for shard in shards for n in shard) == sorted(DURATIONS)
     loads = sorted(sum(DURATIONS[n] for n in shard) for shard in shards)
-    assert loads[-2:] == [145.0, 300.0] and all(load <= 120.0 for load in loads[:-2])
+    assert loads == [95.0, 110.0, 145.0, 300.0]
+    assert slow_shards.shard_count({"a": 70.0, "b": 60.0, "c": 60.0}, 120.0) == 2  # 190 s, but 70 + 60 > 120
     assert shards == slow_shards.partition(dict(reversed(DURATIONS.items())), count)  # order does not matter
 
 
