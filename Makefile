@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 CONSTRAINTS ?= requirements/cpu-constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: setup quickstart quickstart-agentic test test-all bench bench-smoke docs docs-serve clean
+.PHONY: setup quickstart quickstart-agentic test test-all slow-durations bench bench-smoke docs docs-serve clean
 
 setup: $(STAMP)
 
@@ -26,12 +26,18 @@ quickstart: $(STAMP)
 quickstart-agentic: $(STAMP)
 	$(BIN)/gyre quickstart --task guess_number --overwrite
 
+# SLOW_SHARD=auto (what CI runs) or K/N adds one shard of the slow tests, at most 2 minutes of them; auto
+# rotates with the commit count, so the shards take turns over landings (tests/slow_shards.py).
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(if $(SLOW_SHARD),--slow-shard=$(SLOW_SHARD),)
 
-# Includes tests marked slow.
+# Includes tests marked slow (about 27 minutes more on a 2-core CPU).
 test-all: $(STAMP)
 	$(BIN)/pytest -q -m "slow or not slow"
+
+# Measures the slow tests into tests/slow_durations.json, which sizes the shards: after adding slow tests.
+slow-durations: $(STAMP)
+	$(BIN)/pytest -q -m slow --record-slow-durations
 
 $(VENV)/.gyre-bench: $(STAMP)
 	$(BIN)/pip install -q $(PIP_C) -e ".[dev,gem,bench]"

@@ -3,10 +3,79 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 
 import pytest
 
+from tests import slow_shards
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("slow shards", "rotating shards of the tests marked slow (tests/slow_shards.py)")
+    group.addoption("--slow-shard", default=None, metavar="auto|K/N",
+                    help="also run one shard of the slow tests: auto (CI: rotates with the commit) or shard K of N")
+    group.addoption("--slow-budget", type=float, default=slow_shards.BUDGET_S, metavar="SECONDS",
+                    help="measured seconds of slow tests per shard, which sets the number of shards for auto")
+    group.addoption("--record-slow-durations", action="store_true",
+                    help=f"write the durations of the slow tests that passed to {slow_shards.DURATIONS.name}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{slow_shards.MARK}: a slow test that --slow-shard adds to this run")
+    if config.getoption("slow_shard") and config.option.markexpr:  # the shard runs whatever -m leaves out
+        config.option.markexpr = f"({config.option.markexpr}) or {slow_shards.MARK}"
+    if config.getoption("record_slow_durations"):
+        config.pluginmanager.register(_DurationRecorder(), "slow-durations")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    spec = config.getoption("slow_shard")
+    if not spec:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    try:
+        chosen, note = slow_shards.choose(spec, [item.nodeid for item in slow], config.rootpath,
+                                          config.getoption("slow_budget"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    chosen = set(chosen)
+    for item in slow:
+        if item.nodeid in chosen:
+            item.add_marker(slow_shards.MARK)
+    config.stash[_SHARD_NOTE] = f"{note}: {', '.join(sorted(chosen)) or 'none'}"
+
+
+def pytest_report_collectionfinish(config):
+    return config.stash.get(_SHARD_NOTE, None)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if _SHARD_NOTE in config.stash:
+        terminalreporter.write_line(config.stash[_SHARD_NOTE])
+
+
+_SHARD_NOTE = pytest.StashKey[str]()
+
+
+class _DurationRecorder:
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.unmeasured: set[str] = set()
+        """Failed or skipped: their times say nothing about a passing run's."""
+
+    def pytest_runtest_logreport(self, report):
+        if "slow" in report.keywords:
+            self.seconds[report.nodeid] += report.duration
+            if report.failed or report.skipped:
+                self.unmeasured.add(report.nodeid)
+
+    def pytest_sessionfinish(self):
+        passed = {k: v for k, v in self.seconds.items() if k not in self.unmeasured}
+        if passed:
+            slow_shards.record(slow_shards.DURATIONS, passed)
 
 
 @pytest.fixture(scope="session")

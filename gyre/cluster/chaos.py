@@ -174,9 +174,23 @@ def _compare_weights(a, b, atol: float) -> list[str]:
 class DrillReport:
     injected: list[tuple[float, str, int]] = field(default_factory=list)
     """(seconds since start, fault, pid) of every fault applied."""
+    schedule: list[int] = field(default_factory=list)
+    """The logged step each fault waited for (``fault_steps``)."""
+    struck_after: list[int] = field(default_factory=list)
+    """The newest step the run had logged when each fault struck."""
     driver_starts: int = 0
     seconds: float = 0.0
     log: Path | None = None
+
+
+def fault_steps(count: int, steps: int, seed: int) -> list[int]:
+    """The step after whose record each of ``count`` faults strikes: one draw (from ``seed``) in each of
+    ``count`` equal shares of steps 1 .. steps - 2, ascending, so the faults spread over the whole run.
+    A fault strikes before the next step is logged at the latest, so the last still finds a step to run."""
+    last = max(1, steps - 2)
+    rng = random.Random(f"fault steps {seed}")  # draws of their own, apart from the drill's timing and targets
+    return [rng.randint(1 + i * last // count, max(1 + i * last // count, (i + 1) * last // count))
+            for i in range(count)]
 
 
 def _start(config: Path, log, resume: bool) -> subprocess.Popen:
@@ -192,32 +206,38 @@ def _end_session(proc: subprocess.Popen) -> None:
         pass
 
 
-def _last_record_time(config: Path) -> float:
-    """Wall time of the newest record in the run's metrics (0 when there is none)."""
+def _last_record(metrics: Path) -> dict:
+    """The newest record of the run's metrics ({} when there is none, or it is being written)."""
     import json
 
+    try:
+        lines = metrics.read_text().splitlines()
+        record = json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def run_drill(config: Path, faults: list[Fault], seed: int, timeout_s: float = 1800.0,
+              log_path: Path | None = None) -> DrillReport:
+    """Run ``gyre train config`` and apply ``faults`` one by one, each on an event of the run rather than
+    after a wall-clock gap (which a fast run outlives): fault i waits until the run has logged step
+    ``fault_steps(...)[i]`` or later since the previous fault (so it lands in a running run, not a
+    restarting one), then strikes a random fraction (from ``seed``) of that step's duration later, or as
+    soon as the next step is logged, whichever comes first: somewhere in the next step on any machine.
+    A killed driver is restarted with ``--resume auto``. Returns when the run has finished; raises
+    RuntimeError when it fails or overruns ``timeout_s``."""
     import yaml
 
-    out = Path(yaml.safe_load(Path(config).read_text())["run"]["output_dir"])
-    try:
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-        return float(json.loads(lines[-1])["time"]) if lines else 0.0
-    except (OSError, ValueError, KeyError, IndexError):
-        return 0.0
-
-
-def run_drill(config: Path, faults: list[Fault], seed: int, gap_s: tuple[float, float] = (0.5, 3.0),
-              timeout_s: float = 1800.0, log_path: Path | None = None) -> DrillReport:
-    """Run ``gyre train config`` and apply ``faults`` one by one: each waits until the run has logged a
-    step since the previous fault (so it lands in a running run, not a restarting one), then
-    ``gap_s`` more seconds (uniform, from ``seed``). A killed driver is restarted with ``--resume auto``.
-    Returns when the run has finished; raises RuntimeError when it fails or overruns ``timeout_s``."""
+    cfg = yaml.safe_load(Path(config).read_text())["run"]
+    metrics = Path(cfg["output_dir"]) / "metrics.jsonl"
     rng = random.Random(seed)
     queue = list(faults)
-    report = DrillReport(log=log_path or Path(config).with_suffix(".drill.log"))
+    report = DrillReport(schedule=fault_steps(len(faults), int(cfg["steps"]), seed),
+                         log=log_path or Path(config).with_suffix(".drill.log"))
     start = time.monotonic()
     last_fault_wall = time.time()
-    due = None
+    due = armed_step = None
     with open(report.log, "w") as log:
         proc = _start(config, log, resume=False)
         report.driver_starts = 1
@@ -228,14 +248,19 @@ def run_drill(config: Path, faults: list[Fault], seed: int, gap_s: tuple[float, 
                     raise RuntimeError(f"the drill overran {timeout_s:.0f} s; see {report.log}")
                 if proc.poll() is not None:
                     raise RuntimeError(f"the run failed (exit {proc.returncode}); see {report.log}")
-                if queue and due is None and _last_record_time(config) > last_fault_wall:
-                    due = now + rng.uniform(*gap_s)  # the run is stepping again: strike soon
-                if queue and due is not None and now >= due:
+                record = _last_record(metrics) if queue else {}
+                fresh = record.get("time", 0.0) > last_fault_wall  # logged since the previous fault
+                step = record.get("step", -1) if fresh else -1
+                if queue and due is None and step >= report.schedule[len(report.injected)]:
+                    armed_step = step  # the run is stepping past the fault's step: strike in the next one
+                    due = now + rng.random() * float(record.get("time/step", 0.0))
+                if queue and due is not None and (now >= due or step > armed_step):
                     pid = inject(queue[0], proc.pid, rng)
                     if pid is None:  # nothing to hit right now: try again shortly
-                        due = now + 0.2
+                        time.sleep(0.2)
                         continue
                     report.injected.append((round(now - start, 1), str(queue.pop(0)), pid))
+                    report.struck_after.append(max(step, armed_step))
                     last_fault_wall, due = time.time(), None
                     if pid == proc.pid:
                         proc.wait()

@@ -12,24 +12,38 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
 import time
 
 import pytest
 
+import gyre
 from gyre.rewards.sandbox import SandboxLimits, SandboxUnavailable, run_python, sandbox_capabilities
 from gyre.rewards.sandbox.local import _run_namespaced
-from tests.rewards.sandbox_host import assert_host_clean, host_state, run_uid, sandbox_processes, stubs_of
+from tests.rewards.sandbox_host import (
+    assert_host_clean,
+    host_changes,
+    host_state,
+    run_uid,
+    sandbox_processes,
+    stubs_of,
+)
 
 CAPS = sandbox_capabilities()
 pytestmark = pytest.mark.skipif(CAPS["mode"] == "weak", reason=f"no kernel containment here: {CAPS['reason']}")
 LIMITS = SandboxLimits(cpu_s=3, wall_s=3.0, memory_mb=256)
 SPAWNING = SandboxLimits(cpu_s=3, wall_s=3.0, memory_mb=256, processes=4)
+NOBODY = 65534
+_CHECKOUT = os.path.dirname(os.path.dirname(gyre.__file__))
+"""What a subprocess puts on its path to import this gyre (not the working directory: pytest may run elsewhere)."""
 
 
 @pytest.fixture
@@ -263,7 +277,7 @@ def test_killing_the_supervisor_takes_the_sandbox_with_it():
         src = "import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n    time.sleep(60)\\ntime.sleep(60)"
         run_python(src, limits=SandboxLimits(wall_s=60, cpu_s=60, processes=2), audit_hook=False)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": _CHECKOUT})
     try:
         deadline = time.monotonic() + 30
         stubs: list[int] = []
@@ -282,18 +296,46 @@ def test_killing_the_supervisor_takes_the_sandbox_with_it():
         proc.kill()
 
 
-def _as_nobody(script: str, extra_env: dict | None = None) -> dict:
+def _reachable_by_anyone(path: str) -> bool:
+    """Every directory from / to ``path`` may be entered by any user."""
+    parts = os.path.realpath(path).split("/")
+    return all(os.stat("/" + "/".join(parts[1:i])).st_mode & stat.S_IXOTH for i in range(1, len(parts) + 1))
+
+
+@pytest.fixture(scope="module")
+def readable_gyre():
+    """A copy of the gyre package that any user can import, for programs run as ``nobody``: the checkout
+    may sit in a private directory (mode 0700, as ``mktemp -d`` and many homes make), and its permissions
+    are its owner's to set, not the tests'."""
+    base = next((d for d in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm")
+                 if os.path.isdir(d) and _reachable_by_anyone(d)), None)
+    if base is None:
+        pytest.skip("no temporary directory that another user can reach")
+    root = tempfile.mkdtemp(prefix="gyre-readable-", dir=base)
+    try:
+        shutil.copytree(os.path.join(_CHECKOUT, "gyre"), os.path.join(root, "gyre"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for here, _, files in os.walk(root):  # the copy is ours: whatever the umask or source modes were
+            os.chmod(here, 0o755)
+            for name in files:
+                os.chmod(os.path.join(here, name), 0o644)
+        yield root
+    finally:
+        shutil.rmtree(root)
+
+
+def _as_nobody(script: str, pythonpath: str) -> dict:
     python = "/usr/bin/python3"
     if not os.path.exists(python) or os.geteuid() != 0:
         pytest.skip("needs root and a system python to run a sandbox as an unprivileged user")
-    env = {"PYTHONPATH": os.getcwd(), "PATH": "/usr/bin:/bin", **(extra_env or {})}
-    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script],
+    env = {"PYTHONPATH": pythonpath, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", script],
                          capture_output=True, text=True, env=env, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_user_namespace_mode_contains_an_unprivileged_caller(secret):
+def test_user_namespace_mode_contains_an_unprivileged_caller(secret, readable_gyre):
     script = textwrap.dedent(f"""
         import json
         from gyre.rewards.sandbox import SandboxLimits, run_python, sandbox_capabilities
@@ -302,16 +344,16 @@ def test_user_namespace_mode_contains_an_unprivileged_caller(secret):
         out = run_python(src, limits=SandboxLimits(wall_s=5), audit_hook=False)
         print(json.dumps({{"mode": caps["mode"], "status": out.status, "stdout": out.stdout, "stderr": out.stderr}}))
     """)
-    before = host_state(secret)
-    result = _as_nobody(script)
+    before = host_state(secret, uid=NOBODY)  # the program's files would be nobody's: the caller's uid
+    result = _as_nobody(script, readable_gyre)
     if result["mode"] == "weak":
         pytest.skip("unprivileged user namespaces are off here")
     assert result["mode"] == "userns" and result["status"] == "ok", result
     assert result["stdout"].startswith("False 2 ")
-    assert host_state(secret) == before
+    assert host_changes(before) == []
 
 
-def test_weak_machines_refuse_untrusted_code_unless_accepted():
+def test_weak_machines_refuse_untrusted_code_unless_accepted(readable_gyre):
     """Namespaces forbidden (by a seccomp filter on the caller, as some containers do): run_python refuses,
     and runs with the weak layers only when the caller accepts them."""
     if not CAPS["seccomp"]:
@@ -335,7 +377,7 @@ def test_weak_machines_refuse_untrusted_code_unless_accepted():
         out = run_python("print(6 * 7)", allow_weak=True)
         print(json.dumps({"mode": sandbox_capabilities()["mode"], "refused": refused, "weak": out.stdout}))
     """)
-    result = _as_nobody(script)
+    result = _as_nobody(script, readable_gyre)
     assert result["mode"] == "weak"
     assert "refuses to run untrusted code" in result["refused"] and "allow_weak" in result["refused"]
     assert result["weak"] == "42\n"
