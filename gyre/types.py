@@ -276,6 +276,11 @@ class Group:
     baseline needs it (ReMax): scored like the others, never among ``trajectories``, never trained."""
 
     @property
+    def response_tokens(self) -> int:
+        """Tokens the policy generated for its samples so far (trainable segments: not observations)."""
+        return sum(len(seg.token_ids) for t in self.trajectories for seg in t.segments if seg.trainable)
+
+    @property
     def complete(self) -> bool:
         """Every wanted trajectory is scored."""
         return sum(t.status == "scored" for t in self.trajectories) >= self.size

@@ -185,6 +185,11 @@ class RolloutConfig(StrictModel):
     and an engine finishes its version's groups before it loads the next: the same seed gives the same
     run, and a resumed run continues its metric stream exactly. Lockstep excludes redundancy; partial
     rollouts do not arise (no request spans a weight update)."""
+    expired: Literal["requeue", "drop"] = "requeue"
+    """A group that falls out of the staleness window before it trains (an engine stalled, a long tail
+    outlived the bound; admission never plans one): requeue puts its prompt back at the head of the queue,
+    generated again under fresher weights, so every prompt of the data order trains exactly once; drop
+    loses it (counted in rollout/groups_dropped). Either way its tokens count in rollout/tokens_wasted."""
     partial: bool = True
     """Requests in flight at a weight update keep their tokens and continue under the new weights (each
     token records its version); false regenerates them from scratch (their tokens are wasted)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from gyre.rollout.buffer import oldest_quota, staleness_limit
 from gyre.rollout.policies import TailBatching
 from gyre.types import Group, PromptRecord
 
@@ -79,10 +80,21 @@ class Window:
         self.s = s
 
     def capacity(self, step: int) -> int:
-        """Groups that may be admitted now: P (1 + alpha) + redundancy admitted and not yet trained on
-        (ROLL Flash rule 3; alpha = 0 admits one batch per step), within ``max_draws`` for the step."""
+        """Groups that may be admitted now: as many as can still train within the staleness window, plus
+        redundancy, less those admitted and not yet trained on (ROLL Flash rule 3, throttled as AReaL
+        throttles submission), within ``max_draws`` for the step.
+
+        A group admitted now starts at the engines' version v and can train in steps up to v + L + 1
+        (L = ceil(alpha); in the last of them only ``oldest_quota`` groups that old). Groups are taken
+        oldest first, P a step, from step ``taken`` + 1 on, so the window holds P (v + L - taken) +
+        quota of them: P (1 + alpha) once the weights of the last step taken are published, P alone while
+        that step still trains (v = taken - 1), and P at alpha = 0. Admitting more only generates groups
+        that expire unused (at alpha 1, half of what was generated)."""
         s, spec = self.s, self.s.spec
-        budget = spec.batch_groups + round(spec.async_ratio * spec.batch_groups) + spec.redundancy
+        size, limit = spec.batch_groups, staleness_limit(spec.async_ratio)
+        steps = s.version + limit - s.taken  # full batches before the edge step
+        window = max(0, size * steps + oldest_quota(spec.async_ratio, size))
+        budget = window + spec.redundancy
         return max(0, s.within_draws(step, budget - len(s.flights) - len(s.buffer)))
 
     def admit(self, step: int, draw: Draw) -> None:
@@ -119,7 +131,7 @@ class Window:
             s.abort_group(flight, counter)
             left.append(flight.group.prompt)
         for group in s.buffer.drop_expired(step + 1, 0.0):  # committed too, but one too many
-            s.count(counter)
+            s.drop_committed(group, counter)
             left.append(group.prompt)
         return left
 
@@ -131,10 +143,10 @@ class Window:
         return {}
 
     def state_dict(self) -> dict:
-        """The prompts drawn and not yet trained on, admitted (in flight or committed), oldest first. What
-        was generated for them is not kept: a resumed run admits them again, before drawing new prompts,
-        so none is lost or drawn twice."""
-        return {"admitted": self.s.untrained_prompts(), "long_queue": []}
+        """The prompts drawn and not yet trained on, oldest first: those of expired groups waiting to be
+        admitted again, then those admitted (in flight or committed). What was generated for them is not
+        kept: a resumed run admits them again, before drawing new prompts, so none is lost or drawn twice."""
+        return {"admitted": [p.uid for p in self.s.requeued] + self.s.untrained_prompts(), "long_queue": []}
 
     def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int) -> list[PromptRecord]:
         known(prompts, [*state.get("admitted", []), *state.get("long_queue", [])])

@@ -120,6 +120,10 @@ class EpisodeRunner:
         """Episodes running or waiting for a slot (their turns in the request book are counted there too)."""
         return len(self.live)
 
+    @property
+    def tokens_held(self) -> int:
+        return sum(len(s.token_ids) for live in self.live.values() for s in live.episode.segments if s.trainable)
+
     def on_generated(self, result: GenerationResult, flight: Flight | None) -> list[tuple[Trajectory, bool]]:
         """A turn came back: the episode goes on (it finishes when its environment says so, ``on_env``)."""
         if flight is None:
@@ -299,6 +303,7 @@ class EpisodeRunner:
     def _fail(self, key: str, out: Outcome) -> None:
         """An environment failure: a fresh episode of the group replaces this one, or the group is given up."""
         group_id = self.live[key].group
+        self._waste(self.live[key])
         self._release(key)
         lost = self.failures[group_id] = self.failures.get(group_id, 0) + 1
         if lost > self.max_failures:
@@ -317,7 +322,12 @@ class EpisodeRunner:
         live = self.live[key]
         if live.request is not None:
             self.requests.abort([live.request])
+        self._waste(live)
         self._release(key)
+
+    def _waste(self, live: _Live) -> None:
+        """An episode ends untrained (stopped, restarted, or its environment failed): its turns so far are waste."""
+        self._count("rollout/tokens_wasted", sum(len(s.token_ids) for s in live.episode.segments if s.trainable))
 
     def _release(self, key: str) -> None:
         live = self.live.pop(key)

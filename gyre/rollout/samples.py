@@ -84,6 +84,11 @@ class SampleSource(Protocol):
         and keep the rest, returning True; False when this source cannot (the group is then aborted)."""
 
     @property
+    def tokens_held(self) -> int:
+        """Generated tokens kept outside the groups' trajectories (parts of samples being continued,
+        turns of episodes still running): with them, every generated token is trained, held or wasted."""
+
+    @property
     def pending(self) -> int:
         """Samples in progress that the request book does not count (episodes waiting on environments)."""
 
@@ -111,6 +116,10 @@ class SingleTurn:
     @property
     def pending(self) -> int:
         return 0
+
+    @property
+    def tokens_held(self) -> int:
+        return sum(len(t.response_ids) for parts in self._partial.values() for t in parts.values())
 
     def launch(self, groups: Sequence[Group], samples: int) -> None:
         s, requests = self.spec, []
@@ -203,6 +212,9 @@ class SingleTurn:
 
     # ---- internals ------------------------------------------------------------------------------
     def _drop(self, group_id: str) -> None:
+        """The group ended: parts of samples it no longer needs are waste."""
+        leftover = self._partial.get(group_id, {})
+        self._count("rollout/tokens_wasted", sum(len(t.response_ids) for t in leftover.values()))
         for book in (self._live, self._partial, self._retries, self._launched):
             book.pop(group_id, None)
 

@@ -32,6 +32,7 @@ def schedule_spec(cfg: RLVRConfig, sampling: SamplingParams) -> ScheduleSpec:
         restart_stale=cfg.env is not None and cfg.env.stale_episodes == "restart",
         greedy=cfg.algorithm.advantage.row.greedy,
         lockstep=lockstep,
+        drop_expired=r.expired == "drop",
         # Window asynchrony dispatches as capacity frees: an engine is given at most the rows it decodes at
         # once. Synchronous and lockstep runs keep every request on its engine from admission: which samples
         # share a decoding step must not depend on timing, so a seed reproduces the run.

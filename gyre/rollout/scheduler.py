@@ -27,7 +27,7 @@ from gyre.rollout.requests import RequestBook
 from gyre.rollout.samples import Flight, SampleSource, SingleTurn
 from gyre.rollout.spec import ScheduleSpec
 from gyre.seeding import derive_seed
-from gyre.types import GenerationResult, Group, PromptRecord, Trajectory, WeightVersion
+from gyre.types import GREEDY_SAMPLE, GenerationResult, Group, PromptRecord, Trajectory, WeightVersion
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,9 @@ class RolloutScheduler:
     """The last step whose batch was taken."""
     seq: int = 0
     """The next admission sequence number."""
+    requeued: list[PromptRecord] = field(default_factory=list)
+    """Prompts of groups that expired (fell out of the staleness window untrained), oldest first: the next
+    admissions take them before drawing new prompts, so none is dropped (unless ``spec.drop_expired``)."""
     requests: RequestBook = field(init=False)
     """Where every live request runs (``gyre.rollout.requests``)."""
     admission: Admission = field(init=False)
@@ -87,8 +90,13 @@ class RolloutScheduler:
 
     # ---- admission (the regime decides; these are its means) -------------------------------------
     def admit(self, step: int, draw: Draw) -> None:
-        """Admit what the regime allows for step ``step``; ``draw(k)`` gives the next k training prompts."""
-        self.admission.admit(step, draw)
+        """Admit what the regime allows for step ``step``; ``draw(k)`` gives the next k training prompts
+        (after the prompts of expired groups, which go first)."""
+        self.admission.admit(step, lambda k: self._draw(k, draw))
+
+    def _draw(self, k: int, draw: Draw) -> list[PromptRecord]:
+        again, self.requeued = self.requeued[:k], self.requeued[k:]
+        return again + (draw(k - len(again)) if k > len(again) else [])
 
     def launch(self, step: int, prompts: Sequence[PromptRecord], samples: int) -> None:
         """Admit ``prompts`` as groups for step ``step``, ``samples`` samples each. The i-th group drawn for a
@@ -126,6 +134,8 @@ class RolloutScheduler:
         """Samples (or turns) came back from an engine: finished, or aborted with their tokens so far."""
         fresh = []
         for r in results:
+            if r.sample_index != GREEDY_SAMPLE:  # a baseline response is scored, never trained
+                self.count("rollout/tokens_generated", len(r.response_ids))
             flight = self.flights.get(self.requests.settle(r) or "")
             for t, sampled in self.source.on_generated(r, flight):
                 if sampled:
@@ -193,7 +203,9 @@ class RolloutScheduler:
         oldest = version - staleness_limit(alpha)
         for flight in [f for f in self.flights.values() if f.group.admitted_version < oldest]:
             self._expire(flight, oldest)
-        self.count("rollout/groups_expired", len(self.buffer.drop_expired(version + 1, alpha)))
+        self.count("rollout/groups_expired", 0)  # present every step: a dashboard shows the zeros too
+        for group in self.buffer.drop_expired(version + 1, alpha):
+            self._expired(group)
         if oldest >= 0 and staleness_limit(alpha) > 0:
             self._trim_edge(oldest, oldest_quota(alpha, self.spec.batch_groups))
 
@@ -210,14 +222,28 @@ class RolloutScheduler:
             else:
                 self.buffer.entries = [(s, g) for s, g in self.buffer.entries if g is not item]
                 item.status = "aborted"
-                self.count("rollout/groups_expired")
+                self._expired(item)
 
     def _expire(self, flight: Flight, oldest: WeightVersion) -> None:
         """A group whose samples started before ``oldest`` cannot train: it is aborted, or (multi-turn,
         ``restart_stale``) only those episodes are restarted from reset under the current weights. The
         check runs whenever the version changes, so every turn boundary is covered (RollArt's per-turn check)."""
         if not (self.spec.restart_stale and self.source.restart_stale(flight, oldest)):
-            self.abort_group(flight, "rollout/groups_expired")
+            self._stop(flight)
+            self._expired(flight.group)
+
+    def _expired(self, group: Group) -> None:
+        """``group`` fell out of the staleness window untrained (aborted already): its tokens are waste and
+        its prompt goes back to the queue, to be generated again under fresher weights (or, with
+        ``spec.drop_expired``, is dropped, counted in ``rollout/groups_dropped``)."""
+        self.count("rollout/groups_expired")
+        self.count("rollout/tokens_expired", group.response_tokens)
+        self.count("rollout/tokens_wasted", group.response_tokens)
+        if self.spec.drop_expired:
+            self.count("rollout/groups_dropped")
+        else:
+            self.requeued.append(group.prompt)
+            self.count("rollout/groups_requeued")
 
     def on_engine_lost(self, engine: int, handed_back: Sequence[GenerationResult] = ()) -> None:
         """Engine ``engine`` is gone: each sample it still owed is asked again of the other engines, and
@@ -225,6 +251,8 @@ class RolloutScheduler:
         from an engine that left with a warning: a reclaimed spot instance, lent capacity taken back)
         continues from those tokens; the others are regenerated from their seeds."""
         held = {(r.request_id, r.sample_index): r for r in handed_back}
+        self.count("rollout/tokens_generated", sum(len(r.response_ids) for r in handed_back
+                                                   if r.sample_index != GREEDY_SAMPLE))
         for rid, owner, samples in self.requests.lose(engine):
             flight = self.flights.get(owner or "")
             if flight is not None:
@@ -258,6 +286,9 @@ class RolloutScheduler:
         """Step ``step``'s batch was taken (the regime's ``take``): its staleness, and the bookkeeping of
         steps up to it dropped (rejected groups too, unless the regime keeps those of later steps)."""
         self.stats.update(staleness_stats(step, groups, self.spec.async_ratio))
+        self.count("rollout/tokens_trained", sum(g.response_tokens for g in groups))
+        dropped = [g for _, g in self.filtered if not keep_filtered or g.admitted_for <= step]
+        self.count("rollout/tokens_wasted", sum(g.response_tokens for g in dropped))
         if not keep_filtered:
             self.filtered.clear()
         self.drawn = {n: c for n, c in self.drawn.items() if n > step}
@@ -288,6 +319,13 @@ class RolloutScheduler:
         return not self.flights
 
     @property
+    def tokens_held(self) -> int:
+        """Generated tokens not trained and not (yet) waste: in groups in flight, committed or filtered
+        (a fallback may still train them), and the sample source's (``SampleSource.tokens_held``)."""
+        groups = [*(f.group for f in self.flights.values()), *(g for _, g in [*self.buffer.entries, *self.filtered])]
+        return sum(g.response_tokens for g in groups) + self.source.tokens_held
+
+    @property
     def outstanding(self) -> int:
         """Samples asked of engines and not yet back (aborted ones included until they are), and episodes
         running or waiting for an environment."""
@@ -316,8 +354,18 @@ class RolloutScheduler:
 
     # ---- internals ------------------------------------------------------------------------------
     def abort_group(self, flight: Flight, counter: str) -> None:
-        """Abort an admitted group (everything of it still out stops), counted under ``counter``."""
+        """Abort an admitted group (everything of it still out stops), counted under ``counter``; the
+        samples it had are waste (what is still out is counted as it comes back)."""
+        self._stop(flight)
+        self.count("rollout/tokens_wasted", flight.group.response_tokens)
+        self.count(counter)
+
+    def _stop(self, flight: Flight) -> None:
         self.flights.pop(flight.group.group_id, None)
         self.source.stop(flight.group.group_id)
         flight.group.status = "aborted"
+
+    def drop_committed(self, group: Group, counter: str) -> None:
+        """A committed group will not train (one too many for a synchronous step): its samples are waste."""
+        self.count("rollout/tokens_wasted", group.response_tokens)
         self.count(counter)

@@ -146,6 +146,19 @@ class SimResult:
         return sum(r.samples for r in self.measured) / (self.measured[-1].end - self.measured[0].start)
 
     @property
+    def trained_tokens_per_s(self) -> float:
+        """Response tokens trained on per second: what a user buys (samples/s flatters a schedule that
+        trains the short answers and wastes the long ones)."""
+        return sum(r.response_tokens for r in self.measured) / (self.measured[-1].end - self.measured[0].start)
+
+    @property
+    def wasted_share(self) -> float:
+        """Of the tokens the engines generated in the measured steps, the share counted as waste (aborted,
+        expired, filtered, redundant, cut or regenerated)."""
+        generated = sum(r.stats.get("rollout/tokens_generated", 0) for r in self.measured)
+        return sum(r.stats.get("rollout/tokens_wasted", 0) for r in self.measured) / generated if generated else 0.0
+
+    @property
     def trainer_busy(self) -> float:
         return sum(r.train_s for r in self.measured) / (self.measured[-1].end - self.measured[0].start)
 

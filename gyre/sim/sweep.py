@@ -61,10 +61,13 @@ class SweepRow:
         violations = sum(s.stats.get("staleness/violations", 0) for s in r.steps)
         return {**out, "layout": r.spec.layout.describe(), "step_s": r.step_s, "generate_s": r.mean("generate_s"),
                 "train_s": r.mean("train_s"), "samples_per_s": r.samples_per_s,
+                "trained_tokens_per_s": r.trained_tokens_per_s,
                 "rollout_idle": 1 - r.mean("rollout_busy"), "trainer_idle": 1 - r.trainer_busy,
                 "device_idle": r.device_idle,
                 "staleness_mean": r.mean("staleness/mean"), "staleness_max": r.staleness_max, "violations": violations,
-                "tokens_wasted": r.mean("rollout/tokens_wasted"), "cost_per_1k": r.cost_per_1k_samples,
+                "tokens_generated": r.mean("rollout/tokens_generated"), "tokens_wasted": r.mean("rollout/tokens_wasted"),
+                "wasted_share": r.wasted_share, "groups_expired": r.mean("rollout/groups_expired"),
+                "cost_per_1k": r.cost_per_1k_samples,
                 "sim_wall_s": r.wall_s, "sim_s_per_step": r.wall_s / len(r.steps)}
 
 
@@ -83,10 +86,13 @@ def run_sweep(config: str | Path, overrides: list[str], devices: list[int], sets
     return rows
 
 
-HEADER = (f"{'setting':<28}{'devices':>8}  {'layout':<22}{'step s':>9}{'samples/s':>11}{'vs first':>9}"
-          f"{'device idle':>12}{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'$/1k':>8}{'sim s':>7}")
-"""Columns: idle is the share of the step's time a role (or, device idle, all devices together) does no
-work: on shared devices rollout is idle while the policy trains and the reverse."""
+HEADER = (f"{'setting':<28}{'devices':>8}  {'layout':<22}{'step s':>9}{'samples/s':>11}{'tokens/s':>10}{'vs first':>9}"
+          f"{'wasted':>8}{'device idle':>12}{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'$/1k':>8}{'sim s':>7}")
+"""Columns: tokens/s are response tokens trained on per second, and vs first compares them with the first
+setting's (samples/s flatter a schedule that trains short answers and wastes long ones); wasted is the
+share of generated tokens that never trained; idle is the share of the step's time a role (or, device
+idle, all devices together) does no work: on shared devices rollout is idle while the policy trains and
+the reverse."""
 
 
 def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
@@ -94,9 +100,9 @@ def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
         return f"{row.label:<28}{row.devices:>8}  skipped: {row.error}"
     r = row.record()
     first = next((x for x in rows if x.devices == row.devices and x.result is not None), row)
-    ratio = r["samples_per_s"] / first.result.samples_per_s
+    ratio = r["trained_tokens_per_s"] / first.result.trained_tokens_per_s
     return (f"{row.label:<28}{row.devices:>8}  {r['layout']:<22}{r['step_s']:>9.1f}{r['samples_per_s']:>11.1f}"
-            f"{ratio:>8.2f}x{r['device_idle']:>12.0%}{r['rollout_idle']:>13.0%}{r['trainer_idle']:>11.0%}"
+            f"{r['trained_tokens_per_s']:>10.0f}{ratio:>8.2f}x{r['wasted_share']:>8.0%}{r['device_idle']:>12.0%}{r['rollout_idle']:>13.0%}{r['trainer_idle']:>11.0%}"
             f"{r['staleness_mean']:>7.2f}"
             f"{r['cost_per_1k']:>8.2f}{r['sim_wall_s']:>7.2f}")
 

@@ -232,3 +232,84 @@ def test_oldest_quota_is_exact_for_decimal_alphas():
     from gyre.rollout.buffer import oldest_quota
 
     assert [oldest_quota(1.2, 5), oldest_quota(1.2, 10), oldest_quota(2.4, 5), oldest_quota(3.9, 10)] == [1, 2, 2, 9]
+
+
+def async_run(sched: RolloutScheduler, seed: int, steps: int = 12, fifo: bool = False):
+    """The pipeline's order of calls: step n's batch, then (asynchronous: while the policy trains on it)
+    admissions under the old weights and some events, then the new weights. ``fifo``: engines and rewards
+    finish in admission order (no tail: nothing can overtake an older group). Returns the world, the
+    prompt source, the trained prompts' uids, and every step's counters summed."""
+    rng = random.Random(seed)
+    world = World(sched, rng)
+    if fifo:
+        world.rng = type("First", (), {"randrange": staticmethod(lambda n: 0), "random": staticmethod(lambda: 0.0)})()
+    source, trained, totals = Source(), [], {}
+    for step in range(1, steps + 1):
+        trained += [g.prompt.uid for g in world.run_until_ready(step, source)]
+        for key, value in world.sched.take_stats().items():
+            totals[key] = totals.get(key, 0) + value
+        if sched.spec.async_ratio > 0:  # while the policy trains on step `step` (synchronous runs wait)
+            world.sched.admit(step + 1, source)
+            world.pump()
+        world.publish(step, events=rng.randrange(12))
+    for key, value in world.sched.take_stats().items():  # the last publication's expiries
+        totals[key] = totals.get(key, 0) + value
+    return world, source, trained, totals
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1, 2])
+def test_the_window_admits_no_group_that_cannot_train_within_the_bound(alpha):
+    """ROLL Flash's window with AReaL's throttle: while step n trains, only what step n + 1 can take is
+    admitted; after its publication, what fits the window. Where nothing overtakes (samples finish in
+    admission order), nothing expires: every group generated trains (at alpha 1, admitting P (1 + alpha)
+    regardless of the version expired half of what was generated)."""
+    sched = RolloutScheduler(spec(n=2, groups=4, async_ratio=alpha, replicate=True), engines=2)
+    world, source, trained, totals = async_run(sched, seed=0, fifo=True)
+    assert totals.get("rollout/groups_expired", 0) == 0 and totals["rollout/tokens_wasted"] == 0
+    pending = len(sched.flights) + len(sched.buffer)
+    assert len(source.drawn) == len(trained) + pending
+    # The most admitted ahead: P (1 + alpha) at a publication, P alone while a step trains.
+    assert pending <= 4 + round(alpha * 4)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+@pytest.mark.parametrize("alpha", [0.5, 1, 2])
+def test_an_expired_group_goes_back_to_the_queue_and_every_prompt_trains_once(alpha, drop):
+    """Random finish orders make young groups overtake old ones, which then expire. By default their
+    prompts are admitted again first and train exactly once; with ``drop_expired`` they are lost, and
+    counted. Either way every prompt drawn is accounted for, by the counters alone."""
+    expired = 0
+    for seed in range(8):
+        sched = RolloutScheduler(spec(n=2, groups=4, async_ratio=alpha, replicate=True, drop_expired=drop), engines=2)
+        world, source, trained, totals = async_run(sched, seed)
+        expired += totals.get("rollout/groups_expired", 0)
+        assert len(trained) == len(set(trained)) and totals["staleness/violations"] == 0
+        pending = [f.group.prompt.uid for f in sched.flights.values()] + [g.prompt.uid for _, g in sched.buffer.entries]
+        waiting = [p.uid for p in sched.requeued]
+        drawn = [p.uid for p in source.drawn]
+        if drop:
+            assert not waiting and totals.get("rollout/groups_requeued", 0) == 0
+            assert len(drawn) == len(trained) + len(pending) + totals.get("rollout/groups_dropped", 0)
+        else:
+            assert sorted(drawn) == sorted(trained + pending + waiting)  # each exactly once
+            assert totals.get("rollout/groups_requeued", 0) == totals.get("rollout/groups_expired", 0)
+        # A checkpoint keeps the prompts waiting to be admitted again, first.
+        assert sched.state_dict()["admitted"][:len(waiting)] == waiting
+    assert expired > 0  # the path was taken
+
+
+@pytest.mark.parametrize("kw", [dict(async_ratio=1), dict(async_ratio=2, replicate=True), dict(redundancy=2),
+                                dict(group_filter=GroupFilter(0.0), max_draws=9), dict(tail=TailSpec(1.5, 1.5)),
+                                dict(async_ratio=1, lockstep=True)],
+                         ids=["window1", "window2", "redundancy", "dynamic", "tail", "lockstep"])
+def test_every_generated_token_is_trained_held_or_counted_as_waste(kw):
+    """The token counters tell the truth: whatever came back from an engine was trained, is still held by
+    a group in flight or committed, or was counted in rollout/tokens_wasted (aborted, expired, filtered,
+    redundant, cut, or regenerated)."""
+    for seed in range(4):
+        sched = RolloutScheduler(spec(n=2, groups=3, **kw), engines=2)
+        world, _, _, totals = async_run(sched, seed, steps=8)
+        held = sched.tokens_held
+        assert totals["rollout/tokens_generated"] == totals["rollout/tokens_trained"] + \
+            totals.get("rollout/tokens_wasted", 0) + held, (seed, totals)
+        assert totals["rollout/tokens_trained"] > 0

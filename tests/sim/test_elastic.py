@@ -169,8 +169,12 @@ def _check_run(spec: SimSpec) -> dict[str, float]:
     sched = run.scheduler
     # Each step's counters since the previous batch, and those since the last one (its publication's expiries).
     totals = {k: sum(s.stats.get(k, 0) for s in result.steps) + sched.stats.get(k, 0) for k in
-              (*ABORTS, "rollout/samples_continued", "rollout/samples_requeued", "staleness/violations")}
-    assert run.drawn == len(uids) + len(sched.flights) + len(sched.buffer) + sum(totals[k] for k in ABORTS)
+              (*ABORTS, "rollout/groups_requeued", "rollout/samples_continued", "rollout/samples_requeued",
+               "staleness/violations")}
+    # Every group admitted trained, is still held, or ended another way; an expired group's prompt is
+    # admitted again (or still waits to be): it is not one more prompt drawn.
+    admitted = len(uids) + len(sched.flights) + len(sched.buffer) + sum(totals[k] for k in ABORTS)
+    assert run.drawn == admitted - totals["rollout/groups_requeued"] + len(sched.requeued)
     assert totals["staleness/violations"] == 0
     assert run.elastic.leaves > 0
     totals["continued_trained"] = sum((g.group_id, t.sample_index) in continued
