@@ -65,7 +65,8 @@ class SweepRow:
                 "rollout_idle": 1 - r.mean("rollout_busy"), "trainer_idle": 1 - r.trainer_busy,
                 "device_idle": r.device_idle,
                 "staleness_mean": r.mean("staleness/mean"), "staleness_max": r.staleness_max, "violations": violations,
-                "tokens_generated": r.mean("rollout/tokens_generated"), "tokens_wasted": r.mean("rollout/tokens_wasted"),
+                "tokens_generated": r.mean("rollout/tokens_generated"),
+                "tokens_wasted": r.mean("rollout/tokens_wasted"),
                 "wasted_share": r.wasted_share, "groups_expired": r.mean("rollout/groups_expired"),
                 "cost_per_1k": r.cost_per_1k_samples,
                 "sim_wall_s": r.wall_s, "sim_s_per_step": r.wall_s / len(r.steps)}
