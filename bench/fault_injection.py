@@ -79,6 +79,8 @@ def main() -> None:
 
 def drill(args, out: Path) -> None:
     from gyre.cluster.chaos import compare_runs, plan_faults, run_drill
+    from gyre.rollout.ledger import audit
+    from gyre.tracking.logger import read_jsonl_tolerant
 
     for old in out.glob("straight*"):
         shutil.rmtree(old) if old.is_dir() else old.unlink()
@@ -94,6 +96,7 @@ def drill(args, out: Path) -> None:
     faults = plan_faults(args.faults, args.seed, **({"targets": tuple(args.targets)} if args.targets else {}))
     report = run_drill(faulted, faults, args.seed)  # one fault in each of --faults shares of the steps
     problems = compare_runs(out / "straight", out / "faulted")
+    problems += [f"ledger: {p}" for p in audit(read_jsonl_tolerant(out / "faulted" / "ledger.jsonl"))]
     kinds = Counter(fault for _, fault, _ in report.injected)
     print(f"uninterrupted run: {straight_s:.0f} s; faulted run: {report.seconds:.0f} s "
           f"({len(report.injected)} of {len(faults)} faults injected, driver started {report.driver_starts} times)")
@@ -101,7 +104,8 @@ def drill(args, out: Path) -> None:
         print(f"  {kind:<28}{n}")
     for (when, fault, pid), step in zip(report.injected, report.struck_after):
         print(f"  t={when:>6.1f} s  after step {step:<5}{fault:<24} pid {pid}")
-    print("metric stream and final weights equal the uninterrupted run's" if not problems else
+    print("metric stream and final weights equal the uninterrupted run's; the ledger accounts for every prompt"
+          if not problems else
           "DIFFERENCES:\n  " + "\n  ".join(problems[:20]))
     print(f"driver log: {report.log}")
     if problems or len(report.injected) < len(faults):  # a drill that did not hold fails its caller (make, CI)

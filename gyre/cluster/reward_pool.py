@@ -76,7 +76,8 @@ class PoolFaults:
     """Infrastructure faults the pool survived, since it was made."""
 
     worker_deaths: int = 0
-    """Worker actors that died with calls in flight."""
+    """Worker actors that died: with calls in flight, or idle (Ray restarted them before any call saw it:
+    found by the new process id of their next answer)."""
     worker_hangs: int = 0
     """Workers that stopped answering pings or overran their calls' deadline, and were killed."""
     worker_replacements: int = 0
@@ -126,6 +127,8 @@ class _Worker:
     """Pings in a row answered "actor died" while recovering (see ``_DEAD_PINGS``)."""
     replacements: int = 0
     """Fresh actors started in a row that have not answered yet."""
+    pid: int | None = None
+    """The process id of its last answer; None after a death or replacement the pool has counted."""
 
     @property
     def usable(self) -> bool:
@@ -297,6 +300,7 @@ class RewardPool:
         results = reply.results if isinstance(reply, ScoreReply) else reply
         if isinstance(reply, ScoreReply):
             self.faults.add(reply.faults)
+            self._answered(w, reply.pid)
         for sample, request, result in zip(call.samples, call.requests, results):
             sample.reward = result
             self._scored.append(sample)
@@ -323,7 +327,7 @@ class RewardPool:
             self.faults.worker_hangs += 1
         elif not w.recovering:
             self.faults.worker_deaths += 1
-        w.calls, w.busy_until = 0, 0.0
+        w.calls, w.busy_until, w.pid = 0, 0.0, None
         if scorer.group.spawn is None:
             w.gone = True
             transport.kill(scorer.group.actors[index])
@@ -343,7 +347,7 @@ class RewardPool:
         scorer.group.respawn(index)
         self.faults.worker_replacements += 1
         w.replacements += 1
-        w.calls, w.busy_until = 0, 0.0
+        w.calls, w.busy_until, w.pid = 0, 0.0, None
         self._recover(scorer, index)
 
     def _recover(self, scorer: DomainScorer, index: int) -> None:
@@ -367,7 +371,7 @@ class RewardPool:
         w = scorer.workers[index]
         w.probe = None
         try:
-            transport.get(ref)
+            pid = transport.get(ref)
         except RemoteError as exc:
             if not w.recovering:
                 self._lost(scorer, index, f"died ({_brief(exc)})", hung=False)
@@ -379,6 +383,7 @@ class RewardPool:
                 self._replace(scorer, index, f"was not restarted by Ray ({_brief(exc)})")
             return
         w.started, w.dead_pings = True, 0
+        self._answered(w, pid)
         w.next_ping = time.monotonic() + self.limits.probe_every_s
         if w.recovering:
             w.recovering, w.replacements = False, 0
@@ -386,8 +391,17 @@ class RewardPool:
             for call in held:
                 self._send(call)
 
+    def _answered(self, w: _Worker, pid: int) -> None:
+        """A worker answered from process ``pid``: another process than its last answer's, with no death
+        seen in between, means it died while idle and Ray restarted it before any call saw it."""
+        if not isinstance(pid, int):  # a worker kind that does not say
+            return
+        if w.pid is not None and pid != w.pid:
+            self.faults.worker_deaths += 1
+        w.pid = pid
+
     def _check_workers(self, now: float) -> None:
-        """Kill what is overdue; ping busy workers that have not answered lately."""
+        """Kill what is overdue; ping workers that have not answered lately."""
         lim = self.limits
         for scorer in self.scorers.values():
             for index, w in enumerate(scorer.workers):
@@ -398,8 +412,8 @@ class RewardPool:
                 elif w.usable and w.probe is not None and now > w.probe_sent + (lim.ping_s if w.started
                                                                                else lim.start_s):
                     self._lost(scorer, index, f"did not answer a ping within {lim.ping_s:g}s", hung=True)
-                elif scorer.runner and w.probe is None and now >= w.next_ping and (w.recovering or w.calls):
-                    self._ping(scorer, index)
+                elif scorer.runner and w.probe is None and now >= w.next_ping:
+                    self._ping(scorer, index)  # idle ones too: a death between calls is found (and counted)
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -358,7 +358,7 @@ class RewardWorker:
     @timed("reward")
     def score(self, requests: list[RewardRequest]) -> ScoreReply:
         results = self.runner.score(requests)
-        return ScoreReply(results, self.runner.take_faults())
+        return ScoreReply(results, self.runner.take_faults(), os.getpid())
 
     def ping(self) -> int:
         """This worker's process id (call it in the ``PROBE`` group)."""

@@ -26,6 +26,7 @@ from gyre.envs.episode import EpisodeLimits
 from gyre.rewards.checks import check_reward_failures
 from gyre.rollout.driver import CallWait, RolloutDriver
 from gyre.rollout.episodes import EpisodeRunner
+from gyre.rollout.ledger import step_line
 from gyre.rollout.machine import RolloutMachine
 from gyre.rollout.schedule import sampling_params, schedule_spec
 from gyre.tracking.generations import GenerationWriter
@@ -102,6 +103,8 @@ class RLVRPipeline:
                 self.after_step(step, validated)
         finally:
             progress.close()
+        if not self._due(self.cfg.checkpoint.every, self.cfg.run.steps):  # a final checkpoint closed the books
+            self.logger.ledger(self.rollout.ledger_close(self.cfg.run.steps))
         self.rollout.close()
         with self.timeline.driver("checkpoint", self.cfg.run.steps):
             final = self.save_final_model()
@@ -141,6 +144,7 @@ class RLVRPipeline:
         timer: dict[str, float] = {}
         t_start = time.perf_counter()
         rollout = self.rollout.next_batch(step)  # rewards start on each sample as soon as it is generated
+        self.logger.ledger(step_line(step, rollout.ledger))
         timer.update(generate=rollout.times.generate, reward=rollout.times.reward)
         trajectories = rollout.trajectories
         reward_stats = self.reward_metrics(trajectories)
@@ -240,6 +244,7 @@ class RLVRPipeline:
                             reward_totals=dict(self.reward_totals), val_history=list(self.val_history),
                             algorithm={**self.algo_state.to_dict(), "rewards": self.rewards.state_dict()},
                             rollout=self.rollout.state_dict())
+        self.logger.ledger(self.rollout.ledger_close(step))  # after state_dict: a lockstep rollout settles there
         self.checkpoints.commit(tmp, state)
 
     def restore(self, path: Path, echo=print) -> int:

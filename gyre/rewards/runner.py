@@ -90,6 +90,8 @@ class ScoreReply:
 
     results: list[RewardResult]
     faults: RunnerFaults
+    pid: int = 0
+    """The worker's process id: a new one means the worker died and was restarted since the last answer."""
 
 
 def die_with_parent(parent: int) -> None:

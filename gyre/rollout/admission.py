@@ -50,6 +50,9 @@ class Admission(Protocol):
     def gauges(self) -> dict[str, float]:
         """The regime's own state, for the step's metrics."""
 
+    def waiting(self) -> list[str]:
+        """Uids of prompts drawn and not admitted now that the regime itself keeps (tail batching's long queue)."""
+
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the rollout (see ``RolloutScheduler.state_dict``)."""
 
@@ -120,18 +123,19 @@ class Window:
         this step is aborted (redundant)."""
         groups = self.s.buffer.take(step, self.s.spec.batch_groups, self.s.spec.async_ratio)
         if self.s.spec.async_ratio == 0:
-            self._end_round(step, "rollout/groups_redundant")
+            self._end_round(step, "rollout/groups_redundant", why="redundant")
         self.s.took(step, groups)
         return groups
 
-    def _end_round(self, step: int, counter: str) -> list[PromptRecord]:
-        """Abort what step ``step`` no longer needs, in flight or committed one too many; their prompts."""
+    def _end_round(self, step: int, counter: str, why: str | None = None) -> list[PromptRecord]:
+        """Abort what step ``step`` no longer needs, in flight or committed one too many; their prompts
+        (dropped for ``why``, else the caller keeps them)."""
         s, left = self.s, []
         for flight in [f for f in s.flights.values() if f.step <= step]:
-            s.abort_group(flight, counter)
+            s.abort_group(flight, counter, why)
             left.append(flight.group.prompt)
         for group in s.buffer.drop_expired(step + 1, 0.0):  # committed too, but one too many
-            s.drop_committed(group, counter)
+            s.drop_committed(group, counter, why)
             left.append(group.prompt)
         return left
 
@@ -141,6 +145,9 @@ class Window:
 
     def gauges(self) -> dict[str, float]:
         return {}
+
+    def waiting(self) -> list[str]:
+        return []
 
     def state_dict(self) -> dict:
         """The prompts drawn and not yet trained on, oldest first: those of expired groups waiting to be
@@ -167,7 +174,11 @@ class TailRounds(Window):
         if step in s.drawn:
             return
         kind, k, samples = self.tail.plan(s.spec.batch_groups, s.spec.group_size)
-        prompts = self.tail.take_long(k) if kind == "long" else draw(k)
+        if kind == "long":
+            prompts = self.tail.take_long(k)
+            s.note("readmitted", [p.uid for p in prompts])
+        else:
+            prompts = draw(k)
         self.tail.rounds[kind] += 1
         s.stats["rollout/long_round"] = float(kind == "long")
         s.launch(step, prompts, samples)
@@ -176,12 +187,17 @@ class TailRounds(Window):
     def take(self, step: int) -> list[Group]:
         """The first P groups of the round train; the prompts of the others wait in the long queue."""
         groups = self.s.buffer.take(step, self.s.spec.batch_groups, 0.0)
-        self.tail.cut(self._end_round(step, "rollout/groups_cut"))
+        cut = self._end_round(step, "rollout/groups_cut")
+        self.tail.cut(cut)
+        self.s.note("cut", [p.uid for p in cut])
         self.s.took(step, groups)
         return groups
 
     def gauges(self) -> dict[str, float]:
         return {"rollout/long_queue": len(self.tail.long_queue)}
+
+    def waiting(self) -> list[str]:
+        return [p.uid for p in self.tail.long_queue]
 
     def state_dict(self) -> dict:
         """As the window's, and the prompts waiting in the long queue."""
@@ -251,6 +267,9 @@ class Lockstep:
     def gauges(self) -> dict[str, float]:
         return {}
 
+    def waiting(self) -> list[str]:
+        return []
+
     def ready(self, step: int) -> bool:
         s, size = self.s, self.s.spec.batch_groups
         if len(s.buffer.batch(step)) < size and step in self._open_steps() and self._batch_settled(step):
@@ -275,7 +294,7 @@ class Lockstep:
         s = self.s
         if not self.settled:
             raise RuntimeError("a lockstep rollout is saved settled: finish its groups in flight first")
-        return {"admitted": [], "long_queue": [], "lockstep": {
+        return {"admitted": [p.uid for p in s.requeued], "long_queue": [], "lockstep": {
             "taken": s.taken, "seq": s.seq, "parts": sorted(self.parts), "admitted_for": sorted(s.drawn.items()),
             "buffer": [[seq, g.to_dict()] for seq, g in s.buffer.entries],
             "filtered": [[seq, g.to_dict()] for seq, g in s.filtered]}}

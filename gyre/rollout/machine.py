@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gyre.rollout.ledger import step_line
 from gyre.rollout.port import PhaseTimes, RolloutPort
 from gyre.rollout.samples import SampleSource
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
@@ -33,6 +34,8 @@ class Batch:
     groups: list[Group]
     times: PhaseTimes
     stats: dict[str, float] = field(default_factory=dict)
+    ledger: dict[str, list] = field(default_factory=dict)
+    """What became of prompts since the previous batch (``gyre.rollout.ledger``)."""
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -60,7 +63,6 @@ class RolloutMachine:
         """Lockstep: a publication held until the engines settle."""
         self._live = live
         """The engines have been given weights (nothing is admitted before)."""
-        self._readmit: list[PromptRecord] = []
 
     @property
     def version(self) -> WeightVersion:
@@ -76,7 +78,7 @@ class RolloutMachine:
         times = self.driver.run(sched, lambda: sched.ready(step), "train", refill=refill)
         groups = sched.take(step)
         self.driver.send(sched.drain())  # what this step no longer needs is aborted
-        return Batch(groups, times, sched.take_stats())
+        return Batch(groups, times, sched.take_stats(), sched.take_ledger())
 
     def wait_for(self, until: Any) -> None:
         """Return once ``until`` is reached (the learner's calls are ready: a ``CallWait``; a virtual time in
@@ -169,17 +171,18 @@ class RolloutMachine:
 
     def state_dict(self) -> dict:
         self.settle()
-        state = self.scheduler.state_dict()
-        # Prompts a checkpoint gave back and not admitted again yet come first.
-        state["admitted"] = [p.uid for p in self._readmit] + state["admitted"]
-        return state
+        return self.scheduler.state_dict()
+
+    def ledger_close(self, step: int) -> dict:
+        """A ledger line closing the books at step ``step`` (a checkpoint, the run's end): what became of
+        prompts since the last batch, and every prompt still pending."""
+        return {**step_line(step, self.scheduler.take_ledger()), "pending": self.scheduler.pending_prompts()}
 
     def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int = 0) -> None:
         """Continue from a checkpoint of step ``step``: its drawn-but-untrained prompts are admitted again
         first (lockstep: its committed groups are back in the buffer)."""
-        self._readmit = self.scheduler.load_state_dict(state, prompts, step)
+        self.scheduler.load_state_dict(state, prompts, step)
 
     def _draw(self, k: int) -> list[PromptRecord]:
-        """The next k prompts: those a checkpoint left admitted, then the prompt source's."""
-        out, self._readmit = self._readmit[:k], self._readmit[k:]
-        return out + (self.prompts(k - len(out)) if k > len(out) else [])
+        """The next k prompts of the prompt source (the scheduler gives those admitted before first)."""
+        return self.prompts(k)

@@ -30,6 +30,15 @@ from gyre.seeding import derive_seed
 from gyre.types import GREEDY_SAMPLE, GenerationResult, Group, PromptRecord, Trajectory, WeightVersion
 
 
+def trained_entry(group: Group) -> dict:
+    """A trained group's ledger entry: its prompt, the versions that generated it, its samples' rewards
+    and response lengths (trainable tokens)."""
+    return {"uid": group.prompt.uid, "group": group.group_id,
+            "versions": sorted({s.weight_version for t in group.trajectories for s in t.segments if s.trainable}),
+            "rewards": [getattr(t.reward, "score", t.reward) for t in group.trajectories],
+            "lengths": [sum(len(s.token_ids) for s in t.segments if s.trainable) for t in group.trajectories]}
+
+
 @dataclass(frozen=True)
 class Score:
     """Command: score these generated trajectories."""
@@ -63,8 +72,13 @@ class RolloutScheduler:
     seq: int = 0
     """The next admission sequence number."""
     requeued: list[PromptRecord] = field(default_factory=list)
-    """Prompts of groups that expired (fell out of the staleness window untrained), oldest first: the next
-    admissions take them before drawing new prompts, so none is dropped (unless ``spec.drop_expired``)."""
+    """Prompts admitted before and not trained, to be admitted again first: of groups that expired (fell
+    out of the staleness window untrained; none is dropped unless ``spec.drop_expired``), and those a
+    checkpoint left admitted, oldest first."""
+    ledger: dict[str, list] = field(default_factory=dict)
+    """What happened to prompts since the last ``take_ledger``: uids drawn from the data order, admitted
+    again, expired, requeued, cut (to tail batching's long queue), dropped (with why), and the groups
+    trained (``gyre.rollout.ledger``)."""
     requests: RequestBook = field(init=False)
     """Where every live request runs (``gyre.rollout.requests``)."""
     admission: Admission = field(init=False)
@@ -96,7 +110,20 @@ class RolloutScheduler:
 
     def _draw(self, k: int, draw: Draw) -> list[PromptRecord]:
         again, self.requeued = self.requeued[:k], self.requeued[k:]
-        return again + (draw(k - len(again)) if k > len(again) else [])
+        fresh = draw(k - len(again)) if k > len(again) else []
+        self.note("readmitted", [p.uid for p in again])
+        self.note("drawn", [p.uid for p in fresh])
+        return again + fresh
+
+    def note(self, event: str, entries: list) -> None:
+        """Record ``entries`` (uids, or dicts) under ``event`` in the ledger."""
+        if entries:
+            self.ledger.setdefault(event, []).extend(entries)
+
+    def take_ledger(self) -> dict[str, list]:
+        """The ledger since the last call (the step's: ``gyre.rollout.ledger``)."""
+        out, self.ledger = self.ledger, {}
+        return out
 
     def launch(self, step: int, prompts: Sequence[PromptRecord], samples: int) -> None:
         """Admit ``prompts`` as groups for step ``step``, ``samples`` samples each. The i-th group drawn for a
@@ -163,7 +190,7 @@ class RolloutScheduler:
             self._accept(flight, t)
         for gid in outcome.failed:
             if gid in self.flights:
-                self.abort_group(self.flights[gid], "rollout/groups_failed")
+                self.abort_group(self.flights[gid], "rollout/groups_failed", why="failed")
         self._commit_complete()
 
     def on_scored(self, trajectories: Sequence[Trajectory]) -> None:
@@ -239,8 +266,10 @@ class RolloutScheduler:
         self.count("rollout/groups_expired")
         self.count("rollout/tokens_expired", group.response_tokens)
         self.count("rollout/tokens_wasted", group.response_tokens)
+        self.note("expired", [group.prompt.uid])
         if self.spec.drop_expired:
             self.count("rollout/groups_dropped")
+            self.note("dropped", [{"uid": group.prompt.uid, "why": "expired"}])
         else:
             self.requeued.append(group.prompt)
             self.count("rollout/groups_requeued")
@@ -289,6 +318,8 @@ class RolloutScheduler:
         self.count("rollout/tokens_trained", sum(g.response_tokens for g in groups))
         dropped = [g for _, g in self.filtered if not keep_filtered or g.admitted_for <= step]
         self.count("rollout/tokens_wasted", sum(g.response_tokens for g in dropped))
+        self.note("dropped", [{"uid": g.prompt.uid, "why": "filtered"} for g in dropped])
+        self.note("trained", [trained_entry(g) for g in groups])
         if not keep_filtered:
             self.filtered.clear()
         self.drawn = {n: c for n, c in self.drawn.items() if n > step}
@@ -308,6 +339,8 @@ class RolloutScheduler:
         """The counters since the last call (the step's rollout metrics), and the state's gauges."""
         out = dict(self.stats)
         self.stats.clear()  # in place: the sample source counts into the same dict
+        if out.get("rollout/tokens_generated"):  # waste counted in the step can be of tokens generated before it
+            out["rollout/tokens_wasted_share"] = out.get("rollout/tokens_wasted", 0) / out["rollout/tokens_generated"]
         out["rollout/buffer_groups"] = len(self.buffer)
         out["rollout/in_flight_groups"] = len(self.flights)
         out.update(self.admission.gauges())
@@ -341,10 +374,10 @@ class RolloutScheduler:
         admission regime's: ``gyre.rollout.admission``), so a resumed run loses none and draws none twice."""
         return self.admission.state_dict()
 
-    def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int = 0) -> list[PromptRecord]:
+    def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int = 0) -> None:
         """Restore a checkpoint's rollout (``prompts``: uid -> record; ``step``: the last step the checkpoint
-        trained); returns the prompts to admit again."""
-        return self.admission.load_state_dict(state, prompts, step)
+        trained): the prompts it left admitted are admitted again first."""
+        self.requeued = self.admission.load_state_dict(state, prompts, step)
 
     def untrained_prompts(self) -> list[str]:
         """Uids of the prompts admitted and not yet trained (in flight or committed), oldest first."""
@@ -353,19 +386,30 @@ class RolloutScheduler:
         return [uid for _, uid in admitted]
 
     # ---- internals ------------------------------------------------------------------------------
-    def abort_group(self, flight: Flight, counter: str) -> None:
+    def abort_group(self, flight: Flight, counter: str, why: str | None = None) -> None:
         """Abort an admitted group (everything of it still out stops), counted under ``counter``; the
-        samples it had are waste (what is still out is counted as it comes back)."""
+        samples it had are waste (what is still out is counted as it comes back). ``why``: the prompt is
+        dropped for that reason (else the caller keeps it: tail batching's cut)."""
         self._stop(flight)
         self.count("rollout/tokens_wasted", flight.group.response_tokens)
         self.count(counter)
+        if why is not None:
+            self.note("dropped", [{"uid": flight.group.prompt.uid, "why": why}])
 
     def _stop(self, flight: Flight) -> None:
         self.flights.pop(flight.group.group_id, None)
         self.source.stop(flight.group.group_id)
         flight.group.status = "aborted"
 
-    def drop_committed(self, group: Group, counter: str) -> None:
-        """A committed group will not train (one too many for a synchronous step): its samples are waste."""
+    def drop_committed(self, group: Group, counter: str, why: str | None = None) -> None:
+        """A committed group will not train (one too many for a synchronous step): its samples are waste;
+        ``why`` as for ``abort_group``."""
         self.count("rollout/tokens_wasted", group.response_tokens)
         self.count(counter)
+        if why is not None:
+            self.note("dropped", [{"uid": group.prompt.uid, "why": why}])
+
+    def pending_prompts(self) -> list[str]:
+        """Uids of every prompt drawn and not yet trained or dropped: waiting to be admitted again, then
+        admitted (in flight or committed), oldest first, then the regime's own (tail batching's long queue)."""
+        return [p.uid for p in self.requeued] + self.untrained_prompts() + self.admission.waiting()

@@ -4,7 +4,8 @@
 trackio) get every record, the resolved config once and text tables. On resume, records after the
 checkpointed step are dropped from the JSONL file (they belong to steps that will run again) and
 TensorBoard purges them too, so every step appears exactly once there (the other trackers continue their
-run and show the repeated steps again). The logger never deletes files: a fresh run gets a directory with
+run and show the repeated steps again). ``ledger.jsonl`` (``gyre.rollout.ledger``: what became of each
+prompt drawn) is written, and truncated on resume, the same way. The logger never deletes files: a fresh run gets a directory with
 no earlier run in it (``app/rundir.py``).
 """
 
@@ -34,8 +35,11 @@ class MetricsLogger:
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
+        self.ledger_path = self.dir / "ledger.jsonl"
         if resume_step is not None or restart:
-            truncate_after(self.path, BEFORE_EVERYTHING if restart else resume_step)
+            for path in (self.path, self.ledger_path):
+                truncate_after(path, BEFORE_EVERYTHING if restart else resume_step)
+        self._ledger = None
         self.trackers = open_trackers(trackers, self.dir, resume_step, restart) if trackers else []
         self._failures: dict[int, int] = {}
         try:
@@ -54,6 +58,13 @@ class MetricsLogger:
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
         self._to_trackers(lambda tracker: tracker.log_metrics(step, metrics, phase))
+
+    def ledger(self, line: Mapping[str, Any]) -> None:
+        """A line of the trained-sample ledger (opened on the first: runs without a rollout write none)."""
+        if self._ledger is None:
+            self._ledger = self.ledger_path.open("a")
+        self._ledger.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self._ledger.flush()
 
     def log_table(self, name: str, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         """A text table (e.g. sample generations) to the trackers that show tables."""
@@ -81,8 +92,9 @@ class MetricsLogger:
     def close(self) -> None:
         """Close the file and every tracker, each on its own: one that fails to close does not keep the
         others (or the caller's clean-up) from running."""
-        if getattr(self, "_fh", None) is not None:
-            self._fh.close()
+        for fh in (getattr(self, "_fh", None), getattr(self, "_ledger", None)):
+            if fh is not None:
+                fh.close()
         for tracker in self.trackers:
             _close_quietly(tracker)
 

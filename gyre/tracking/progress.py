@@ -59,6 +59,11 @@ def _summary(m: dict) -> str:
                             ("time/step", "s/step", "{:.2f}")):
         if m.get(key) is not None:
             parts.append(f"{label}={fmt.format(m[key])}")
+    # Trained tokens per second, and the share of the step's generation thrown away (aborted, expired, ...).
+    if m.get("rollout/tokens_trained") and m.get("time/step"):
+        parts.append(f"tok/s={m['rollout/tokens_trained'] / m['time/step']:.0f}")
+    if m.get("rollout/tokens_wasted_share") is not None:
+        parts.append(f"wasted={m['rollout/tokens_wasted_share']:.0%}")
     # Failed rewards score 0: show them where they are seen, not only in the metrics.
     for key, label in (("reward/errors", "reward_errors"), ("reward/timeouts", "reward_timeouts")):
         if m.get(key):

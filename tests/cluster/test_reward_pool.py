@@ -1,6 +1,7 @@
 """The reward pool on real Ray actors: per-domain routing, failures isolated, and infrastructure faults
 (worker actors killed or stopped mid-batch) survived without changing any result."""
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -158,6 +159,26 @@ def test_a_killed_worker_s_samples_go_to_the_healthy_one(duo):
     starts = [m.name.split(".") for m in marks.iterdir() if m.name.startswith("a.") and m.name not in fault.seen]
     assert [int(ppid) for _, _, ppid, _ in sorted(starts, key=lambda m: int(m[3]))] == [fault.pid, healthy]
     assert scored(pool) == expected
+
+
+def test_a_worker_killed_while_idle_is_counted_though_ray_restarted_it_unseen(ray_local, tmp_path):
+    """No call was in flight, so none failed; Ray restarts the worker before any call could see it. The
+    pool pings idle workers too: the death is found by the new process answering, and counted once."""
+    pool = slow_pool("idle", 1, tmp_path)
+    expected = scored(pool)
+    assert pool.metrics()["fault/reward_worker_deaths"] == 0
+    (victim, _), = pids(pool)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: pids(pool)[0][0] != victim, what="Ray to restart the killed worker")
+
+    def counted():
+        pool.poll(0)  # what a run's driver does between events: the pool pings its workers, idle ones too
+        return pool.metrics()["fault/reward_worker_deaths"] > 0
+
+    wait_until(counted, what="the pool to count the death")
+    assert scored(pool) == expected
+    assert pool.metrics()["fault/reward_worker_deaths"] == 1
+    pool.scorers["idle"].group.kill()
 
 
 def test_a_stopped_worker_is_found_killed_and_replaced(duo):

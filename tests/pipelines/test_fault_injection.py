@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from gyre.cluster.chaos import Fault, compare_runs, run_drill
+from gyre.rollout.ledger import audit
+from gyre.tracking.logger import read_jsonl_tolerant
 
 STEPS = 40
 DRILL_DEADLINE = pytest.mark.timeout(900)
@@ -65,6 +67,16 @@ def drill(straight, tmp_path, tiny_model_dir, arithmetic_data, faults, seed, con
     assert len(report.injected) == len(faults), report.injected  # each landed in a running run
     problems = compare_runs(straight, tmp_path / "faulted")
     assert not problems, problems[:10]
+    assert_ledgers_agree(straight, tmp_path / "faulted")
+
+
+def assert_ledgers_agree(straight, faulted):
+    """The faulted run's ledger accounts for every prompt drawn, and trained what the straight run trained,
+    step by step (a killed driver's lines after its checkpoint were cut and written again)."""
+    a, b = (read_jsonl_tolerant(run / "ledger.jsonl") for run in (straight, faulted))
+    assert audit(b) == [], audit(b)[:10]
+    trained = lambda lines: [(x["step"], [g["uid"] for g in x["trained"]]) for x in lines if "trained" in x]  # noqa: E731
+    assert trained(a) == trained(b)
 
 
 @DRILL_DEADLINE
@@ -111,4 +123,5 @@ def test_a_rollout_engine_killed_in_an_async_run_is_replaced_in_place(tmp_path, 
     assert train[-1]["fault/rollout_engine_deaths"] + train[-1]["fault/recoveries"] >= 2
     assert train[-1]["fault/rollout_engine_deaths"] >= 1
     assert all(r["staleness/violations"] == 0 for r in train)
+    assert audit(read_jsonl_tolerant(tmp_path / "async" / "ledger.jsonl")) == []  # no prompt lost or trained twice
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gyre.app import launch
+from gyre.rollout.ledger import audit, summary
 from gyre.tracking.timeline import read_spans
 from tests.pipelines.test_rlvr_integration import quick_config
 
@@ -28,6 +29,12 @@ def test_async_training_stays_inside_its_window(ray_local, tiny_model_dir, arith
     # Step 1 admits 2 batches under version 0; step 2 (training version 1) takes the second: one step stale.
     assert records[0]["staleness/lag_0"] == 1.0 and records[1]["staleness/lag_1"] == 1.0
     assert records[0]["rollout/groups_admitted"] == 8
+    # The ledger alone accounts for every prompt drawn (trained, or pending at the end), and its trained
+    # groups are the steps' batches.
+    ledger = [json.loads(line) for line in (tmp_path / "run" / "ledger.jsonl").read_text().splitlines()]
+    assert audit(ledger) == [] and summary(ledger)["trained"] == 3 * 4
+    assert [len(line["trained"]) for line in ledger if "trained" in line] == [4, 4, 4]
+    assert sum(r["rollout/tokens_trained"] for r in records) == sum(r["batch/response_tokens"] for r in records)
     assert all(r["weight_version"] == r["step"] for r in records)
     assert all(0 <= r["idle/rollout"] <= 1 and 0 <= r["idle/policy"] <= 1 for r in records)
     # The workers' phase spans, taken while the rollout runs on beside the learner's calls. Which step a

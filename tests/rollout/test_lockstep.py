@@ -100,7 +100,8 @@ def run(alpha, seed, steps=10, reward=None, group_filter=None, max_draws=None, s
             source = Source()
             source.drawn = list(machine.source.drawn)
             fresh = RolloutScheduler(spec(alpha, group_filter=group_filter, max_draws=max_draws), engines=2)
-            assert fresh.load_state_dict(state, {p.uid: p for p in source.drawn}, step) == []
+            fresh.load_state_dict(state, {p.uid: p for p in source.drawn}, step)
+            assert fresh.requeued == []
             machine = Machine(fresh, random.Random(seed + 100), source, reward)
             machine.pending = step
     return out

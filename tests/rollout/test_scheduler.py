@@ -6,6 +6,7 @@ import random
 import pytest
 
 from gyre.rollout.buffer import staleness_limit
+from gyre.rollout.ledger import audit, step_line, summary
 from gyre.rollout.policies import GroupFilter, TailSpec
 from gyre.rollout.requests import Generate
 from gyre.rollout.scheduler import RolloutScheduler, ScheduleSpec
@@ -197,7 +198,8 @@ def test_a_checkpoint_keeps_every_prompt_drawn_and_not_trained():
     state = world.sched.state_dict()
     assert state["admitted"] == [] and len(state["long_queue"]) == 4  # two short rounds cut 2 prompts each
     fresh = RolloutScheduler(spec(n=2, groups=4, tail=TailSpec(1.5, 1.0)), engines=2)
-    assert fresh.load_state_dict(state, {p.uid: p for p in source.drawn}) == []
+    fresh.load_state_dict(state, {p.uid: p for p in source.drawn})
+    assert fresh.requeued == []
     assert fresh.admission.tail.plan(4, 2)[0] == "long" and sorted(state["long_queue"] + trained) == \
         sorted(p.uid for p in source.drawn)
     # Asynchronous: groups admitted ahead (in flight or committed) come back to be admitted again.
@@ -244,8 +246,10 @@ def async_run(sched: RolloutScheduler, seed: int, steps: int = 12, fifo: bool = 
     if fifo:
         world.rng = type("First", (), {"randrange": staticmethod(lambda n: 0), "random": staticmethod(lambda: 0.0)})()
     source, trained, totals = Source(), [], {}
+    world.ledger = []
     for step in range(1, steps + 1):
         trained += [g.prompt.uid for g in world.run_until_ready(step, source)]
+        world.ledger.append(step_line(step, world.sched.take_ledger()))
         for key, value in world.sched.take_stats().items():
             totals[key] = totals.get(key, 0) + value
         if sched.spec.async_ratio > 0:  # while the policy trains on step `step` (synchronous runs wait)
@@ -254,6 +258,7 @@ def async_run(sched: RolloutScheduler, seed: int, steps: int = 12, fifo: bool = 
         world.publish(step, events=rng.randrange(12))
     for key, value in world.sched.take_stats().items():  # the last publication's expiries
         totals[key] = totals.get(key, 0) + value
+    world.ledger.append({**step_line(steps, world.sched.take_ledger()), "pending": world.sched.pending_prompts()})
     return world, source, trained, totals
 
 
@@ -313,3 +318,47 @@ def test_every_generated_token_is_trained_held_or_counted_as_waste(kw):
         assert totals["rollout/tokens_generated"] == totals["rollout/tokens_trained"] + \
             totals.get("rollout/tokens_wasted", 0) + held, (seed, totals)
         assert totals["rollout/tokens_trained"] > 0
+
+
+@pytest.mark.parametrize("kw", [dict(async_ratio=1), dict(async_ratio=2, replicate=True),
+                                dict(async_ratio=1, drop_expired=True), dict(redundancy=2),
+                                dict(group_filter=GroupFilter(0.0), max_draws=9), dict(tail=TailSpec(1.5, 1.5)),
+                                dict(async_ratio=1.5, lockstep=True)],
+                         ids=["window1", "window2", "window_drop", "redundancy", "dynamic", "tail", "lockstep"])
+def test_the_ledger_accounts_for_every_prompt_drawn(kw):
+    """From the ledger's lines alone: each prompt drawn is trained, dropped (saying why) or pending, once per
+    draw; a prompt admitted again is not a new draw. A ledger that lost a line no longer balances."""
+    for seed in range(4):
+        sched = RolloutScheduler(spec(n=2, groups=3, **kw), engines=2)
+        world, source, trained, _ = async_run(sched, seed, steps=8)
+        assert audit(world.ledger) == [], (seed, world.ledger)
+        counts = summary(world.ledger)
+        assert counts["drawn"] == len(source.drawn) and counts["trained"] == len(trained) == 24
+        lines = [line for line in world.ledger if line.get("trained")]
+        entry = lines[0]["trained"][0]
+        assert set(entry) == {"uid", "group", "versions", "rewards", "lengths"} and len(entry["rewards"]) == 2
+        broken = [{k: v for k, v in line.items() if k != "trained" or line is not lines[-1]} for line in world.ledger]
+        assert audit(broken) != []
+    assert audit([{"step": 1, "drawn": ["a"]}]) == ["the ledger has no pending line (written at each checkpoint "
+                                                    "and at the run's end)"]
+
+
+def test_a_checkpoint_readmits_its_pending_prompts_and_the_resumed_ledger_balances():
+    """A run checkpointed mid-way, its ledger cut after the checkpoint's closing line (as --resume does), a
+    fresh scheduler restored from the checkpoint: the joined ledger accounts for every prompt."""
+    sched = RolloutScheduler(spec(n=2, groups=3, async_ratio=2, replicate=True), engines=2)
+    world, source, _, _ = async_run(sched, seed=3, steps=4)
+    state, kept = sched.state_dict(), world.ledger  # the closing line is the checkpoint's
+    assert kept[-1]["pending"] == state["admitted"] and state["admitted"]
+    fresh = RolloutScheduler(spec(n=2, groups=3, async_ratio=2, replicate=True), engines=2)
+    fresh.load_state_dict(state, {p.uid: p for p in source.drawn}, step=4)
+    fresh.on_published(4)  # the resumed run publishes the checkpoint's weights first
+    later = World(fresh, random.Random(0), version=4)
+    lines = []
+    for step in range(5, 9):
+        later.run_until_ready(step, lambda k: source(k))
+        lines.append(step_line(step, fresh.take_ledger()))
+        later.publish(step)
+    lines.append({**step_line(8, fresh.take_ledger()), "pending": fresh.pending_prompts()})
+    assert set(lines[0]["readmitted"]) <= set(state["admitted"])
+    assert audit(kept + lines) == []

@@ -35,3 +35,11 @@ def test_messages_before_the_run_dir_is_known_are_kept(tmp_path):
     log.close()
     text = (tmp_path / "driver.log").read_text()
     assert "step 2/3" not in text and text.index("==== resumed") > text.index("bad row")
+
+
+def test_the_progress_line_shows_trained_tokens_per_second_and_the_wasted_share():
+    from gyre.tracking.progress import _summary
+
+    line = _summary({"reward/mean": 0.5, "time/step": 2.0, "rollout/tokens_trained": 1000,
+                     "rollout/tokens_wasted_share": 0.125})
+    assert line == "reward=0.500 s/step=2.00 tok/s=500 wasted=12%"
