@@ -1,6 +1,6 @@
 """Command line: ``gyre train | check | config | sft | dpo | eval | generate | export | init-model | init-data |
 quickstart | ablate | report | sandbox-serve``. Each command parses its flags here and calls one function of
-``gyre.pipelines``."""
+``gyre.app`` (the job runners, which drive the controllers of ``gyre.pipelines``)."""
 
 from __future__ import annotations
 

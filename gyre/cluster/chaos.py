@@ -249,7 +249,8 @@ def run_drill(config: Path, faults: list[Fault], seed: int, timeout_s: float = 1
                 if proc.poll() is not None:
                     raise RuntimeError(f"the run failed (exit {proc.returncode}); see {report.log}")
                 record = _last_record(metrics) if queue else {}
-                fresh = record.get("time", 0.0) > last_fault_wall  # logged since the previous fault
+                # Logged since the previous fault, by the RL loop (SFT warm-up records number their own steps).
+                fresh = record.get("time", 0.0) > last_fault_wall and record.get("phase", "train") == "train"
                 step = record.get("step", -1) if fresh else -1
                 if queue and due is None and step >= report.schedule[len(report.injected)]:
                     armed_step = step  # the run is stepping past the fault's step: strike in the next one

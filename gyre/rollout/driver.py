@@ -48,12 +48,12 @@ class CallWait:
 
 class RolloutDriver:
     def __init__(self, engines: RoleGroup, rewards, emit_every: int = 1, emit_after_s: float = 0.05,
-                 replaceable: bool = True, envs=None):
+                 replaceable: bool = False, envs=None):
         """``rewards``: the reward pool (``gyre.cluster.reward_pool.RewardPool``). Engines hand finished
         samples back ``emit_every`` at a time or ``emit_after_s`` after the first (fewer, larger reward calls).
         ``replaceable``: a dead or hung engine is replaced in place by a fresh one holding the current
         weights (not hybrid engines, which are policy ranks: their death is the run's fault, recovered from
-        a checkpoint)."""
+        a checkpoint); else an engine fault is raised."""
         self.engines = engines
         self.restore = self._restore if replaceable and engines.spawn else None
         self.engine_deaths = 0
@@ -84,10 +84,12 @@ class RolloutDriver:
         ``until``, until its refs are ready, returning early; the deadline of the call they belong to
         applies). ``refill()`` may admit more after each event (queue scheduling admits as capacity frees).
         ``label`` keys the watchdog's usual durations."""
+        times = PhaseTimes()
+        if until is not None and not until.refs:  # nothing to wait for: no event could end the loop
+            return times
         self._open()
         self.schedulers[scheduler.spec.stream] = scheduler
         t0 = time.perf_counter()
-        times = PhaseTimes()
         self.send(scheduler.drain())
         clock = CallClock(self.engines.watchdog, self.engines.name, f"generate({label})")
         refs = list(until.refs) if until is not None else []

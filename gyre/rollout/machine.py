@@ -51,7 +51,8 @@ class RolloutMachine:
         (time-shared roles); ``partial``: requests in flight at a weight update continue under the new
         weights (else they are regenerated). Multi-turn runs: ``sources(sampling)`` makes the episode runner
         of a scheduler (else each sample is one request). ``live``: the engines already hold version 0 (a
-        simulated cluster's are built with it); else nothing is admitted before the first ``publish``."""
+        simulated cluster's are built with it); else lockstep admits nothing before the first ``publish``
+        (the pipeline publishes version 0 before it asks for a batch)."""
         self.driver = driver
         self.spec = spec
         self.prompts = prompts

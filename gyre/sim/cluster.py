@@ -69,9 +69,11 @@ class SimCluster:
         """Seconds each engine in the pool spent prefilling and decoding since the last call."""
         out = []
         for rank, engine in enumerate(self.engines):
-            if engine is not None:
-                out.append(engine.busy_s - self._busy.get(rank, 0.0))
-                self._busy[rank] = engine.busy_s
+            if engine is None:  # left the pool: the list stays indexed by rank
+                out.append(0.0)
+                continue
+            out.append(engine.busy_s - self._busy.get(rank, 0.0))
+            self._busy[rank] = engine.busy_s
         return out
 
     def close(self) -> None:

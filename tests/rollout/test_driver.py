@@ -95,7 +95,8 @@ def batch_with_a_fault(engines, rewards, fault):
     scheduler = RolloutScheduler(ScheduleSpec(6, 4, PARAMS, run_seed=3, replicate=True), engines=2)
     source = iter([PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(4)])
     scheduler.admit(1, lambda k: [next(source) for _ in range(k)])
-    driver = RolloutDriver(engines, FaultingPool({"default": DomainScorer("default", rewards)}), emit_every=4)
+    driver = RolloutDriver(engines, FaultingPool({"default": DomainScorer("default", rewards)}), emit_every=4,
+                           replaceable=True)
     driver.run(scheduler, lambda: scheduler.ready(1))
     return driver, scheduler
 
@@ -121,6 +122,7 @@ def test_a_dead_engine_is_replaced_and_its_samples_asked_of_the_others(ray_local
 def test_a_frozen_engine_is_replaced_once_it_has_been_silent_past_its_deadline(ray_local, tiny_model_dir):
     """Engine 0 is stopped (SIGSTOP: alive, silent) once the first samples are scored; after the deadline
     it is replaced in place and the batch completes with the samples a run without the fault gives."""
+    import contextlib
     import os
     import signal
 
@@ -129,17 +131,22 @@ def test_a_frozen_engine_is_replaced_once_it_has_been_silent_past_its_deadline(r
     engines = ray_engines(ray_local, tiny_model_dir)
     rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
     _, straight, _ = run_batch(engines, rewards, replicate=True)
-    engines.watchdog = Watchdog(call_timeout_s=4.0)  # the engines are warm now
+    # The generation wait is warm (three usual durations of 1 s), so its deadline is the 4 s stall floor;
+    # the replacement engine's cold first calls (its model loads) get the 60 s ceiling, as in a run.
+    engines.watchdog = Watchdog(call_timeout_s=60.0, stall_factor=1.0, stall_min_s=4.0)
+    for _ in range(3):
+        engines.watchdog.observe("rollout.generate(train)", 1.0)
     pid = ray_local.get(engines.actors[0].__ray_call__.remote(lambda self: os.getpid()))
     try:
         driver, scheduler = batch_with_a_fault(engines, rewards, lambda: os.kill(pid, signal.SIGSTOP))
     finally:
-        os.kill(pid, signal.SIGCONT)  # if it is still there
+        with contextlib.suppress(ProcessLookupError):  # the replacement killed it, as it should have
+            os.kill(pid, signal.SIGCONT)
     groups = scheduler.take(1)
     assert driver.engine_hangs == 1 and driver.engine_deaths == 0
     assert [[t.response_ids for t in g.trajectories] for g in groups] == \
         [[t.response_ids for t in g.trajectories] for g in straight]
-    engines.watchdog = None  # the fresh engine's first calls may take longer than the test's short deadline
+    engines.watchdog = None
     driver.close()
     engines.kill()
     rewards.kill()
@@ -155,7 +162,7 @@ def test_an_engine_dead_at_a_weight_publication_is_replaced_holding_the_new_weig
     rewards = RoleGroup.local_unplaced("reward", RewardWorker, 1, (f"{FNS}:length_reward", {}, 10.0, 1))
     pool = RewardPool({"default": DomainScorer("default", rewards)})
     source = iter([PromptRecord(f"p{i}", "q", [3 + i, 7], "0") for i in range(100)])
-    machine = RolloutMachine(RolloutDriver(engines, pool), ScheduleSpec(2, 2, PARAMS, run_seed=3),
+    machine = RolloutMachine(RolloutDriver(engines, pool, replaceable=True), ScheduleSpec(2, 2, PARAMS, run_seed=3),
                              lambda k: [next(source) for _ in range(k)])
     state = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     machine.publish(0, [ray_local.put(pack_weights(state, 0))])
