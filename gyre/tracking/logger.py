@@ -5,8 +5,8 @@ trackio) get every record, the resolved config once and text tables. On resume, 
 checkpointed step are dropped from the JSONL file (they belong to steps that will run again) and
 TensorBoard purges them too, so every step appears exactly once there (the other trackers continue their
 run and show the repeated steps again). ``ledger.jsonl`` (``gyre.rollout.ledger``: what became of each
-prompt drawn) is written, and truncated on resume, the same way. The logger never deletes files: a fresh run gets a directory with
-no earlier run in it (``app/rundir.py``).
+prompt drawn) is written, and truncated on resume, the same way. The logger never deletes files: a fresh
+run gets a directory with no earlier run in it (``app/rundir.py``).
 """
 
 from __future__ import annotations
