@@ -1,12 +1,16 @@
 """Rollout schedules side by side on a long-tailed task: synchronous layouts, queue scheduling, tail
 batching and asynchronous training (alpha 1 and 2, in window and lockstep mode), on the same cores, from
-one warm start.
+one warm start, compared by what a user buys: response tokens trained per second.
 
 The task (``gyre.tasks.repeat``) asks for a character repeated k times: most answers are 1-6 characters,
 one prompt in twelve asks for 40-60, so a synchronous step waits on its few longest samples. Each schedule
-trains for the same number of steps and seeds; the table gives samples trained per second and seconds
-per step (validation time excluded), their ratio to the best synchronous layout, and held-out reward at
-the end; a JSON file holds every run's curve (held-out reward against samples consumed).
+trains for the same number of steps and seeds; the table gives response tokens trained per second and
+samples per second (validation time excluded), the tokens' ratio to the best synchronous layout, the share
+of generated tokens wasted (aborted, expired, regenerated), held-out reward at the end, and whether the
+run's ledger accounts for every prompt drawn. Samples/s alone flatters a schedule that trains the short
+answers and wastes the long ones. Below the table: the overlap ceiling, the best synchronous layout's
+generate + train time over the larger of the two (what perfect overlap of the two could give). A JSON
+file holds every run's curve (held-out reward against samples consumed).
 
 ``--smoke``: the smallest run of the same path: a 2-step warm start, 3 steps of async-2 (alpha 2, window)
 with one validation; the other schedules are planned (config and placement checked), not trained.
@@ -75,6 +79,7 @@ def schedule_config(name: str, model: str, data: dict, out: Path, steps: int, se
 
 def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int) -> dict:
     from gyre.app import launch
+    from gyre.rollout.ledger import audit
 
     t0 = time.perf_counter()
     launch.train(schedule_config(name, model, data, out, steps, seed, every), echo=lambda s: None)
@@ -85,12 +90,17 @@ def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, eve
     span = timed[-1]["time"] - timed[0]["time"] + timed[0]["time/step"]
     val_s = sum(r.get("time/validate", 0.0) for r in timed)
     samples = PROMPTS * SAMPLES * len(timed)
+    tokens = sum(r["batch/response_tokens"] for r in timed)
+    generated = sum(r.get("rollout/tokens_generated", 0) for r in train)
+    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     curve, consumed = [], 0
     for r in records:
         consumed += PROMPTS * SAMPLES if "time/step" in r else 0
         if "val/reward/mean" in r:
             curve.append((consumed, r["val/reward/mean"]))
     return {"schedule": name, "seed": seed, "samples_per_s": samples / (span - val_s),
+            "tokens_per_s": tokens / (span - val_s), "ledger_problems": len(audit(ledger)),
+            "wasted_share": sum(r.get("rollout/tokens_wasted", 0) for r in train) / generated if generated else 0.0,
             "s_per_step": statistics.mean(r["time/step"] for r in timed), "wall_s": wall, "curve": curve,
             "staleness_mean": statistics.mean(r.get("staleness/mean", 0.0) for r in train),
             "generate_s": statistics.mean(r["time/generate"] for r in timed),
@@ -126,7 +136,8 @@ def main() -> None:
             for name in args.only:
                 results.append(run(name, model, data, tmp / f"{name}-seed{seed}", args.steps, seed, args.every))
                 r = results[-1]
-                print(f"  {name:<13} seed {seed}: {r['samples_per_s']:.1f} samples/s, {r['s_per_step']:.2f} s/step, "
+                print(f"  {name:<13} seed {seed}: {r['tokens_per_s']:.0f} tokens/s, "
+                      f"{r['samples_per_s']:.1f} samples/s, {r['s_per_step']:.2f} s/step, "
                       f"held-out reward {r['curve'][-1][1] if r['curve'] else float('nan'):.3f}", flush=True)
         (tmp / "results.json").write_text(json.dumps(results, indent=1))
         report(results)
@@ -136,18 +147,23 @@ def report(results: list[dict]) -> None:
     by = {}
     for r in results:
         by.setdefault(r["schedule"], []).append(r)
-    mean = {k: statistics.mean(r["samples_per_s"] for r in v) for k, v in by.items()}
-    best_sync = max((mean[k] for k in SYNC if k in mean), default=None)
-    print(f"\n{'schedule':<14}{'samples/s':>11}{'s/step':>9}{'vs best sync':>14}{'held-out':>10}{'staleness':>11}"
-          f"{'wasted tok':>12}{'generate s':>12}{'train s':>9}")
+    avg = lambda runs, key: statistics.mean(r.get(key, 0) for r in runs)  # noqa: E731
+    tokens = {k: avg(v, "tokens_per_s") for k, v in by.items()}
+    best_sync = max((k for k in SYNC if k in tokens), key=tokens.get, default=None)
+    print(f"\n{'schedule':<14}{'tokens/s':>10}{'vs best sync':>14}{'samples/s':>11}{'wasted':>8}{'held-out':>10}"
+          f"{'staleness':>11}{'s/step':>8}{'generate s':>12}{'train s':>9}{'ledger':>8}")
     for name, runs in by.items():
-        ratio = f"{mean[name] / best_sync:.2f}x" if best_sync else "-"
+        ratio = f"{tokens[name] / tokens[best_sync]:.2f}x" if best_sync else "-"
         final = statistics.mean(r["curve"][-1][1] for r in runs if r["curve"]) if any(r["curve"] for r in runs) else 0
-        print(f"{name:<14}{mean[name]:>11.1f}{statistics.mean(r['s_per_step'] for r in runs):>9.2f}{ratio:>14}"
-              f"{final:>10.3f}{statistics.mean(r['staleness_mean'] for r in runs):>11.2f}"
-              f"{statistics.mean(r['tokens_wasted'] for r in runs):>12.0f}"
-              f"{statistics.mean(r.get('generate_s', 0) for r in runs):>12.2f}"
-              f"{statistics.mean(r.get('train_s', 0) for r in runs):>9.2f}")
+        ledger = "ok" if not any(r.get("ledger_problems") for r in runs) else "FAILS"
+        print(f"{name:<14}{tokens[name]:>10.0f}{ratio:>14}{avg(runs, 'samples_per_s'):>11.1f}"
+              f"{avg(runs, 'wasted_share'):>8.0%}{final:>10.3f}{avg(runs, 'staleness_mean'):>11.2f}"
+              f"{avg(runs, 's_per_step'):>8.2f}{avg(runs, 'generate_s'):>12.2f}{avg(runs, 'train_s'):>9.2f}{ledger:>8}")
+    if best_sync is not None:
+        gen, train = avg(by[best_sync], "generate_s"), avg(by[best_sync], "train_s")
+        if max(gen, train) > 0:
+            print(f"overlap ceiling: {(gen + train) / max(gen, train):.2f}x ({best_sync}: generate {gen:.2f} s + train "
+                  f"{train:.2f} s a step, over the larger: what overlapping them perfectly could give)")
 
 
 if __name__ == "__main__":
