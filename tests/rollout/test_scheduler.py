@@ -278,9 +278,10 @@ def test_the_window_admits_no_group_that_cannot_train_within_the_bound(alpha):
 
 
 @pytest.mark.parametrize("drop", [False, True])
-@pytest.mark.parametrize("alpha", [0.5, 1, 2])
+@pytest.mark.parametrize("alpha", [1.5, 2.5])  # a fractional window's edge still trims groups (integer: rarely)
 def test_an_expired_group_goes_back_to_the_queue_and_every_prompt_trains_once(alpha, drop):
-    """Random finish orders make young groups overtake old ones, which then expire. By default their
+    """Random finish orders make young groups overtake old ones; at a fractional window's edge some then
+    expire (a batch waits for its groups at their last step, so elsewhere hardly any do). By default their
     prompts are admitted again first and train exactly once; with ``drop_expired`` they are lost, and
     counted. Either way every prompt drawn is accounted for, by the counters alone."""
     expired = 0
