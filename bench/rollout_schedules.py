@@ -3,7 +3,9 @@ batching and asynchronous training (alpha 1 and 2, in window and lockstep mode),
 one warm start, compared by what a user buys: response tokens trained per second.
 
 The task (``gyre.tasks.repeat``) asks for a character repeated k times: most answers are 1-6 characters,
-one prompt in twelve asks for 40-60, so a synchronous step waits on its few longest samples. Each schedule
+one prompt in twelve asks for 40-60, so a synchronous step waits on its few longest samples. ``--tail long``
+asks 150-250 of that twelfth (256 new tokens at most): generation then dominates a step, the regime
+asynchrony is built for. Each schedule
 trains for the same number of steps and seeds; the table gives response tokens trained per second and
 samples per second (validation time excluded), the tokens' ratio to the best synchronous layout, the share
 of generated tokens wasted (aborted, expired, regenerated), held-out reward at the end, and whether the
@@ -15,7 +17,8 @@ file holds every run's curve (held-out reward against samples consumed).
 ``--smoke``: the smallest run of the same path: a 2-step warm start, 3 steps of async-2 (alpha 2, window)
 with one validation; the other schedules are planned (config and placement checked), not trained.
 
-    python bench/rollout_schedules.py [--steps 40] [--seeds 0 1] [--only sync-hybrid async-2] [--out DIR] [--smoke]
+    python bench/rollout_schedules.py [--steps 40] [--seeds 0 1] [--only sync-hybrid async-2] [--tail short|long]
+                                      [--out DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ import time
 from pathlib import Path
 
 PROMPTS, SAMPLES = 32, 8
+TAILS = {"short": ((40, 60), 64), "long": ((150, 250), 256)}
+"""--tail: the long answers' lengths, and the most new tokens a sample may have."""
 COMMON = ["cluster.cpu_slots=2", f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}",
-          "rollout.sampling.max_new_tokens=64", "policy.micro_batch_size=128", "policy.optimizer.lr=5e-4",
+          "policy.micro_batch_size=128", "policy.optimizer.lr=5e-4",
           "reward.type=function", "reward.function=gyre.tasks.repeat:repeat_reward", "data.max_val_prompts=64",
           "logging.progress=false", "logging.trackers=[]", "logging.plot=false", "checkpoint.every=0"]
 HYBRID = ["rollout.mode=hybrid", "rollout.devices=[0,1]", "policy.devices=[0,1]"]
@@ -50,39 +55,44 @@ SMOKE = {"steps": 3, "seeds": [0], "every": 2, "only": ["async-2"], "sft_steps":
 one, with the most machinery (rollout ahead of the policy on its own slot, a staleness window)."""
 
 
-def warm_start(tmp: Path, sft_steps: int = 40) -> tuple[str, dict]:
+def warm_start(tmp: Path, sft_steps: int = 40, tail: str = "short") -> tuple[str, dict]:
     """A tiny model taught the task's format by a short SFT, shared by every run (``sft_steps`` 0: untaught)."""
     from gyre.app.ablation import warm_start as shared_warm_start
     from gyre.config import load_config
     from gyre.models.presets import init_model
     from gyre.tasks.repeat import RepeatSpec, write_repeat_task
 
-    data = write_repeat_task(tmp / "data", RepeatSpec(short=(1, 6), long=(40, 60), long_frac=0.08))
+    data = write_repeat_task(tmp / "data", RepeatSpec(short=(1, 6), long=TAILS[tail][0], long_frac=0.08))
     model = init_model("tiny", tmp / "model")
     if not sft_steps:
         return str(model), data
     base = load_config(None, [f"model.path={model}", f"data.train_files=[{data['train']}]",
                               f"sft_warmup.train_files=[{data['sft']}]", f"sft_warmup.steps={sft_steps}",
                               "sft_warmup.batch_size=64", "sft_warmup.micro_batch_size=64",
-                              "sft_warmup.optimizer.lr=3e-3", *COMMON, *HYBRID])
+                              "sft_warmup.optimizer.lr=3e-3", *COMMON, *HYBRID, *tail_keys(tail)])
     return shared_warm_start(base, tmp / "warm", lambda s: None), data
 
 
-def schedule_config(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int):
+def tail_keys(tail: str) -> list[str]:
+    return [f"rollout.sampling.max_new_tokens={TAILS[tail][1]}"]
+
+
+def schedule_config(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int,
+                    tail: str = "short"):
     from gyre.config import load_config
 
     return load_config(None, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}",
                               f"model.path={model}", f"data.train_files=[{data['train']}]",
                               f"data.val_files=[{data['val']}]", f"validation.every={every}", *COMMON,
-                              *SCHEDULES[name]])
+                              *tail_keys(tail), *SCHEDULES[name]])
 
 
-def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int) -> dict:
+def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int, tail: str) -> dict:
     from gyre.app import launch
     from gyre.rollout.ledger import audit
 
     t0 = time.perf_counter()
-    launch.train(schedule_config(name, model, data, out, steps, seed, every), echo=lambda s: None)
+    launch.train(schedule_config(name, model, data, out, steps, seed, every, tail), echo=lambda s: None)
     wall = time.perf_counter() - t0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("step", 0) > 0 and "time/step" in r]
@@ -118,6 +128,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES))
     ap.add_argument("--out", default=None, help="keep the runs and results.json here")
     ap.add_argument("--sft-steps", type=int, default=40, help="steps of the shared SFT warm start")
+    ap.add_argument("--tail", choices=list(TAILS), default="short", help="the long answers' lengths (TAILS)")
     ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
     if args.smoke:
@@ -127,14 +138,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(args.out or tmp_dir)
         tmp.mkdir(parents=True, exist_ok=True)
-        model, data = warm_start(tmp, args.sft_steps)
+        model, data = warm_start(tmp, args.sft_steps, args.tail)
         for name in SCHEDULES:
             if args.smoke and name not in args.only:  # planned (config, placement), not trained
-                preflight(schedule_config(name, model, data, tmp / "plan", args.steps, 0, args.every), None)
+                preflight(schedule_config(name, model, data, tmp / "plan", args.steps, 0, args.every, args.tail), None)
         results = []
         for seed in args.seeds:  # schedules interleaved within a seed: machine drift hits them alike
             for name in args.only:
-                results.append(run(name, model, data, tmp / f"{name}-seed{seed}", args.steps, seed, args.every))
+                results.append(run(name, model, data, tmp / f"{name}-seed{seed}", args.steps, seed, args.every,
+                                   args.tail))
                 r = results[-1]
                 print(f"  {name:<13} seed {seed}: {r['tokens_per_s']:.0f} tokens/s, "
                       f"{r['samples_per_s']:.1f} samples/s, {r['s_per_step']:.2f} s/step, "
