@@ -4,8 +4,8 @@ one warm start, compared by what a user buys: response tokens trained per second
 
 The task (``gyre.tasks.repeat``) asks for a character repeated k times: most answers are 1-6 characters,
 one prompt in twelve asks for 40-60, so a synchronous step waits on its few longest samples. ``--tail long``
-asks 150-250 of that twelfth (256 new tokens at most): generation then dominates a step, the regime
-asynchrony is built for. Each schedule
+asks 150-250 of that twelfth (256 new tokens at most), ``--tail xlong`` 400-500 (512): the longer the tail,
+the more a synchronous step waits on decoding, the regime asynchrony is built for. Each schedule
 trains for the same number of steps and seeds; the table gives response tokens trained per second and
 samples per second (validation time excluded), the tokens' ratio to the best synchronous layout, the share
 of generated tokens wasted (aborted, expired, regenerated), held-out reward at the end, and whether the
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 PROMPTS, SAMPLES = 32, 8
-TAILS = {"short": ((40, 60), 64), "long": ((150, 250), 256)}
+TAILS = {"short": ((40, 60), 64), "long": ((150, 250), 256), "xlong": ((400, 500), 512)}
 """--tail: the long answers' lengths, and the most new tokens a sample may have."""
 COMMON = ["cluster.cpu_slots=2", f"rollout.prompts_per_step={PROMPTS}", f"rollout.samples_per_prompt={SAMPLES}",
           "policy.micro_batch_size=128", "policy.optimizer.lr=5e-4",
@@ -73,8 +73,12 @@ def warm_start(tmp: Path, sft_steps: int = 40, tail: str = "short") -> tuple[str
     return shared_warm_start(base, tmp / "warm", lambda s: None), data
 
 
+EXTRA: list[str] = []
+"""--set: config overrides added to every schedule (e.g. policy.remove_padding=pack)."""
+
+
 def tail_keys(tail: str) -> list[str]:
-    return [f"rollout.sampling.max_new_tokens={TAILS[tail][1]}"]
+    return [f"rollout.sampling.max_new_tokens={TAILS[tail][1]}", *EXTRA]
 
 
 def schedule_config(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int,
@@ -129,10 +133,12 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="keep the runs and results.json here")
     ap.add_argument("--sft-steps", type=int, default=40, help="steps of the shared SFT warm start")
     ap.add_argument("--tail", choices=list(TAILS), default="short", help="the long answers' lengths (TAILS)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every run")
     ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
     if args.smoke:
         vars(args).update(SMOKE)
+    EXTRA[:] = args.set
     from gyre.app.preflight import preflight
 
     with tempfile.TemporaryDirectory() as tmp_dir:
