@@ -116,13 +116,12 @@ class Window:
         keeps the batches in admission order, as admission planned them."""
         s = self.s
         size, alpha = s.spec.batch_groups, s.spec.async_ratio
-        if alpha > 0 and self._last_chance_in_flight(step):
-            return False
-        if s.buffer.ready(step, size, alpha):
-            return True
-        if s.filtered and not s.flights and not self.capacity(step) and s.spec.max_draws is not None:
+        if not s.buffer.ready(step, size, alpha):  # (a fallback needs nothing in flight: no last chance either)
+            if not (s.filtered and not s.flights and not self.capacity(step) and s.spec.max_draws is not None):
+                return False
             s.fall_back(list(s.filtered), lambda: s.buffer.ready(step, size, alpha))
-        return s.buffer.ready(step, size, alpha)
+            return s.buffer.ready(step, size, alpha)
+        return not (alpha > 0 and self._last_chance_in_flight(step))  # scanned only for a full batch
 
     def _last_chance_in_flight(self, step: int) -> bool:
         """A group still generating would be too old for any step after ``step`` (at most ``oldest_quota`` of
@@ -294,7 +293,6 @@ class Lockstep:
         s = self.s
         groups = s.buffer.take_batch(step, s.spec.batch_groups)
         drawn = s.drawn.get(step, 0)
-        s.filtered = [e for e in s.filtered if e[1].admitted_for > step]
         self.parts = {p for p in self.parts if p[0] > step}
         s.took(step, groups, keep_filtered=True)
         s.stats["rollout/groups_admitted"] = drawn

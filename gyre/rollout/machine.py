@@ -92,7 +92,7 @@ class RolloutMachine:
         admission for step ``step``."""
         if self.spec.lockstep:
             return self._advance
-        return lambda: self.scheduler.admit(step, self._draw)
+        return lambda: self.scheduler.admit(step, self.prompts)
 
     def evaluate(self, prompts: Sequence[PromptRecord], params: SamplingParams, n: int) -> list[Group]:
         """Every prompt's n samples, scored (validation): a one-off scheduler on the same driver. A group
@@ -129,10 +129,10 @@ class RolloutMachine:
         load the held publication and admit the new version's groups."""
         sched = self.scheduler
         if self._live:
-            sched.admit(0, self._draw)
+            sched.admit(0, self.prompts)
         if self._pending is not None and sched.settled:
             self._load_pending()
-            sched.admit(0, self._draw)
+            sched.admit(0, self.prompts)
         self.driver.send(sched.drain())
 
     def _flush(self) -> None:
@@ -153,7 +153,7 @@ class RolloutMachine:
         sched = self.scheduler
         if self.spec.lockstep and self._live and not sched.settled:
             self.activate()
-            self.driver.run(sched, lambda: sched.settled, "train", refill=lambda: sched.admit(0, self._draw))
+            self.driver.run(sched, lambda: sched.settled, "train", refill=lambda: sched.admit(0, self.prompts))
 
     def _load(self, version: WeightVersion, weights) -> None:
         """Give every engine ``version``; groups too stale to ever train are then aborted."""
@@ -183,7 +183,3 @@ class RolloutMachine:
         """Continue from a checkpoint of step ``step``: its drawn-but-untrained prompts are admitted again
         first (lockstep: its committed groups are back in the buffer)."""
         self.scheduler.load_state_dict(state, prompts, step)
-
-    def _draw(self, k: int) -> list[PromptRecord]:
-        """The next k prompts of the prompt source (the scheduler gives those admitted before first)."""
-        return self.prompts(k)

@@ -35,7 +35,7 @@ def trained_entry(group: Group) -> dict:
     and response lengths (trainable tokens)."""
     return {"uid": group.prompt.uid, "group": group.group_id,
             "versions": sorted({s.weight_version for t in group.trajectories for s in t.segments if s.trainable}),
-            "rewards": [getattr(t.reward, "score", t.reward) for t in group.trajectories],
+            "rewards": [t.reward.score for t in group.trajectories],
             "lengths": [sum(len(s.token_ids) for s in t.segments if s.trainable) for t in group.trajectories]}
 
 
@@ -320,8 +320,7 @@ class RolloutScheduler:
         self.count("rollout/tokens_wasted", sum(g.response_tokens for g in dropped))
         self.note("dropped", [{"uid": g.prompt.uid, "why": "filtered"} for g in dropped])
         self.note("trained", [trained_entry(g) for g in groups])
-        if not keep_filtered:
-            self.filtered.clear()
+        self.filtered = [e for e in self.filtered if keep_filtered and e[1].admitted_for > step]
         self.drawn = {n: c for n, c in self.drawn.items() if n > step}
         self.taken = step
 
@@ -411,5 +410,7 @@ class RolloutScheduler:
 
     def pending_prompts(self) -> list[str]:
         """Uids of every prompt drawn and not yet trained or dropped: waiting to be admitted again, then
-        admitted (in flight or committed), oldest first, then the regime's own (tail batching's long queue)."""
-        return [p.uid for p in self.requeued] + self.untrained_prompts() + self.admission.waiting()
+        admitted (in flight or committed), oldest first, then rejected by the filter but kept for a fallback,
+        then the regime's own (tail batching's long queue)."""
+        return [p.uid for p in self.requeued] + self.untrained_prompts() + \
+            [g.prompt.uid for _, g in self.filtered] + self.admission.waiting()

@@ -243,6 +243,8 @@ def async_run(sched: RolloutScheduler, seed: int, steps: int = 12, fifo: bool = 
     prompt source, the trained prompts' uids, and every step's counters summed."""
     rng = random.Random(seed)
     world = World(sched, rng)
+    if sched.spec.group_filter is not None:  # even prompts score alike on every sample: the filter drops them
+        world.reward = lambda prompt, sample: 1.0 if int(prompt.uid[1:]) % 2 == 0 else float(sample % 2)
     if fifo:
         world.rng = type("First", (), {"randrange": staticmethod(lambda n: 0), "random": staticmethod(lambda: 0.0)})()
     source, trained, totals = Source(), [], {}
@@ -306,8 +308,9 @@ def test_an_expired_group_goes_back_to_the_queue_and_every_prompt_trains_once(al
 
 @pytest.mark.parametrize("kw", [dict(async_ratio=1), dict(async_ratio=2, replicate=True), dict(redundancy=2),
                                 dict(group_filter=GroupFilter(0.0), max_draws=9), dict(tail=TailSpec(1.5, 1.5)),
-                                dict(async_ratio=1, lockstep=True)],
-                         ids=["window1", "window2", "redundancy", "dynamic", "tail", "lockstep"])
+                                dict(async_ratio=1, lockstep=True),
+                                dict(async_ratio=1, lockstep=True, group_filter=GroupFilter(0.0), max_draws=6)],
+                         ids=["window1", "window2", "redundancy", "dynamic", "tail", "lockstep", "lockstep_dynamic"])
 def test_every_generated_token_is_trained_held_or_counted_as_waste(kw):
     """The token counters tell the truth: whatever came back from an engine was trained, is still held by
     a group in flight or committed, or was counted in rollout/tokens_wasted (aborted, expired, filtered,
@@ -324,8 +327,10 @@ def test_every_generated_token_is_trained_held_or_counted_as_waste(kw):
 @pytest.mark.parametrize("kw", [dict(async_ratio=1), dict(async_ratio=2, replicate=True),
                                 dict(async_ratio=1, drop_expired=True), dict(redundancy=2),
                                 dict(group_filter=GroupFilter(0.0), max_draws=9), dict(tail=TailSpec(1.5, 1.5)),
-                                dict(async_ratio=1.5, lockstep=True)],
-                         ids=["window1", "window2", "window_drop", "redundancy", "dynamic", "tail", "lockstep"])
+                                dict(async_ratio=1.5, lockstep=True),
+                                dict(async_ratio=1, lockstep=True, group_filter=GroupFilter(0.0), max_draws=6)],
+                         ids=["window1", "window2", "window_drop", "redundancy", "dynamic", "tail", "lockstep",
+                              "lockstep_dynamic"])
 def test_the_ledger_accounts_for_every_prompt_drawn(kw):
     """From the ledger's lines alone: each prompt drawn is trained, dropped (saying why) or pending, once per
     draw; a prompt admitted again is not a new draw. A ledger that lost a line no longer balances."""

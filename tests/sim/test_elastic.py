@@ -19,7 +19,7 @@ from gyre.sim.elastic import ElasticSpec
 from gyre.sim.engine import SimEngine
 from gyre.sim.run import Layout, SimRun, SimSpec
 from gyre.sim.workload import Workload, WorkloadSpec
-from gyre.types import SamplingParams
+from gyre.types import RewardResult, SamplingParams
 
 COST = CostModel(device_class("h100"), MODELS["7b"])
 LENGTHS = {0: 10, 1: 6}
@@ -67,7 +67,7 @@ def _finish(sched: RolloutScheduler, engine: SimEngine, steps: int) -> list:
     sched.on_generated(results)
     (score,) = [c for c in sched.drain() if isinstance(c, Score)]
     for t in score.trajectories:
-        t.reward = 1.0
+        t.reward = RewardResult(1.0)
     sched.on_scored(score.trajectories)
     assert sched.ready(1)
     (group,) = sched.take(1)
