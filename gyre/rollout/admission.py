@@ -162,9 +162,12 @@ class Window:
 
     def state_dict(self) -> dict:
         """The prompts drawn and not yet trained on, oldest first: those of expired groups waiting to be
-        admitted again, then those admitted (in flight or committed). What was generated for them is not
-        kept: a resumed run admits them again, before drawing new prompts, so none is lost or drawn twice."""
-        return {"admitted": [p.uid for p in self.s.requeued] + self.s.untrained_prompts(), "long_queue": []}
+        admitted again, then those admitted (in flight or committed), then those dynamic sampling rejected
+        but kept for a fallback. What was generated for them is not kept: a resumed run admits them again,
+        before drawing new prompts, so none is lost or drawn twice."""
+        s = self.s
+        return {"admitted": [p.uid for p in s.requeued] + s.untrained_prompts() + [g.prompt.uid for _, g in s.filtered],
+                "long_queue": []}
 
     def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int) -> list[PromptRecord]:
         known(prompts, [*state.get("admitted", []), *state.get("long_queue", [])])

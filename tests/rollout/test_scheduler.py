@@ -349,22 +349,35 @@ def test_the_ledger_accounts_for_every_prompt_drawn(kw):
                                                     "and at the run's end)"]
 
 
-def test_a_checkpoint_readmits_its_pending_prompts_and_the_resumed_ledger_balances():
+@pytest.mark.parametrize("kw", [dict(async_ratio=2, replicate=True),
+                                dict(async_ratio=1, group_filter=GroupFilter(0.0), max_draws=9),
+                                dict(tail=TailSpec(1.5, 1.5))], ids=["window2", "window_dynamic", "tail"])
+def test_a_checkpoint_readmits_its_pending_prompts_and_the_resumed_ledger_balances(kw):
     """A run checkpointed mid-way, its ledger cut after the checkpoint's closing line (as --resume does), a
-    fresh scheduler restored from the checkpoint: the joined ledger accounts for every prompt."""
-    sched = RolloutScheduler(spec(n=2, groups=3, async_ratio=2, replicate=True), engines=2)
-    world, source, _, _ = async_run(sched, seed=3, steps=4)
+    fresh scheduler restored from the checkpoint: the joined ledger accounts for every prompt, those that
+    dynamic sampling had rejected but kept for a fallback included."""
+    filtered_at_checkpoint = False
+    for seed in range(6):
+        sched = RolloutScheduler(spec(n=2, groups=3, **kw), engines=2)
+        world, source, _, _ = async_run(sched, seed=seed, steps=4)
+        filtered_at_checkpoint |= bool(sched.filtered)
+        _resume_and_audit(kw, sched, world, source)
+    assert filtered_at_checkpoint or "group_filter" not in kw  # the path was taken
+
+
+def _resume_and_audit(kw: dict, sched: RolloutScheduler, world, source) -> None:
     state, kept = sched.state_dict(), world.ledger  # the closing line is the checkpoint's
-    assert kept[-1]["pending"] == state["admitted"] and state["admitted"]
-    fresh = RolloutScheduler(spec(n=2, groups=3, async_ratio=2, replicate=True), engines=2)
+    assert kept[-1]["pending"] == state["admitted"] + state["long_queue"]
+    fresh = RolloutScheduler(spec(n=2, groups=3, **kw), engines=2)
     fresh.load_state_dict(state, {p.uid: p for p in source.drawn}, step=4)
     fresh.on_published(4)  # the resumed run publishes the checkpoint's weights first
     later = World(fresh, random.Random(0), version=4)
+    later.reward = world.reward
     lines = []
     for step in range(5, 9):
         later.run_until_ready(step, lambda k: source(k))
         lines.append(step_line(step, fresh.take_ledger()))
         later.publish(step)
     lines.append({**step_line(8, fresh.take_ledger()), "pending": fresh.pending_prompts()})
-    assert set(lines[0]["readmitted"]) <= set(state["admitted"])
+    assert set(lines[0].get("readmitted", [])) <= set(state["admitted"] + state["long_queue"])
     assert audit(kept + lines) == []
