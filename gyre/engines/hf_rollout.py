@@ -54,6 +54,7 @@ class HFRolloutEngine:
 
     def __init__(self, model, tokenizer, device: str | torch.device = "cpu", max_batch_size: int | None = None):
         self.model = model.eval()
+        self._cache_key = cache_keyword(model)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
@@ -239,9 +240,10 @@ class HFRolloutEngine:
         # Without padding the mask is all ones: leave it out so attention takes the plain causal path.
         padded = bool((attention == 0).any())
         out = self.model(input_ids=input_ids, attention_mask=attention if padded else None, position_ids=positions,
-                         past_key_values=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1,
+                         **{self._cache_key: DynamicCache(config=self.model.config)})
         expand = torch.tensor(owner, device=self.device)
-        cache = out.past_key_values
+        cache = out[self._cache_key]
         cache.batch_select_indices(expand)
         return KVBatch(rows, cache, attention[expand], positions[expand, -1] + 1, out.logits[expand, -1, :].float())
 
@@ -257,7 +259,7 @@ class HFRolloutEngine:
         batch.attention = torch.cat([batch.attention, batch.attention.new_ones(len(batch), 1)], dim=1)
         mask = None if bool(batch.attention.all()) else batch.attention
         out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=batch.next_pos[:, None],
-                         past_key_values=batch.cache, use_cache=True)
+                         use_cache=True, **{self._cache_key: batch.cache})
         batch.next_pos = batch.next_pos + 1
         batch.logits = out.logits[:, -1, :].float()
 
@@ -305,3 +307,13 @@ def _by_params(rows: list[_Row], members: list[int]) -> dict[SamplingParams, lis
 def _is_tied_alias(name: str, weights: Mapping[str, torch.Tensor]) -> bool:
     """lm_head.weight may be absent when tied to the input embedding (and vice versa)."""
     return name.endswith("lm_head.weight") and any(k.endswith("embed_tokens.weight") for k in weights)
+
+
+def cache_keyword(model) -> str:
+    """The name a model's forward takes its KV cache by (and its output returns it under): ``cache`` in
+    transformers releases that renamed it, ``past_key_values`` before them (the old name warns from 5.2x
+    and goes in 5.40). A peft wrapper is looked through to the model it wraps."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

@@ -43,6 +43,20 @@ def test_sampler_logprobs_match_a_full_forward(engine, tok, temperature):
         assert r.versions == [0] * len(r.response_ids) and len(r.logprobs) == len(r.response_ids)
 
 
+def test_the_cache_goes_by_the_name_the_model_takes(engine, tok):
+    """transformers renamed forward's ``past_key_values`` to ``cache`` (the old name warns, then goes in
+    5.40): the engine passes whichever name the installed release takes, so decoding raises no warning."""
+    import inspect
+    import warnings
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        assert len(engine.generate([req(tok, "1+1=", params, n=2), req(tok, "12+3=", params)])) == 3
+    takes = inspect.signature(engine.model.forward).parameters
+    assert engine._cache_key == ("cache" if "cache" in takes else "past_key_values")
+
+
 def test_same_seed_same_samples_other_seed_differs(engine, tok):
     params = SamplingParams(temperature=1.0, max_new_tokens=16)
     a = engine.generate([req(tok, "1+1=", params, n=3, seed=5)])
