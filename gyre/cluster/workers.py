@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,9 @@ class EngineHost:
 
     CONCURRENCY_GROUPS = {SERVE: 1}
     _loop = None
+    _loop_lock = threading.Lock()
+    """``serve`` and the first ``add`` arrive on different threads (their concurrency groups) at once:
+    without the lock each could build a loop of its own, the requests queued where nobody serves."""
 
     def _engine(self):
         raise NotImplementedError
@@ -65,7 +69,9 @@ class EngineHost:
         from gyre.engines.loop import EngineLoop
 
         if self._loop is None:
-            self._loop = EngineLoop(self._engine(), spans=recorder_of(self), **self._loop_hooks())
+            with self._loop_lock:
+                if self._loop is None:
+                    self._loop = EngineLoop(self._engine(), spans=recorder_of(self), **self._loop_hooks())
         return self._loop
 
     def _loop_hooks(self) -> dict:
