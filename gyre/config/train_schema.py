@@ -43,7 +43,9 @@ class ForwardLevers(StrictModel):
     first before cutting, so each micro-batch holds rows of similar length and little padding. pack: rows
     ordered so too, and each micro-batch's rows concatenated into one sequence with no padding at all
     (position ids restart per row; attention stays within a row through a block-diagonal mask under eager
-    and sdpa, flash-attention's variable-length path under flash_attention_2/3)."""
+    and sdpa, flash-attention's variable-length path under flash_attention_2/3). That mask grows with the
+    square of the packed length, so under eager and sdpa a packed micro-batch also stays within 4096
+    tokens when micro_batch_tokens is unset."""
     logprob_chunk_tokens: PositiveInt | None = None
     """Compute log-probs (and entropies) from the final hidden states this many tokens at a time, so the
     full [tokens, vocabulary] float32 logits never exist at once; in training each chunk's logits are

@@ -15,7 +15,7 @@ import torch
 from gyre.engines import memory
 from gyre.engines.logit_head import ChunkedLogprobHead, check_chunkable, output_layer, swapped_output_layer
 from gyre.engines.microbatch import plan_micro_batches
-from gyre.engines.packing import RowLayout, attn_implementation_of
+from gyre.engines.packing import RowLayout, attn_implementation_of, takes_pack_mask
 from gyre.engines.specs import MemoryLevers
 from gyre.models.logprobs import entropy_from_logits, token_logprobs
 from gyre.types import TrainBatch, select_rows, trim_to_length
@@ -131,7 +131,8 @@ class ReferenceModel:
         return self.fwd.device
 
     def compute_logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
-        groups = plan_micro_batches(batch.attention_mask.sum(dim=1), self.micro_batch_size, self.fwd.levers)
+        groups = plan_micro_batches(batch.attention_mask.sum(dim=1), self.micro_batch_size, self.fwd.levers,
+                                    takes_pack_mask(self.model))
         return batch_logprobs(self.model, batch, self.fwd, temperature, groups)
 
     def offload(self) -> None:

@@ -98,6 +98,12 @@ def block_causal_mask(lengths: torch.Tensor, device: torch.device, kind: str) ->
     return mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
 
 
+def takes_pack_mask(model: torch.nn.Module) -> bool:
+    """A packed micro-batch gets the block-diagonal mask itself (its cost grows with the square of the
+    packed length), rather than row boundaries from position ids."""
+    return attn_implementation_of(model) in _MASKED_KINDS
+
+
 def attn_implementation_of(model: torch.nn.Module) -> str | None:
     """The attention kernel a (possibly wrapped) Hugging Face model runs."""
     config = getattr(getattr(model, "module", model), "config", None)

@@ -20,6 +20,7 @@ from gyre.engines import memory
 from gyre.engines.forward import ForwardContext, batch_logprobs, batch_values, micro_batches
 from gyre.engines.logit_head import check_chunkable
 from gyre.engines.microbatch import plan_micro_batches, split_to_count
+from gyre.engines.packing import takes_pack_mask
 from gyre.engines.specs import MemoryLevers, OptimizerSpec, SchedulerSpec
 from gyre.models.loading import load_causal_lm, load_value_model
 from gyre.models.specs import LoraSpec
@@ -211,7 +212,7 @@ class TrainerBackend:
 
     def _plan(self, batch: TrainBatch, size: int | None = None) -> list[torch.Tensor]:
         groups = plan_micro_batches(batch.attention_mask.sum(dim=1), size or self.spec.micro_batch_size,
-                                    self.spec.levers)
+                                    self.spec.levers, takes_pack_mask(self.model))
         if self.spec.strategy == "fsdp2" and dist.get_world_size() > 1:
             # FSDP2 gathers each layer's shards in every forward pass: all ranks must run as many passes,
             # whatever their token counts. (DDP only synchronises once per optimizer step.)
