@@ -186,8 +186,8 @@ def report(results: list[dict]) -> None:
             # The asynchronous schedules run disaggregated: the engine and the trainer get half the
             # devices each, so each side is as slow as in sync-split, and overlap hides only the smaller.
             split = max(avg(by["sync-split"], "generate_s"), avg(by["sync-split"], "train_s"))
-            print(f"split-layout ceiling: {(gen + train) / split:.2f}x ({best_sync}'s step over the larger of sync-split's "
-                  f"generate and train: what an asynchronous run on half the devices each could give)")
+            print(f"split-layout ceiling: {(gen + train) / split:.2f}x ({best_sync}'s step over the larger of "
+                  "sync-split's generate and train: what an asynchronous run on half the devices each could give)")
 
 
 if __name__ == "__main__":
