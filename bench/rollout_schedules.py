@@ -69,7 +69,7 @@ def warm_start(tmp: Path, sft_steps: int = 40, tail: str = "short") -> tuple[str
     base = load_config(None, [f"model.path={model}", f"data.train_files=[{data['train']}]",
                               f"sft_warmup.train_files=[{data['sft']}]", f"sft_warmup.steps={sft_steps}",
                               "sft_warmup.batch_size=64", "sft_warmup.micro_batch_size=64",
-                              "sft_warmup.optimizer.lr=3e-3", *COMMON, *HYBRID, *tail_keys(tail)])
+                              "sft_warmup.optimizer.lr=3e-3", *COMMON, *HYBRID, *shared_keys(tail)])
     return shared_warm_start(base, tmp / "warm", lambda s: None), data
 
 
@@ -77,7 +77,8 @@ EXTRA: list[str] = []
 """--set: config overrides added to every schedule (e.g. policy.remove_padding=pack)."""
 
 
-def tail_keys(tail: str) -> list[str]:
+def shared_keys(tail: str) -> list[str]:
+    """What the warm start and every schedule share: the tail's new-token limit and the --set overrides."""
     return [f"rollout.sampling.max_new_tokens={TAILS[tail][1]}", *EXTRA]
 
 
@@ -88,7 +89,7 @@ def schedule_config(name: str, model: str, data: dict, out: Path, steps: int, se
     return load_config(None, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}",
                               f"model.path={model}", f"data.train_files=[{data['train']}]",
                               f"data.val_files=[{data['val']}]", f"validation.every={every}", *COMMON,
-                              *tail_keys(tail), *SCHEDULES[name]])
+                              *shared_keys(tail), *SCHEDULES[name]])
 
 
 def run(name: str, model: str, data: dict, out: Path, steps: int, seed: int, every: int, tail: str) -> dict:

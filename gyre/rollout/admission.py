@@ -165,9 +165,7 @@ class Window:
         admitted again, then those admitted (in flight or committed), then those dynamic sampling rejected
         but kept for a fallback. What was generated for them is not kept: a resumed run admits them again,
         before drawing new prompts, so none is lost or drawn twice."""
-        s = self.s
-        return {"admitted": [p.uid for p in s.requeued] + s.untrained_prompts() + [g.prompt.uid for _, g in s.filtered],
-                "long_queue": []}
+        return {"admitted": self.s.readmit_prompts(), "long_queue": []}
 
     def load_state_dict(self, state: dict, prompts: dict[str, PromptRecord], step: int) -> list[PromptRecord]:
         known(prompts, [*state.get("admitted", []), *state.get("long_queue", [])])

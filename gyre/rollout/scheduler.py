@@ -408,9 +408,12 @@ class RolloutScheduler:
         if why is not None:
             self.note("dropped", [{"uid": group.prompt.uid, "why": why}])
 
+    def readmit_prompts(self) -> list[str]:
+        """Uids of the prompts a resumed run admits again: waiting to be admitted again, then admitted (in
+        flight or committed), oldest first, then rejected by the filter but kept for a fallback."""
+        return [p.uid for p in self.requeued] + self.untrained_prompts() + [g.prompt.uid for _, g in self.filtered]
+
     def pending_prompts(self) -> list[str]:
-        """Uids of every prompt drawn and not yet trained or dropped: waiting to be admitted again, then
-        admitted (in flight or committed), oldest first, then rejected by the filter but kept for a fallback,
-        then the regime's own (tail batching's long queue)."""
-        return [p.uid for p in self.requeued] + self.untrained_prompts() + \
-            [g.prompt.uid for _, g in self.filtered] + self.admission.waiting()
+        """Uids of every prompt drawn and not yet trained or dropped: ``readmit_prompts``, then the regime's
+        own (tail batching's long queue)."""
+        return self.readmit_prompts() + self.admission.waiting()
