@@ -205,8 +205,10 @@ class AlgorithmConfig(StrictModel):
     forward of the policy per step), its entropy, or at random; strategy none (the default) turns it off."""
     old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
     """Where pi_old comes from, for the loss's ratio, the KL penalty, distillation and mismatch correction:
-    recompute with the trainer, or the sampler's log-probs; auto recomputes when there is more than one
-    optimizer step per rollout batch (else the detached current ones serve)."""
+    recompute with the trainer, or the sampler's log-probs. auto: with rollout.async_ratio > 0 the sampler's
+    (the ratio then corrects for stale samples), unless the loss variant or mismatch correction compares pi_old
+    with the sampler; otherwise recomputed when there is more than one optimizer step per rollout batch or
+    mismatch correction weighs the batch, else the detached log-probs of the training forward pass."""
 
     @model_validator(mode="before")
     @classmethod

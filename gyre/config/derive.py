@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from gyre.algos.loss_table import OldSource
 from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
 from gyre.config.schema import RLVRConfig, SFTConfig
@@ -46,7 +47,9 @@ class RunPlan:
     samples_per_rank: int
     micro_batches_per_rank: int
     total_optimizer_steps: int
-    recompute_old_logprobs: bool
+    old_source: OldSource
+    """Where pi_old comes from: recomputed by the trainer, the sampler's log-probs (rollout), or the
+    detached log-probs of the training forward pass (current: one optimizer step per batch)."""
     use_reference: bool
     reference_on_policy: bool
     """LoRA: the reference log-probs come from the policy ranks with the adapters switched off (the base
@@ -71,6 +74,11 @@ class RunPlan:
     """The critics' role names in ``roles``: critic (PPO), or critic.0 ... critic.M-1 (critic.num_critics = M)."""
     use_teacher: bool = False
     """On-policy distillation (algorithm.distill.coef > 0): a teacher role scores every batch."""
+
+    @property
+    def recompute_old_logprobs(self) -> bool:
+        """The trainer runs a forward pass of each batch for pi_old before training."""
+        return self.old_source == "recomputed"
 
     def with_warmup(self, sft: SFTConfig | None, examples: int) -> RunPlan:
         """This plan with the SFT warm-up's steps over its ``examples`` loaded examples."""
@@ -160,8 +168,8 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
                 f"ranks); try one of {_divisors(rollout_batch, ranks)}")
     steps_per_batch = cfg.policy.epochs * rollout_batch // mini
     per_rank = mini // dp
-    recompute = _recompute_old_logprobs(cfg, steps_per_batch, notes)
-    _note_rollout_logprobs(cfg, notes)
+    old_source = _old_source(cfg, steps_per_batch, notes)
+    _note_rollout_logprobs(cfg, old_source, notes)
     _note_algorithm(cfg, steps_per_batch, notes)
     agg_norm = (a.loss.agg_norm or _response_budget(cfg)) if a.loss.agg == "seq-mean-token-sum-norm" else None
     # The overlong penalty measures each response (each model turn, in an episode) against its own budget.
@@ -180,7 +188,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         optimizer_steps_per_step=steps_per_batch, samples_per_rank=per_rank,
         rows_multiple=rollout_batch // mini * math.lcm(dp, len(cfg.critic.devices) * len(critics) if use_critic else 1),
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
-        total_optimizer_steps=steps_per_batch * cfg.run.steps, recompute_old_logprobs=recompute,
+        total_optimizer_steps=steps_per_batch * cfg.run.steps, old_source=old_source,
         use_reference=use_reference, reference_on_policy=reference_on_policy, use_critic=use_critic,
         reward_workers=sum(d.workers for d in cfg.reward.domains.values() if d.model_role is None)
         if cfg.env is None else math.ceil(cfg.env.workers * cfg.env.worker_cpus),
@@ -295,20 +303,36 @@ def _shared_devices(roles: dict[str, tuple[int, ...]]) -> dict[tuple[str, str], 
     return shared
 
 
-def _recompute_old_logprobs(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> bool:
-    a = cfg.algorithm
-    if a.old_logprobs != "auto":
-        return a.old_logprobs == "recompute"
+def _old_source(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> OldSource:
+    """Where pi_old comes from (``algorithm.old_logprobs``; auto decided here, with a note saying why)."""
+    a, alpha = cfg.algorithm, cfg.rollout.async_ratio
     needs = a.needs_trainer_old_logprobs
-    if needs:
+    if a.old_logprobs != "auto":
+        if a.old_logprobs == "recompute" and alpha > 0 and not needs:
+            notes.append(f"warning: rollout.async_ratio={alpha:g} trains on samples up to {math.ceil(alpha)} "
+                         "version(s) old and nothing corrects for it (algorithm.old_logprobs=recompute: the ratio is "
+                         "not taken against the policy that sampled): use algorithm.old_logprobs=auto, "
+                         "algorithm.mismatch.weight=token or algorithm.loss.variant=decoupled_ppo")
+        return "recomputed" if a.old_logprobs == "recompute" else "rollout"
+    if a.mismatch.enabled or (needs and steps_per_batch > 1):
+        # With one optimizer step the detached current log-probs are pi_old exactly, so a loss that compares
+        # pi_old with the sampler needs no extra forward pass; mismatch correction weighs the batch before it.
         notes.append(f"old log-probs recomputed by the trainer: {', '.join(needs)} compare(s) pi_old with the "
                      "sampler's log-probs")
-        return True
+        return "recomputed"
+    if alpha > 0 and not needs:
+        # Against the current weights the ratio of a stale sample is 1 and corrects nothing; against the policy
+        # that sampled it the loss's clip bounds how far it moves the policy. bench/rollout_schedules.py (alpha
+        # 2, 3 seeds, 60 steps): matched synchronous held-out reward; without it 0.05 (window) / 0.15 below.
+        notes.append(f"rollout.async_ratio={alpha:g}: old log-probs are the sampler's, so the loss's ratio and clip "
+                     f"are taken against the (up to {math.ceil(alpha)} versions old) policy that sampled each token "
+                     "(algorithm.old_logprobs=auto)")
+        return "rollout"
     recompute = steps_per_batch > 1
     notes.append(
         f"{steps_per_batch} optimizer step(s) per rollout batch: old log-probs "
         + ("recomputed by the trainer" if recompute else "taken from the first forward pass (detached)"))
-    return recompute
+    return "recomputed" if recompute else "current"
 
 
 def _check_groups(cfg: RLVRConfig) -> None:
@@ -443,12 +467,6 @@ def _check_rollout_schedule(cfg: RLVRConfig, hybrid: bool, notes: list[str]) -> 
         if r.schedule == "sync":
             notes.append(f"rollout.async_ratio={r.async_ratio:g}: samples are queued one request each (queue "
                          "scheduling), over engines that keep generating while the policy trains")
-        a = cfg.algorithm
-        if a.mismatch.weight == "none" and a.loss.variant not in ("tis", "cispo", "topr", "decoupled_ppo"):
-            notes.append(f"warning: rollout.async_ratio={r.async_ratio:g} trains on samples up to "
-                         f"{math.ceil(r.async_ratio)} version(s) old and nothing corrects for it: set "
-                         "algorithm.mismatch.weight=token (truncated importance weights pi_old / mu) or an "
-                         "off-policy loss (algorithm.loss.variant=decoupled_ppo, tis, cispo or topr)")
     if r.tail_batching is not None and r.dynamic_sampling is not None:
         raise ConfigError("rollout.tail_batching and rollout.dynamic_sampling both decide which groups of a round "
                           "train: use one of them")
@@ -471,16 +489,16 @@ def _check_hybrid(cfg: RLVRConfig, notes: list[str]) -> bool:
     return True
 
 
-def _note_rollout_logprobs(cfg: RLVRConfig, notes: list[str]) -> None:
+def _note_rollout_logprobs(cfg: RLVRConfig, source: OldSource, notes: list[str]) -> None:
     """pi_old from the sampler is only unbiased when sampler and trainer compute the same distribution."""
     s = cfg.rollout.sampling
-    if cfg.algorithm.old_logprobs != "rollout":
+    if source != "rollout":
         return
     if s.top_p < 1 or s.top_k > 0:
-        notes.append("warning: algorithm.old_logprobs=rollout with top_p/top_k: the sampler's log-probs are "
+        notes.append("warning: old log-probs from the sampler with top_p/top_k: the sampler's log-probs are "
                      "renormalised over the kept tokens, the trainer's are not, so the PPO ratio is biased")
     if cfg.model.dtype != "float32":
-        notes.append(f"warning: algorithm.old_logprobs=rollout with a {cfg.model.dtype} rollout: the ratio also "
+        notes.append(f"warning: old log-probs from the sampler with a {cfg.model.dtype} rollout: the ratio also "
                      "carries the precision gap between sampler and trainer")
 
 

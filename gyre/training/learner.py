@@ -127,9 +127,7 @@ class Learner:
         batch = dataclasses.replace(batch, critic_values=None)  # the critics' business, not the policy's
         per_rank, denoms = self.minibatches(batch, step, self.plan.dp_size)
         a = self.cfg.algorithm
-        old_source = "recomputed" if self.plan.recompute_old_logprobs else (
-            "rollout" if a.old_logprobs == "rollout" else "current")
-        spec = a.loss_spec(self.temperature, old_source)
+        spec = a.loss_spec(self.temperature, self.plan.old_source)
         results = self._call_each(self.policy, PolicyWorker.train, [(shards, denoms, spec) for shards in per_rank])
         return TrainStepResult.summarize(results)
 

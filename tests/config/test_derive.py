@@ -107,10 +107,30 @@ def test_rollout_schedule_rules():
         plan_for("rollout.tail_batching={}", "rollout.dynamic_sampling={}")
     plan = plan_for("rollout.async_ratio=1.5", "rollout.devices=[0]", "policy.devices=[1]")
     assert any("queue scheduling" in n for n in plan.notes)
-    assert any("up to 2 version(s) old and nothing corrects" in n for n in plan.notes)
-    corrected = plan_for("rollout.async_ratio=2", "rollout.devices=[0]", "policy.devices=[1]",
-                         "algorithm.mismatch.weight=token")
-    assert not any("nothing corrects" in n for n in corrected.notes) and corrected.recompute_old_logprobs
+
+
+
+def test_old_log_probs_source():
+    """auto: the detached current log-probs with one optimizer step, recomputed with several or when mismatch
+    correction weighs the batch first; under asynchrony the sampler's, so the ratio corrects for staleness."""
+    split = ("rollout.devices=[0]", "policy.devices=[1]")
+    assert plan_for().old_source == "current"
+    assert plan_for("policy.mini_batch_size=4").old_source == "recomputed"
+    # decoupled PPO takes pi_old from its own forward pass when one optimizer step makes them equal
+    assert plan_for("algorithm.loss.variant=decoupled_ppo").old_source == "current"
+    assert plan_for("algorithm.loss.variant=decoupled_ppo", "policy.mini_batch_size=4").old_source == "recomputed"
+    stale = plan_for("rollout.async_ratio=1.5", *split)
+    assert stale.old_source == "rollout" and not stale.recompute_old_logprobs
+    assert any("old log-probs are the sampler's" in n for n in stale.notes)
+    assert not any("nothing corrects" in n for n in stale.notes)
+    assert plan_for("rollout.async_ratio=2", *split, "policy.mini_batch_size=4").old_source == "rollout"
+    # knobs that compare pi_old with the sampler keep the trainer's pi_old, asynchronous or not
+    assert plan_for("rollout.async_ratio=2", *split, "algorithm.mismatch.weight=token").old_source == "recomputed"
+    assert plan_for("rollout.async_ratio=2", *split, "algorithm.loss.variant=decoupled_ppo").old_source == "current"
+    # an explicit choice is kept, and said to correct nothing for stale samples
+    forced = plan_for("rollout.async_ratio=2", *split, "algorithm.old_logprobs=recompute")
+    assert forced.old_source == "recomputed"
+    assert any("up to 2 version(s) old and nothing corrects" in n for n in forced.notes)
 
 
 def test_lockstep_asynchrony_rules():

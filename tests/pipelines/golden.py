@@ -41,7 +41,8 @@ CASES: dict[str, list[str]] = {
                       "algorithm.kl.reward_coef=0.01", "algorithm.mismatch.weight=token",
                       "algorithm.mismatch.filter=sequence"],
     # Lockstep asynchrony (alpha 1) on a rollout engine of its own, with dynamic sampling's refills: the
-    # publication hold, the plan's parts and refills of the oldest unsettled batch.
+    # publication hold, the plan's parts and refills of the oldest unsettled batch; old log-probs from the
+    # sampler (the asynchronous default of algorithm.old_logprobs).
     "lockstep": ["run.steps=5", "sft_warmup.steps=60", "validation.every=0", "data.max_val_prompts=32",
                  "checkpoint.every=0", "logging.progress=false", "cluster.cpu_slots=3", "rollout.devices=[0]",
                  "rollout.mode=separate", "policy.devices=[1,2]", "rollout.prompts_per_step=16",
