@@ -27,10 +27,6 @@ from gyre.types import GenerationRequest, GenerationResult, SamplingParams, Weig
 _COMPACT_FRACTION = 0.25
 
 
-_Row = SampleProgress
-"""One sample while it is decoded."""
-
-
 class HFRolloutEngine(StepwiseGenerate):
     """Implements ``RolloutEngine`` over an in-process ``transformers`` model."""
 
@@ -44,7 +40,7 @@ class HFRolloutEngine(StepwiseGenerate):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._version: WeightVersion = 0
         self._stop = StopChecker(tokenizer, self.eos_ids)
-        self._waiting: deque[_Row] = deque()
+        self._waiting: deque[SampleProgress] = deque()
         """Rows admitted and not decoding: new ones, and those a ``suspend`` took out of the batch."""
         self._batch: KVBatch | None = None
         self._suspended = False
@@ -96,7 +92,7 @@ class HFRolloutEngine(StepwiseGenerate):
     def add(self, requests: Sequence[GenerationRequest]) -> None:
         """Queue requests; their rows join the running batch at the next ``step`` with room for them."""
         for r in requests:
-            self._waiting.extend(_Row(r, r.first_sample + i) for i in range(r.n))
+            self._waiting.extend(SampleProgress(r, r.first_sample + i) for i in range(r.n))
 
     def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
         """Remove the rows of these requests wherever they are; returns each unfinished row's tokens so far
@@ -110,7 +106,7 @@ class HFRolloutEngine(StepwiseGenerate):
             self._drop_if_empty()
         for row in gone:
             row.finish = "abort"
-        return [self._result(row) for row in gone]
+        return [row.result(self.tokenizer) for row in gone]
 
     def suspend(self) -> None:
         """Stop decoding and drop the KV cache (e.g. for a weight update); rows keep their tokens and
@@ -160,7 +156,7 @@ class HFRolloutEngine(StepwiseGenerate):
                 row.finish = self._stop(row.response, params.stop, params.ignore_eos) or (
                     "length" if len(row.response) >= params.max_new_tokens else None)
                 if row.finish is not None:
-                    done.append(self._result(row))
+                    done.append(row.result(self.tokenizer))
         self._decode(tokens)
         return done
 
@@ -174,7 +170,7 @@ class HFRolloutEngine(StepwiseGenerate):
             row = self._waiting.popleft()
             if len(row.response) >= row.request.params.max_new_tokens:  # a continuation with no budget left
                 row.finish = "length"
-                done.append(self._result(row))
+                done.append(row.result(self.tokenizer))
             else:
                 joining.append(row)
         if joining:
@@ -187,7 +183,7 @@ class HFRolloutEngine(StepwiseGenerate):
         return done
 
     @torch.inference_mode()
-    def _prefill(self, rows: list[_Row]) -> KVBatch:
+    def _prefill(self, rows: list[SampleProgress]) -> KVBatch:
         """Run each distinct context once, then give each row sharing it its own copy of the cache."""
         from transformers import DynamicCache
 
@@ -247,11 +243,7 @@ class HFRolloutEngine(StepwiseGenerate):
                 mask[i, width - len(p):] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _result(self, row: _Row) -> GenerationResult:
-        return row.result(self.tokenizer)
-
-
-def _by_params(rows: list[_Row], members: list[int]) -> dict[SamplingParams, list[int]]:
+def _by_params(rows: list[SampleProgress], members: list[int]) -> dict[SamplingParams, list[int]]:
     groups: dict[SamplingParams, list[int]] = {}
     for j in members:
         groups.setdefault(rows[j].request.params, []).append(j)

@@ -62,8 +62,6 @@ class VLLMRolloutEngine(StepwiseGenerate):
         """Samples with a vLLM request in flight, by request key."""
         self._waiting: deque[SampleProgress] = deque()
         """Samples to send at the next step: new ones, and those a ``suspend`` took out of vLLM."""
-        self._done: list[GenerationResult] = []
-        """Finished without a decoding step (a continuation with no budget left), reported at the next step."""
         self._suspended = False
         self._asleep = False
         self.model_path = model_path
@@ -76,7 +74,7 @@ class VLLMRolloutEngine(StepwiseGenerate):
 
     @property
     def busy(self) -> bool:
-        return bool(self._live or self._waiting or self._done)
+        return bool(self._live or self._waiting)
 
     def request_ids(self) -> list[str]:
         return list(dict.fromkeys(s.request.request_id for s in [*self._waiting, *self._live.values()]))
@@ -88,7 +86,7 @@ class VLLMRolloutEngine(StepwiseGenerate):
 
     def step(self) -> list[GenerationResult]:
         """Send waiting samples to vLLM, run one engine step; the samples that finished."""
-        done, self._done = self._done, []
+        done: list[GenerationResult] = []
         if self._suspended:
             return done
         while self._waiting:
@@ -107,7 +105,7 @@ class VLLMRolloutEngine(StepwiseGenerate):
             if out.finished:
                 sample.finish = "length" if completion.finish_reason == "length" else "stop"
                 del self._live[out.request_id]
-                done.append(self._result(sample))
+                done.append(sample.result(self.tokenizer))
         return done
 
     def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
@@ -120,7 +118,7 @@ class VLLMRolloutEngine(StepwiseGenerate):
         gone += [self._live.pop(key) for key in flying]
         for s in gone:
             s.finish = "abort"
-        return [self._result(s) for s in gone]
+        return [s.result(self.tokenizer) for s in gone]
 
     def suspend(self) -> None:
         """Take every live sample out of vLLM (its tokens kept); they continue after ``resume``, ahead of
@@ -186,19 +184,15 @@ class VLLMRolloutEngine(StepwiseGenerate):
         budget = p.max_new_tokens - len(sample.response)
         if budget <= 0:  # a continuation with nothing left to sample
             sample.finish = "length"
-            done.append(self._result(sample))
+            done.append(sample.result(self.tokenizer))
             return
         params = SamplingParams(
-            n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else 0,
+            n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
             max_tokens=budget, stop=list(p.stop) or None, ignore_eos=p.ignore_eos, logprobs=0,
             seed=_sample_seed(sample.request.seed, sample.sample_index, len(sample.response)),
             output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
         self.engine.add_request(_key(sample), {"prompt_token_ids": sample.context}, params)
         self._live[_key(sample)] = sample
-
-    def _result(self, sample: SampleProgress) -> GenerationResult:
-        return sample.result(self.tokenizer)
-
 
 def _key(sample: SampleProgress) -> str:
     """The vLLM request id of one sample."""
