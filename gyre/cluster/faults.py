@@ -44,6 +44,7 @@ _PEER_GRACE_S = 3.0
 """After a rank raised, how long to look for a dead peer (a collective fails on the survivors too)."""
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "ncclRemoteError")
 """How gloo and NCCL word a peer's disappearance, in the exception's own message."""
+_LOST_PEER = "lost a peer rank inside a collective: "
 
 
 @dataclass
@@ -135,7 +136,7 @@ def _classify_error(exc: BaseException) -> tuple[FaultKind, str]:
         return "died", exc.lost  # it raised because something it needed died (e.g. the weights' owner)
     text = str(exc)
     if any(marker in _last_lines(text) for marker in _PEER_LOST):  # the raised message, not the traceback
-        return "died", "lost a peer rank inside a collective: " + _last_lines(text)
+        return "died", _LOST_PEER + _last_lines(text)
     return "error", _last_lines(text)
 
 
@@ -253,13 +254,15 @@ def fault_from(exc: BaseException, role: str, rank: int, method: str, pending: d
     """The fault to report for ``rank``'s failure; a raise that follows the death of a peer in
     ``pending`` (ref -> rank) is reported as that death."""
     kind, cause = _classify_error(exc)
-    if kind == "error" and pending:
+    # A survivor of a collective raises too (its error, or the lost connection that gloo/NCCL report):
+    # the fault to recover from is the peer's death, when one shows within the grace period.
+    if (kind == "error" or cause.startswith(_LOST_PEER)) and pending:
         ready, _ = transport.wait(list(pending), num_returns=len(pending), timeout=_PEER_GRACE_S)
         for ref in ready:
             try:
                 transport.get(ref)
             except Exception as peer_exc:  # noqa: BLE001 - looking for a death among the peers
                 peer_kind, peer_cause = _classify_error(peer_exc)
-                if peer_kind == "died":
+                if peer_kind == "died" and not peer_cause.startswith(_LOST_PEER):
                     return RoleFault(role, (pending[ref],), method, "died", peer_cause)
     return RoleFault(role, (rank,), method, kind, cause)

@@ -24,6 +24,9 @@ class Sleeper:
     def fail(self) -> None:
         raise ValueError("the method's own error")
 
+    def lose_peer(self) -> None:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40000")
+
     def join(self, rank: int, world: int, port: int) -> None:
         import torch.distributed as dist
 
@@ -133,6 +136,26 @@ def test_a_rank_lost_inside_a_collective_is_reported_as_the_death(workers):
     with pytest.raises(RoleFault) as info:
         gather(refs, "policy", "train", actors, Watchdog(call_timeout_s=60))
     assert info.value.kind == "died" and info.value.ranks == (1,)
+
+
+def test_a_survivor_that_reports_a_lost_peer_first_names_the_peer_that_died():
+    """gloo's survivor may answer before the dead rank's loss is known: the report is still the death."""
+    import threading
+
+    from gyre.cluster import transport
+    from gyre.cluster.local import LocalActor
+
+    survivor, doomed = LocalActor(Sleeper), LocalActor(Sleeper)
+    refs = [survivor.lose_peer.remote(), doomed.nap.remote(30, 1)]
+    threading.Timer(0.3, transport.kill, args=(doomed,)).start()
+    with pytest.raises(RoleFault) as info:
+        gather(refs, "policy", "train", [survivor, doomed], Watchdog(call_timeout_s=60))
+    assert (info.value.kind, info.value.ranks) == ("died", (1,))
+    with pytest.raises(RoleFault) as alone:  # no dead peer shows: the survivor's own report stands
+        gather([survivor.lose_peer.remote()], "policy", "train", [survivor], Watchdog(call_timeout_s=60))
+    assert (alone.value.kind, alone.value.ranks) == ("died", (0,))
+    assert "lost a peer rank inside a collective" in alone.value.cause
+    transport.kill(survivor)
 
 
 def test_the_transport_waits_on_ray_and_in_process_calls_together(workers):
