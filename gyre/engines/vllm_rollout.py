@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -48,6 +49,10 @@ class VLLMRolloutEngine(StepwiseGenerate):
                  max_model_len: int | None = None, max_batch_size: int | None = None, enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.9, tensor_parallel_size: int = 1, device: str = "cpu"):
         vllm = import_vllm()
+        self._threads = torch.get_num_threads()
+        """The CPU threads vLLM plans for (see ``_own_threads``); read before vLLM replaces ``set_num_threads``."""
+        self._thread = threading.local()
+        self._thread.set = True  # the builder's thread has the count already
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         gpu = {"gpu_memory_utilization": gpu_memory_utilization} if self.device.type == "cuda" else {}
@@ -93,6 +98,7 @@ class VLLMRolloutEngine(StepwiseGenerate):
             self._send(self._waiting.popleft(), done)
         if not self._live:
             return done
+        self._own_threads()
         for out in self.engine.step():
             sample = self._live.get(out.request_id)
             if sample is None:  # aborted meanwhile
@@ -107,6 +113,16 @@ class VLLMRolloutEngine(StepwiseGenerate):
                 del self._live[out.request_id]
                 done.append(sample.result(self.tokenizer))
         return done
+
+    def _own_threads(self) -> None:
+        """Give the calling thread the engine's CPU thread count. OpenMP counts threads per calling thread,
+        and vLLM's CPU attention plans each step for one count and checks it when it runs (a mismatch
+        aborts the process), so a step from a thread other than the builder's (a Ray actor's serving
+        thread) first takes the builder's count. vLLM replaces ``torch.set_num_threads`` after start-up,
+        hence the underlying call."""
+        if self.device.type == "cpu" and not getattr(self._thread, "set", False):
+            torch._C.set_num_threads(self._threads)
+            self._thread.set = True
 
     def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
         ids = set(request_ids)
