@@ -133,6 +133,8 @@ class SimEngine:
         self.suspended = False
 
     def load_weights(self, weights: Mapping | None, version: WeightVersion) -> None:
+        if self.rows and not self.suspended:  # as a real engine: weights change between steps, suspended
+            raise RuntimeError(f"the engine is decoding {len(self.rows)} rows: suspend it before loading weights")
         self.version = version
         if self._history[-1][0] == self.steps:
             self._history[-1] = (self.steps, version)

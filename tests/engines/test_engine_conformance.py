@@ -1,7 +1,11 @@
 """The rollout-engine conformance suite: what every backend behind ``RolloutEngine`` must do, run against
-each one installed (gyre's HF engine always; vLLM where ``vllm`` imports). An engine upgrade is a run of
-this file. Engines are built once per module (vLLM starts in tens of seconds); a test that changes the
-weights puts the originals back."""
+each one installed (gyre's HF engine always; vLLM where ``vllm`` imports; the simulator's engine). An engine
+upgrade is a run of this file. Engines are built once per module (vLLM starts in tens of seconds); a test
+that changes the weights puts the originals back.
+
+The simulator's engine samples no tokens (a sample's length comes from its workload, its tokens are
+fillers): it is held to the lifecycle (protocol, budgets, aborts that keep tokens, continuation, weight
+updates between steps, versions per token), and the tests of what was sampled (``sampler``) skip it."""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from gyre.models.loading import load_causal_lm, load_tokenizer
 from gyre.types import GenerationRequest, SamplingParams
 
 BACKENDS = ["hf", pytest.param("vllm", marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                                                reason="vLLM is not installed (gyre[vllm])"))]
+                                                                reason="vLLM is not installed (gyre[vllm])")),
+            "sim"]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,13 @@ def engine(request, tiny_model_dir, tok):
         from gyre.engines.hf_rollout import HFRolloutEngine
 
         return HFRolloutEngine(load_causal_lm(tiny_model_dir), tok)
+    if request.param == "sim":
+        from gyre.config.catalog import DeviceClass, ModelShape
+        from gyre.sim.cost import CostModel
+        from gyre.sim.engine import SimEngine
+
+        device = DeviceClass("toy", 1.0, 1.0, 10.0, 1.0, compute_eff=1.0, mem_eff=1.0, step_overhead_s=0.001)
+        return SimEngine(CostModel(device, ModelShape("toy", 1e8, 2, 1, 250)), lambda request, i: 10**6)
     from gyre.engines.vllm_rollout import VLLMRolloutEngine
 
     return VLLMRolloutEngine(str(tiny_model_dir), tok, max_model_len=256, max_batch_size=64)
@@ -50,6 +62,20 @@ def fresh(engine, weights):
     yield engine
     engine.abort(engine.request_ids())
     engine.load_weights(weights[0], 0)
+
+
+def samples_tokens(engine) -> bool:
+    from gyre.sim.engine import SimEngine
+
+    return not isinstance(engine, SimEngine)
+
+
+@pytest.fixture()
+def sampler(fresh):
+    """``fresh``, for tests of what an engine sampled: the simulator's engine samples nothing."""
+    if not samples_tokens(fresh):
+        pytest.skip("the simulator's engine samples no tokens (lengths come from its workload)")
+    return fresh
 
 
 def req(tok, text, params, n=1, seed=0, rid=None, prefix=()):
@@ -74,7 +100,8 @@ def test_satisfies_the_protocol(engine):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_logprobs_are_the_trainers_forward_pass(fresh, tok, tiny_model_dir, temperature):
+def test_logprobs_are_the_trainers_forward_pass(sampler, tok, tiny_model_dir, temperature):
+    fresh = sampler
     model = load_causal_lm(tiny_model_dir)
     params = SamplingParams(temperature=temperature, max_new_tokens=16)
     results = fresh.generate([req(tok, p, params, n=3, seed=i) for i, p in enumerate(["12+34=", "5-9="])])
@@ -85,7 +112,8 @@ def test_logprobs_are_the_trainers_forward_pass(fresh, tok, tiny_model_dir, temp
         assert torch.allclose(torch.tensor(r.logprobs), expected, atol=1e-4), (r.logprobs, expected.tolist())
 
 
-def test_a_seed_reproduces_its_samples_and_another_seed_differs(fresh, tok):
+def test_a_seed_reproduces_its_samples_and_another_seed_differs(sampler, tok):
+    fresh = sampler
     params = SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True)
     a = fresh.generate([req(tok, "7*8=", params, n=4, seed=3)])
     b = fresh.generate([req(tok, "7*8=", params, n=4, seed=3)])
@@ -95,9 +123,13 @@ def test_a_seed_reproduces_its_samples_and_another_seed_differs(fresh, tok):
     assert len({tuple(r.response_ids) for r in a}) > 1  # a request's samples are not copies of each other
 
 
-def test_finish_reasons_max_tokens_and_stop_strings(fresh, tok):
+def test_max_tokens_ends_a_sample_with_finish_reason_length(fresh, tok):
     long = fresh.generate([req(tok, "1+1=", SamplingParams(max_new_tokens=9, ignore_eos=True), n=2)])
-    assert all(r.finish_reason == "length" and len(r.response_ids) == 9 for r in long)
+    assert [(r.finish_reason, len(r.response_ids), len(r.logprobs)) for r in long] == [("length", 9, 9)] * 2
+
+
+def test_stop_strings_end_a_sample_with_finish_reason_stop(sampler, tok):
+    fresh = sampler
     stops = ("1", "2", "3", "4", "5")
     stopped = fresh.generate([req(tok, "9+9=", SamplingParams(max_new_tokens=64, stop=stops, ignore_eos=True),
                                   n=8, seed=1)])
@@ -141,14 +173,16 @@ def test_a_weight_update_mid_flight_keeps_tokens_and_stamps_versions(fresh, tok,
     model.load_state_dict(weights[1])
     for r in results:
         assert len(r.response_ids) == 20 and r.versions[0] == 0 and r.versions[-1] == 1
-        assert r.versions == sorted(r.versions)
+        assert list(r.versions) == sorted(r.versions)
         new = [i for i, v in enumerate(r.versions) if v == 1]
-        expected = forward_logprobs(model, r.prompt_ids, r.response_ids, 1.0)[new]
-        assert torch.allclose(torch.tensor(r.logprobs)[new], expected, atol=1e-4)  # sampled by the new weights
+        if samples_tokens(fresh):
+            expected = forward_logprobs(model, r.prompt_ids, r.response_ids, 1.0)[new]
+            assert torch.allclose(torch.tensor(r.logprobs)[new], expected, atol=1e-4)  # sampled by the new weights
 
 
-def test_a_lora_adapter_is_merged_into_the_base_weights(fresh, tok, weights, tiny_model_dir):
+def test_a_lora_adapter_is_merged_into_the_base_weights(sampler, tok, weights, tiny_model_dir):
     """Two adapter versions in a row: each merged from the base weights (not on top of the last merge)."""
+    fresh = sampler
     from gyre.models.lora import AdapterWeights, LoraTarget
 
     base = weights[0]

@@ -56,7 +56,7 @@ def _group_of_two(engines: int) -> tuple[RolloutScheduler, SimEngine]:
     e0 = _engine(0)
     e0.add(first.requests)
     assert _steps(e0, 2) == []
-    e0.load_weights(None, 1)
+    e0.update(1)
     assert _steps(e0, 2) == []
     return sched, e0
 
