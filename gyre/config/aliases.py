@@ -206,6 +206,16 @@ BY_NAME: dict[str, Alias] = {
     "vllm_mode": Alias("rollout.mode", "TRL", "vllm_mode=server is rollout.mode=separate (engines on their own "
                        "devices); colocate is rollout.mode=hybrid, which samples with gyre's HF engine"),
     "async_train": Alias("rollout.async_ratio", "OpenRLHF", "a ratio > 0 overlaps rollout with training"),
+    "tensor_model_parallel_size": Alias("rollout.devices", "verl", "no tensor-parallel engines yet: one engine "
+                                        "per device of rollout.devices (docs/guides/engines.md)"),
+    "tensor_parallel_size": Alias("rollout.devices", "vLLM, ROLL", "no tensor-parallel engines yet: one engine "
+                                  "per device of rollout.devices (docs/guides/engines.md)"),
+    "vllm_tensor_parallel_size": Alias("rollout.devices", "OpenRLHF, TRL", "no tensor-parallel engines yet: one "
+                                       "engine per device of rollout.devices (docs/guides/engines.md)"),
+    "gpu_memory_utilization": Alias("rollout.backend", "verl, vLLM", "not settable yet: a vLLM engine takes vLLM's "
+                                    "default 0.9 of its GPU (docs/guides/engines.md)"),
+    "vllm_gpu_memory_utilization": Alias("rollout.backend", "TRL, OpenRLHF", "not settable yet: a vLLM engine "
+                                         "takes vLLM's default 0.9 of its GPU (docs/guides/engines.md)"),
     # LoRA (TRL's ModelConfig / peft, verl's actor_rollout_ref.model, OpenRLHF's flags)
     "use_peft": Alias("policy.lora", "TRL", "policy.lora={} turns LoRA on"),
     "lora_r": Alias("policy.lora.r", "TRL"),
