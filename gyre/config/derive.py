@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from gyre.algos.loss_table import OldSource
-from gyre.config.backend import backend_notes
+from gyre.config.backend import backend_notes, judge_engine_notes
 from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
 from gyre.config.schema import RLVRConfig, SFTConfig
@@ -273,7 +273,8 @@ def _reward_model_roles(cfg: RLVRConfig, device_kind: str, notes: list[str]) -> 
 
 
 def _note_judge_budgets(cfg: RLVRConfig, notes: list[str]) -> None:
-    """An endpoint judge retries inside the sample's reward timeout; say so when it cannot finish them."""
+    """An endpoint judge's retries must fit the sample's reward timeout; a local judge on vLLM is noted."""
+    notes += judge_engine_notes(cfg.reward.domains)
     for name, domain in cfg.reward.domains.items():
         j = domain.judge
         if j is not None and j.backend == "openai" and domain.sample_timeout_s < (j.retries + 1) * j.request_timeout_s:

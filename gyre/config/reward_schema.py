@@ -73,6 +73,9 @@ class JudgeConfig(StrictModel):
     model_path: str | None = None
     """local: a Hugging Face causal-LM directory, or a Hub id in the local Hugging Face cache (its main
     revision; see model.path)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """local: the engine that runs the judge, as rollout.backend: hf (built in) or vllm (vLLM 0.32 in the
+    judge actor's process; install: docs/guides/engines.md)."""
     devices: DeviceList = (0,)
     """local: devices of the judge role (it stays resident; it is not time-shared)."""
     max_batch_size: PositiveInt | None = None

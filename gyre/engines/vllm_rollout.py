@@ -42,6 +42,16 @@ def import_vllm():
     return vllm
 
 
+def vllm_engine(model_path: str, tokenizer, threads: int, **options) -> VLLMRolloutEngine:
+    """A vLLM engine in this actor's process, on the actor's share of the CPU (``threads``); ``options``
+    are ``VLLMRolloutEngine``'s. vLLM binds its CPU threads itself: to the share, not to every core of the
+    host (several actors share a host). Its CPU attention plans for OMP_NUM_THREADS and checks that torch
+    runs as many, so both are the share's (an inherited value made them disagree)."""
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    return VLLMRolloutEngine(model_path, tokenizer, **options)
+
+
 class VLLMRolloutEngine(StepwiseGenerate):
     """Implements ``RolloutEngine`` over an in-process ``vllm.LLM``."""
 

@@ -110,14 +110,21 @@ def openai_judge_reward(response: str, ground_truth: str, prompt: str = "", *, u
 
 
 class LocalJudge:
-    """A local HF judge model, sampled greedily in batches by ``HFRolloutEngine``."""
+    """A local judge model, sampled greedily in batches by one of gyre's rollout engines (``judge.engine``)."""
 
-    def __init__(self, judge, device, trust_remote_code: bool = False):
-        from gyre.engines.hf_rollout import HFRolloutEngine
+    def __init__(self, judge, device, trust_remote_code: bool = False, threads: int = 1):
         from gyre.models.loading import load_causal_lm, load_tokenizer
 
         self.cfg = judge
         self.tokenizer = load_tokenizer(judge.model_path, trust_remote_code)
+        if judge.engine == "vllm":
+            from gyre.engines.vllm_rollout import vllm_engine
+
+            self.engine = vllm_engine(judge.model_path, self.tokenizer, threads, max_batch_size=judge.max_batch_size,
+                                      device=str(device))
+            return
+        from gyre.engines.hf_rollout import HFRolloutEngine
+
         model = load_causal_lm(judge.model_path, "float32", trust_remote_code, str(device))
         self.engine = HFRolloutEngine(model, self.tokenizer, device, judge.max_batch_size)
 

