@@ -60,9 +60,11 @@ UnitFloat = Annotated[float, Field(ge=0, le=1)]
 
 
 class StrictModel(BaseModel):
-    """Base for every config section: unknown keys are errors, values are validated on assignment."""
+    """Base for every config section: unknown keys are errors, values are validated on assignment, and a
+    number must be finite (``.inf`` and ``.nan`` are YAML floats, never a meaningful setting)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False)
 
 
 def attribute_docstrings(cls: type) -> dict[str, str]:

@@ -48,7 +48,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as "
                           "UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader that refuses duplicate keys
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}:{exc.line}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{_yaml_where(path, exc)}: not valid YAML ({_yaml_problem(exc)})") from None
     if data is None:
@@ -56,6 +58,31 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (run:, model:, ...), not {type(data).__name__}")
     return data
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.line = line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice in one mapping is an error (PyYAML keeps the
+    last silently: two ``run:`` sections would lose the first one's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor``: explicit keys override it
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise _DuplicateKey(f"key {key!r} appears twice in one section (lines {seen[key]} and {line}): "
+                                    "YAML keeps only the last, so merge them into one", line)
+            if isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 def _yaml_where(source: object, exc: yaml.YAMLError) -> str:

@@ -2,6 +2,7 @@ import pytest
 
 from gyre.config import ConfigError, load_config, validate_config
 from gyre.config.base import parse_devices
+from gyre.config.load import read_yaml
 
 BASE = ["model.path=m", "data.train_files=[t.jsonl]"]
 
@@ -53,6 +54,29 @@ def test_yaml_file_and_overrides(tmp_path):
     path.write_text("model: {path: m}\ndata: {train_files: [a.jsonl]}\nrun: {steps: 5}\n")
     cfg = load_config(path, ["run.steps=7"])
     assert cfg.run.steps == 7
+
+
+def test_a_key_written_twice_is_refused_naming_both_lines(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  path: m\nrun:\n  steps: 3\nrun:\n  steps: 4\n")
+    with pytest.raises(ConfigError, match=r"run.yaml:5: key 'run' appears twice in one section \(lines 3 and 5\)"):
+        load_config(path)
+    path.write_text("model:\n  path: m\nrun:\n  steps: 3\n  seed: 1\n  steps: 4\n")  # inside a section too
+    with pytest.raises(ConfigError, match=r"key 'steps' appears twice in one section \(lines 4 and 6\)"):
+        load_config(path)
+    # A merge key (<<: *anchor) is not a duplicate: explicit keys override what it brings, as YAML defines
+    path.write_text("model: {path: m}\nrun: &r {steps: 3, seed: 2}\nvalidation:\n  <<: *r\n  seed: 5\n")
+    assert read_yaml(path)["validation"] == {"steps": 3, "seed": 5}
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_non_finite_numbers_are_refused(tmp_path, value):
+    with pytest.raises(ConfigError, match="policy.grad_clip: Input should be a finite number"):
+        load_config(None, ["model.path=m", "data.train_files=[t.jsonl]", f"policy.grad_clip={value}"])
+    path = tmp_path / "run.yaml"
+    path.write_text(f"model: {{path: m}}\ndata: {{train_files: [t.jsonl]}}\npolicy: {{optimizer: {{lr: {value}}}}}\n")
+    with pytest.raises(ConfigError, match="policy.optimizer.lr: Input should be a finite number"):
+        load_config(path)
 
 
 def test_bad_value_message_names_the_key():
