@@ -234,6 +234,13 @@ def code_reward(response: str, ground_truth: str, *, timeout_s: float | None = N
     key = case_key or case_key_of(ground_truth)
     timeout = _timeout_for(timeout_s, adaptive, key)
     code = extract_code(response)
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no file or process can hold the program
+        info = {"passed": 0, "total": len(tests), "runtimes": [], "statuses": [], "timeout_s": timeout,
+                "case_key": key, "detail": f"the program is not valid Unicode text ({exc.reason} at character "
+                                          f"{exc.start}): it cannot be run, so it passes no test"}
+        return RewardResult(score=0.0, correct=False, info=info)
     options = dict(sandbox or {})
     runtimes: list[float] = []
     statuses: list[str] = []

@@ -66,6 +66,14 @@ def test_io_syntax_error_crash_and_no_code():
     assert empty.score == 0.0 and empty.info["runtimes"] == []
 
 
+def test_a_program_that_is_not_valid_unicode_scores_zero_with_the_reason():
+    """A lone surrogate (a policy can emit one) made the reward raise, which counts toward max_error_frac."""
+    for tests in (IO, ASSERTS):
+        result = code_reward(fenced("def add(a, b):\n    return a + b  # \ud800"), tests, **FAST)
+        assert (result.score, result.correct, result.info["passed"], result.info["total"]) == (0.0, False, 0, 3)
+        assert "not valid Unicode text (surrogates not allowed at character" in result.info["detail"]
+
+
 def test_io_adversarial_programs_score_zero():
     loop = code_reward(fenced("while True:\n    pass"), IO, timeout_s=0.5)
     assert loop.score == 0.0 and loop.info["statuses"] == ["timeout"] and loop.info["runtimes"][0] < 1.5
