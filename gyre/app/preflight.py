@@ -165,9 +165,30 @@ def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
         check_functions(domain)
     if address:
         check_reachable(address, "cluster.address" if cfg.cluster.address == address else "--address")
-        return make_plan(cfg, "cuda" if cfg.cluster.device == "cuda" else "cpu", None)
-    kind, count = detect_local_devices(cfg)
-    return make_plan(cfg, kind, count)
+        plan = make_plan(cfg, "cuda" if cfg.cluster.device == "cuda" else "cpu", None)
+    else:
+        plan = make_plan(cfg, *detect_local_devices(cfg))
+    note = context_note(cfg)
+    if note:
+        plan.notes.append(note)
+    return plan
+
+
+def context_note(cfg: RLVRConfig) -> str | None:
+    """A warning when the longest prompt plus the longest answer passes the model's positions (a single
+    turn: an environment's episodes are bounded by its own settings)."""
+    import json
+
+    if cfg.env is not None:
+        return None
+    config = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
+    limit = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
+    need = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_new_tokens
+    if not isinstance(limit, int) or need <= limit:
+        return None
+    return (f"warning: data.max_prompt_tokens={cfg.data.max_prompt_tokens} + rollout.sampling.max_new_tokens="
+            f"{cfg.rollout.sampling.max_new_tokens} = {need} tokens, past the model's max_position_embeddings={limit} "
+            "(its config.json): a sample that long runs past the positions the model knows; lower one of them")
 
 
 def load_data(cfg: RLVRConfig):
