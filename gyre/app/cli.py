@@ -401,11 +401,12 @@ def _eval(args) -> int:
 def _generate(args) -> int:
     from gyre.app.command_config import command_config
     from gyre.app.generate import GenerateOptions, generate_responses
+    from gyre.config.load import ConfigError
 
     if args.out is None:
-        from gyre.config.load import ConfigError
-
         raise ConfigError("gyre generate needs --out FILE.jsonl (where the responses go)")
+    if args.n is not None and args.n < 1:
+        raise ConfigError(f"--n {args.n}: samples per prompt must be at least 1")
     source = _source(args)
     flags = {**_sampling_flags(args, None), "data.train_files": args.data,
              "rollout.sampling.temperature": args.temperature, "rollout.sampling.top_p": args.top_p,

@@ -63,3 +63,12 @@ def test_generate_refuses_to_overwrite_and_names_missing_columns(tiny_model_dir,
     with pytest.raises(DataError, match="no column 'question' \\(data.prompt_key\\)"):
         generate_responses(config(source, prompts, "data.prompt_key=question"), source,
                            GenerateOptions(out, overwrite=True), echo=QUIET)
+
+
+def test_zero_samples_per_prompt_is_refused(tiny_model_dir, prompts, tmp_path, capsys):
+    from gyre.app.cli import main
+
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", str(tiny_model_dir), "--data", str(prompts), "--n", "0", "--out", str(out),
+                 "data.prompt_key=text"]) == 2
+    assert "--n 0: samples per prompt must be at least 1" in capsys.readouterr().err and not out.exists()
