@@ -11,7 +11,7 @@ Threads: each engine gets ``--threads`` (vLLM's OpenMP threads unbound, as gyre'
 Without vLLM installed (gyre's main environment) the HF engine alone is measured and the vLLM engines are
 named as skipped; ``make test-vllm`` runs the ``--smoke`` size with vLLM.
 
-    python bench/vllm_engine.py [--preset small] [--prompts 16] [--samples 8] [--tokens 128] [--rounds 3]
+    python bench/vllm_engine.py [--preset small | --model DIR] [--prompts 16] [--samples 8] [--tokens 128] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def requests(tokenizer, prompts: list[str], samples: int, tokens: int, round_: i
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="small")
+    ap.add_argument("--model", help="a Hugging Face model directory to measure instead of a preset's random model")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
@@ -84,7 +85,7 @@ def main() -> None:
         kinds += ["vllm-eager"] + (["vllm-compiled"] if args.compiled else [])
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        model = str(init_model(args.preset, tmp / "model"))
+        model = args.model or str(init_model(args.preset, tmp / "model"))
         tok = load_tokenizer(model)
         import json
 
@@ -95,7 +96,8 @@ def main() -> None:
         for kind in kinds:
             engines[kind], start_s[kind] = build(kind, model, tok, args.threads, max_len)
         total = args.prompts * args.samples * args.tokens
-        print(f"model preset {args.preset}; {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens "
+        print(f"model {args.model or 'preset ' + args.preset}; {args.prompts} prompts x {args.samples} samples x "
+              f"{args.tokens} tokens "
               f"({total} tokens per round), fp32, {args.threads} threads")
         rate: dict[str, list[float]] = {k: [] for k in kinds}
         for r in range(args.rounds + 1):  # round 0 warms every engine up (first-call costs), not counted

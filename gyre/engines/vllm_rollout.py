@@ -80,6 +80,8 @@ class VLLMRolloutEngine(StepwiseGenerate):
         self._suspended = False
         self._asleep = False
         self.model_path = model_path
+        self._names: set[str] | None = None
+        """The tensors of the model's files (read at the first update): what a full update must hold."""
         self._base: dict[str, torch.Tensor] = {}
         """LoRA runs: the model's base weights (host memory), read at the first adapter."""
 
@@ -164,6 +166,13 @@ class VLLMRolloutEngine(StepwiseGenerate):
         maps names and repacks CPU linear layers); cached prefixes of the old weights are dropped."""
         if self._live:
             raise RuntimeError(f"the engine is decoding {len(self._live)} samples: suspend it before loading weights")
+        # vLLM rebuilds a layer from whatever part of it arrives (a fused qkv from q alone): an incomplete
+        # update would corrupt the engine silently, so it is refused, as the HF engine refuses it.
+        if self._names is None:
+            self._names = _tensor_names(self.model_path)
+        missing = sorted(n for n in self._names if n not in weights and not _tied_head(n, weights))
+        if missing:
+            raise KeyError(f"weight update lacks {len(missing)} tensors, e.g. {missing[:3]}")
         items = [(name, t.detach().to("cpu")) for name, t in weights.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items),
                                                           "is_checkpoint_format": True})
@@ -216,7 +225,11 @@ class VLLMRolloutEngine(StepwiseGenerate):
             n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
             max_tokens=budget, stop=list(p.stop) or None, ignore_eos=p.ignore_eos, logprobs=0,
             seed=_sample_seed(sample.request.seed, sample.sample_index, len(sample.response)),
-            output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
+            output_kind=RequestOutputKind.DELTA, skip_special_tokens=True,
+            # Text is decoded once per finished sample by gyre: vLLM detokenizes only where stop strings
+            # need it, and keeps log-probs in flat lists (no object per token): about a fifth of a small
+            # model's step on CPU went to per-token detokenizing and Logprob objects.
+            detokenize=bool(p.stop), flat_logprobs=True)
         self.engine.add_request(_key(sample), {"prompt_token_ids": sample.context}, params)
         self._live[_key(sample)] = sample
 
@@ -226,11 +239,20 @@ def _key(sample: SampleProgress) -> str:
 
 
 def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:
-    """The log-prob of each sampled token from vLLM's per-position {token id: Logprob} entries."""
+    """The log-prob of each sampled token: from vLLM's ``FlatLogprobs`` (positions' entries in flat lists),
+    or from per-position {token id: Logprob} entries."""
     if logprobs is None or len(logprobs) != len(tokens):
         raise RuntimeError(f"vLLM returned {0 if logprobs is None else len(logprobs)} log-prob entries for "
                            f"{len(tokens)} tokens (requests are sent with logprobs=0)")
-    return [float(entry[tok].logprob) for entry, tok in zip(logprobs, tokens, strict=True)]
+    if not hasattr(logprobs, "start_indices"):
+        return [float(entry[tok].logprob) for entry, tok in zip(logprobs, tokens, strict=True)]
+    out = []
+    for start, end, tok in zip(logprobs.start_indices, logprobs.end_indices, tokens, strict=True):
+        at = next((j for j in range(start, end) if logprobs.token_ids[j] == tok), None)
+        if at is None:
+            raise RuntimeError(f"vLLM's log-probs of a position lack its sampled token {tok}")
+        out.append(float(logprobs.logprobs[at]))
+    return out
 
 
 def _read_weights(model_path: str) -> dict[str, torch.Tensor]:
@@ -245,6 +267,24 @@ def _read_weights(model_path: str) -> dict[str, torch.Tensor]:
     if not out:
         raise FileNotFoundError(f"{model_path} holds no *.safetensors files to merge LoRA adapters into")
     return out
+
+
+def _tensor_names(model_path: str) -> set[str]:
+    """The tensor names of a model directory's safetensors files (headers only); empty when it has none."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            names.update(f.keys())
+    return names
+
+
+def _tied_head(name: str, weights: Mapping[str, torch.Tensor]) -> bool:
+    """lm_head.weight may be absent when tied to the input embedding."""
+    return name.endswith("lm_head.weight") and any(k.endswith("embed_tokens.weight") for k in weights)
 
 
 def _sample_seed(seed: int, sample_index: int, position: int) -> int:

@@ -72,9 +72,9 @@ def samples_tokens(engine) -> bool:
 
 @pytest.fixture()
 def sampler(fresh):
-    """``fresh``, for tests of what an engine sampled: the simulator's engine samples nothing."""
+    """``fresh``, for tests of what an engine sampled or of its weights: the simulator's engine has neither."""
     if not samples_tokens(fresh):
-        pytest.skip("the simulator's engine samples no tokens (lengths come from its workload)")
+        pytest.skip("the simulator's engine samples no tokens and holds no weights (lengths come from its workload)")
     return fresh
 
 
@@ -178,6 +178,15 @@ def test_a_weight_update_mid_flight_keeps_tokens_and_stamps_versions(fresh, tok,
         if samples_tokens(fresh):
             expected = forward_logprobs(model, r.prompt_ids, r.response_ids, 1.0)[new]
             assert torch.allclose(torch.tensor(r.logprobs)[new], expected, atol=1e-4)  # sampled by the new weights
+
+
+def test_an_incomplete_weight_update_is_refused_and_the_version_kept(sampler, tok, weights):
+    partial = {k: v for k, v in weights[1].items() if "layers.0.self_attn.k_proj" not in k}
+    with pytest.raises(KeyError, match="lacks 1 tensors.*k_proj"):
+        sampler.load_weights(partial, 1)
+    assert sampler.weight_version == 0
+    sampler.load_weights(weights[1], 1)  # the complete update loads
+    assert sampler.weight_version == 1
 
 
 def test_a_lora_adapter_is_merged_into_the_base_weights(sampler, tok, weights, tiny_model_dir):
