@@ -270,7 +270,8 @@ def _read_weights(model_path: str) -> dict[str, torch.Tensor]:
 
 
 def _tensor_names(model_path: str) -> set[str]:
-    """The tensor names of a model directory's safetensors files (headers only); empty when it has none."""
+    """The parameter names of a model directory's safetensors files (headers only); empty when it has none.
+    Rotary ``inv_freq`` buffers, which older conversions saved but no trainer sends, are left out."""
     from pathlib import Path
 
     from safetensors import safe_open
@@ -278,7 +279,7 @@ def _tensor_names(model_path: str) -> set[str]:
     names: set[str] = set()
     for path in sorted(Path(model_path).glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
-            names.update(f.keys())
+            names.update(k for k in f.keys() if not k.endswith(".inv_freq"))
     return names
 
 
