@@ -113,7 +113,8 @@ class GenerationResult:
 class RewardResult:
     score: float
     correct: bool | None = None
-    """Whether the answer was right, for accuracy metrics (None: the reward cannot tell)."""
+    """Whether the answer was right, for accuracy metrics (None: the reward cannot tell, and the sample is
+    left out of them; a score is never read as correctness)."""
     status: RewardStatus = "ok"
     """"error" (the function raised, returned junk or crashed its process) or "timeout": score is 0."""
     error: str | None = None
@@ -122,11 +123,6 @@ class RewardResult:
     """Seconds the reward took (set by the reward runner)."""
     info: dict = dataclasses.field(default_factory=dict)
     """Reward-specific details, plain JSON-able values (e.g. a code sandbox's run times per test)."""
-
-    @property
-    def passed(self) -> bool:
-        """Counted as correct by accuracy metrics: ``correct`` when the reward tells, else a positive score."""
-        return self.correct if self.correct is not None else self.score > 0
 
     @classmethod
     def failed(cls, status: RewardStatus, error: str) -> RewardResult:

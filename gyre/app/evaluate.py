@@ -56,7 +56,7 @@ class EvalReport:
 
     def format(self) -> str:
         """A table: one row overall, one per tag."""
-        keys = ["prompts", "accuracy", f"mean@{self.samples_per_prompt}",
+        keys = ["prompts", *["accuracy"] * ("accuracy" in self.overall), f"mean@{self.samples_per_prompt}",
                 *[k for k in self.overall if k.startswith("pass@")]]
         rows = [("all", self.overall), *((f"tag {tag}", m) for tag, m in self.by_tag.items())]
         width = max(len(name) for name, _ in rows)
@@ -213,11 +213,18 @@ def local_reward_groups(cfg: RLVRConfig, device_kind: str, watchdog) -> dict:
 def group_metrics(groups: Sequence[Group], ks: Sequence[int]) -> dict:
     """Accuracy, mean@n of the reward, pass@k, lengths and reward failures of scored groups of n samples."""
     samples = [t for g in groups for t in g.trajectories]
-    correct = [[t.reward.passed for t in g.trajectories] for g in groups]
+    # Accuracy and pass@k count only what the reward judged correct, over the groups it judged (a score is
+    # never read as correctness); with a reward that never judges (a plain float) they are absent, and
+    # positive_frac (score > 0) says what share scored at all.
+    correct = [[t.reward.correct is True for t in g.trajectories] for g in groups
+               if any(t.reward.correct is not None for t in g.trajectories)]
     n = len(groups[0].trajectories)
-    return {"prompts": len(groups), "accuracy": mean_at_k(correct),
+    judged = {"accuracy": mean_at_k(correct), **{f"pass@{k}": mean_pass_at_k(correct, k) for k in ks}} \
+        if correct else {}
+    return {"prompts": len(groups), **{k: v for k, v in judged.items() if k == "accuracy"},
             f"mean@{n}": mean_at_k([[t.reward.score for t in g.trajectories] for g in groups]),
-            **{f"pass@{k}": mean_pass_at_k(correct, k) for k in ks},
+            **{k: v for k, v in judged.items() if k != "accuracy"},
+            "positive_frac": sum(t.reward.score > 0 for t in samples) / len(samples),
             "response_length_mean": sum(len(t.response_ids) for t in samples) / len(samples),
             "truncated_frac": sum(t.finish_reason == "length" for t in samples) / len(samples),
             "reward_errors": sum(t.reward.status == "error" for t in samples),
@@ -241,7 +248,7 @@ def write_generations(path: Path, groups: Sequence[Group]) -> None:
             for t in g.trajectories:
                 r = t.reward
                 row = {"id": g.prompt.uid, "sample": t.sample_index, "tag": g.prompt.tag, "prompt": g.prompt.question
-                       or g.prompt.prompt_text, "response": t.response_text, "reward": r.score, "correct": r.passed,
+                       or g.prompt.prompt_text, "response": t.response_text, "reward": r.score, "correct": r.correct,
                        "ground_truth": g.prompt.ground_truth, "finish_reason": t.finish_reason}
                 if r.status != "ok":
                     row.update(reward_status=r.status, reward_error=r.error)

@@ -139,19 +139,28 @@ class TeacherConfig(ForwardLevers):
 class SFTConfig(StrictModel):
     """Supervised fine-tuning: the warm-up before RL (``sft_warmup``) or a standalone run (``gyre sft``).
 
-    A row is a (prompt, response) pair, trained on the response and an EOS token, or a conversation (a
-    chat in ``messages_key`` and no response column), trained on every assistant message as the
-    tokenizer's chat template writes it (its end-of-turn marker included) and on nothing else."""
+    A row is a (prompt, response) pair, trained on the response and an EOS token (a response given as
+    assistant messages is trained as the chat template writes them); a conversation (a chat in
+    ``messages_key`` and no response column), trained on every assistant message as the tokenizer's chat
+    template writes it (its end-of-turn marker included) and on nothing else; or a plain text
+    (``text_key``, TRL's language-modeling layout), trained on every token. TRL's and ShareGPT's column
+    names are found under the default keys (``completion``, ``conversations``)."""
 
     train_files: list[DataSource]
     """Files, directories, globs or {dataset: ...} entries, as for data.train_files."""
     prompt_key: str = "prompt"
     """The column holding a pair's prompt: a text, or a chat (a list of {"role", "content"})."""
     response_key: str = "response"
-    """The column holding a pair's target response. A row without it is a conversation."""
+    """The column holding a pair's target: a text, or assistant messages (TRL's conversational
+    prompt-completion). Left at "response", a ``completion`` column (TRL's name) is read when there is no
+    ``response``. A row without it is a conversation or a text."""
     messages_key: str = "messages"
     """The column holding a conversation: a chat whose assistant messages are the targets (TRL's
-    conversational format); a pair row may hold its chat prompt here instead of in prompt_key."""
+    conversational format; ShareGPT's {"from", "value"} messages too, found in ``conversations`` when left
+    at "messages"); a pair row may hold its chat prompt here instead of in prompt_key."""
+    text_key: str = "text"
+    """The column holding a plain text trained whole, plus EOS (TRL's language-modeling layout), for rows with
+    neither a response nor a conversation."""
     system_prompt: str | None = None
     """A system message put before every chat that has none (gyre sft; an sft_warmup uses data.system_prompt)."""
     chat_template_kwargs: dict[str, Any] = {}

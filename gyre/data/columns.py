@@ -135,17 +135,47 @@ class ColumnMap:
         return missing_column(row, column, self.section, key, what)
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+"""The message roles chat templates know."""
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user",
+                  "assistant": "assistant", "tool": "tool", "observation": "tool"}
+"""ShareGPT's ``{"from", "value"}`` messages (LLaMA-Factory, FastChat), by their speaker names."""
+
+
 def text_or_chat(value: Any, where: str, key: str) -> str | Chat:
     """``value`` (column ``key`` of the row at ``where``) as a non-empty text or a chat: a non-empty list of
-    {"role": str, "content": str} (other keys of a message are dropped); else an error naming both."""
+    {"role", "content": str} messages with known roles (ShareGPT's {"from", "value"} are read as such; other
+    keys of a message are dropped); else an error naming both."""
     if isinstance(value, str) and value:
         return value
-    if isinstance(value, list) and value and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in value):
-        return [{"role": m["role"], "content": m["content"]} for m in value]
+    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        return chat_messages(value, where, key)
     raise DataError(f"{where}: '{key}' must be a non-empty text or a chat: a non-empty list of "
                     f"{{'role': str, 'content': str}} (got {_describe(value)})")
+
+
+def chat_messages(value: list[dict], where: str, key: str) -> Chat:
+    """A list of message objects as a chat; an error naming the first message that is not one."""
+    chat = []
+    for i, m in enumerate(value):
+        if "role" not in m and isinstance(m.get("from"), str) and "value" in m:
+            role = SHAREGPT_ROLES.get(m["from"])
+            m = {"role": role or m["from"], "content": m["value"]}
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise DataError(f"{where}: '{key}' message {i} must be {{'role': str, 'content': str}}, got "
+                            f"{_clip(m)}; a chat is a list of such messages")
+        if role not in ROLES:
+            raise DataError(f"{where}: '{key}' message {i} has the role {role!r}; chat templates know the roles "
+                            f"{', '.join(ROLES)} (ShareGPT's {{'from': 'human'|'gpt', 'value'}} are read as user "
+                            "and assistant): rename it in the data")
+        chat.append({"role": role, "content": content})
+    return chat
+
+
+def _clip(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def missing_column(row: RawRow, column: str, section: str | None, key: str, what: str) -> DataError:

@@ -118,6 +118,10 @@ def read_pair(row: RawRow, columns: PreferenceColumns) -> tuple[str | Chat, str 
     """(prompt, chosen completion, rejected completion) of a row in any of the module docstring's forms."""
     chosen, rejected = (_completion(row, key, name, columns) for key, name in
                         ((columns.chosen_key, "chosen_key"), (columns.rejected_key, "rejected_key")))
+    if chosen == rejected:
+        raise DataError(f"{row.where}: '{columns.chosen_key}' and '{columns.rejected_key}' are the same completion; a "
+                        "pair that prefers a completion to itself teaches nothing (its loss is constant): remove the "
+                        "row, or fix the column mapping")
     value = lookup(row.data, columns.prompt_key)
     if value is not MISSING and value is not None:
         return text_or_chat(value, row.where, columns.prompt_key), chosen, rejected

@@ -1,7 +1,9 @@
 """Supervised fine-tuning rows as token ids with a loss mask, and the trainer batches made of them.
 
-A row is a (prompt, response) pair, trained on the response and an EOS token, or a conversation (a
-chat and no response column), trained on its assistant messages only. Which tokens those are is read
+A row is a (prompt, response) pair, trained on the response and an EOS token (or, for a response given
+as assistant messages, on those messages as the chat template writes them after the prompt); a
+conversation (a chat and no response column), trained on its assistant messages only; or a plain text,
+trained whole. Which tokens a conversation's assistant messages are is read
 off the tokenizer's chat template by rendering prefixes of the conversation: the text up to an
 assistant message with the generation prompt, and the text up to the end of that message; the
 characters between the two are the message as the template writes it (its end-of-turn marker
@@ -16,6 +18,7 @@ masks for sdpa and eager; varlen kernels for flash attention), so the packed los
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -23,7 +26,7 @@ from typing import Literal
 import torch
 
 from gyre.config.data_schema import DataSource
-from gyre.data.columns import Chat, ColumnMap
+from gyre.data.columns import MISSING, Chat, lookup, missing_column, text_or_chat
 from gyre.data.prompts import PromptRenderer
 from gyre.data.sources import DataError, RawRow, read_sources
 from gyre.types import TrainBatch
@@ -52,10 +55,11 @@ class SFTColumns:
     messages_key: str = "messages"
     section: str = "sft_warmup"
     """The config section of these keys, for messages."""
+    text_key: str = "text"
 
     @classmethod
     def from_config(cls, sft, section: str) -> SFTColumns:
-        return cls(sft.prompt_key, sft.response_key, sft.messages_key, section)
+        return cls(sft.prompt_key, sft.response_key, sft.messages_key, section, sft.text_key)
 
 
 def load_sft_examples(sources: Iterable[DataSource], renderer: PromptRenderer, eos_id: int, max_tokens: int,
@@ -64,16 +68,7 @@ def load_sft_examples(sources: Iterable[DataSource], renderer: PromptRenderer, e
     """Every row as an example; returns (examples, how many were dropped as longer than ``max_tokens``)."""
     examples, dropped = [], 0
     for row in read_sources(sources):
-        if columns.response_key in row.data:
-            ids, mask = pair_tokens(row, renderer, eos_id, columns)
-        elif columns.messages_key in row.data:
-            chat = _chat(row, columns.messages_key, columns.section)
-            ids, mask = conversation_tokens(chat, renderer, row.where)
-        else:
-            have = ", ".join(sorted(row.data)) or "none"
-            raise DataError(f"{row.where}: no column '{columns.response_key}' ({columns.section}.response_key) and no "
-                            f"conversation in '{columns.messages_key}' ({columns.section}.messages_key); this row has "
-                            f"columns: {have}. Set the key that names the target column.")
+        ids, mask = example_tokens(row, renderer, eos_id, columns)
         if len(ids) > max_tokens:
             if overlong == "drop":
                 dropped += 1
@@ -87,13 +82,80 @@ def load_sft_examples(sources: Iterable[DataSource], renderer: PromptRenderer, e
     return examples, dropped
 
 
-def pair_tokens(row: RawRow, renderer: PromptRenderer, eos_id: int, columns: SFTColumns) -> tuple[list[int], list[int]]:
-    """A (prompt, response) row: the rendered prompt, then the response and EOS (trained)."""
+def example_tokens(row: RawRow, renderer: PromptRenderer, eos_id: int, columns: SFTColumns
+                   ) -> tuple[list[int], list[int]]:
+    """A row in any SFT layout as (token ids, loss mask): a (prompt, response) pair, a conversation, or a
+    plain text. TRL's names are found under gyre's defaults: ``completion`` for the response, and ShareGPT's
+    ``conversations`` for the messages."""
+    response = _column(row, columns.response_key, "response", "completion")
+    if response is not None:
+        return pair_tokens(row, response, renderer, eos_id, columns)
+    messages = _column(row, columns.messages_key, "messages", "conversations")
+    if messages is not None:
+        return conversation_tokens(_chat(row, messages, columns.section), renderer, row.where)
+    text = _column(row, columns.text_key, "text")
+    if text is not None:
+        return text_tokens(row, text, renderer, eos_id, columns)
+    have = ", ".join(sorted(row.data)) or "none"
+    raise DataError(f"{row.where}: no column '{columns.response_key}' ({columns.section}.response_key), no "
+                    f"conversation in '{columns.messages_key}' ({columns.section}.messages_key) and no text in "
+                    f"'{columns.text_key}' ({columns.section}.text_key); this row has columns: {have}. Set the key "
+                    "that names the target column.")
+
+
+def _column(row: RawRow, key: str, default: str, *also: str) -> str | None:
+    """The column ``key`` if the row has it (and not null); with the default key, the first of its other
+    conventional names ``also`` the row has."""
+    for name in (key, *also) if key == default else (key,):
+        if lookup(row.data, name) not in (MISSING, None):
+            return name
+    return None
+
+
+def pair_tokens(row: RawRow, response_key: str, renderer: PromptRenderer, eos_id: int, columns: SFTColumns
+                ) -> tuple[list[int], list[int]]:
+    """A (prompt, response) row: the rendered prompt, then the response and EOS (trained); a response given
+    as messages (TRL's conversational prompt-completion) trained as the chat template writes them."""
     key = columns.prompt_key
-    if key not in row.data and columns.messages_key in row.data:
+    if lookup(row.data, key) is MISSING and columns.messages_key in row.data:
         key = columns.messages_key  # a chat prompt in the conversation column
-    reader = ColumnMap(prompt_key=key, answer_key=columns.response_key, tag_key=None, section=columns.section)
-    return completion_tokens(reader.prompt(row), reader.answer(row), renderer, eos_id, row.where)
+    value = lookup(row.data, key)
+    if value is MISSING or value is None:
+        raise missing_column(row, key, columns.section, "prompt_key", "the prompts")
+    prompt = text_or_chat(value, row.where, key)
+    completion = _completion(row, response_key, columns.section)
+    return completion_tokens(prompt, completion, renderer, eos_id, row.where)
+
+
+def _completion(row: RawRow, key: str, section: str) -> str | Chat:
+    value = lookup(row.data, key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and not value.strip():
+        raise DataError(f"{row.where}: '{key}' is empty, so the example would train only an end-of-sequence token; "
+                        "remove the row or fill in its response")
+    if isinstance(value, list) and value:
+        chat = text_or_chat(value, row.where, key)
+        if chat[0]["role"] != "assistant":
+            raise DataError(f"{row.where}: '{key}' is a list of messages that starts with a {chat[0]['role']} "
+                            "message; a completion given as messages starts with the assistant's reply (the turns "
+                            f"before it belong in the prompt, {section}.prompt_key)")
+        return chat
+    if not isinstance(value, str):
+        raise DataError(f"{row.where}: '{key}' must be a text or a list of messages starting with the assistant's "
+                        f"(got {type(value).__name__ if not isinstance(value, list) else 'an empty list'})")
+    return value
+
+
+def text_tokens(row: RawRow, key: str, renderer: PromptRenderer, eos_id: int, columns: SFTColumns
+                ) -> tuple[list[int], list[int]]:
+    """A plain text row (TRL's language-modeling layout): every token and EOS trained, no template."""
+    value = lookup(row.data, key)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{row.where}: '{key}' ({columns.section}.text_key) must be a non-empty text, got "
+                        f"{'an empty text' if isinstance(value, str) else type(value).__name__}")
+    ids = list(renderer.tokenizer(value)["input_ids"]) + [eos_id]
+    return ids, [1] * len(ids)
 
 
 def completion_tokens(prompt: str | Chat, completion: str | Chat, renderer: PromptRenderer, eos_id: int,
@@ -119,11 +181,17 @@ def completion_tokens(prompt: str | Chat, completion: str | Chat, renderer: Prom
 
 
 def _chat(row: RawRow, key: str, section: str) -> Chat:
-    chat = ColumnMap(prompt_key=key, tag_key=None, section=section).prompt(row)
-    if isinstance(chat, str):
-        raise DataError(f"{row.where}: '{key}' holds a text; a conversation is a list of {{'role', 'content'}} "
+    value = lookup(row.data, key)
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:  # a conversation stored as JSON text (CSV files can hold nothing else)
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(value, list):
+        what = "a text" if isinstance(value, str) else type(value).__name__
+        raise DataError(f"{row.where}: '{key}' holds {what}; a conversation is a list of {{'role', 'content'}} "
                         f"messages (or give the target in a response column, {section}.response_key)")
-    return chat
+    return text_or_chat(value, row.where, key)
 
 
 def conversation_tokens(chat: Chat, renderer: PromptRenderer, where: str) -> tuple[list[int], list[int]]:

@@ -43,8 +43,35 @@ def read_sources(sources: Iterable[DataSource]) -> Iterator[RawRow]:
 
             yield from _non_empty(read_dataset(source), source.dataset)
             continue
+        saved = _saved_dataset(source)
+        if saved is not None:
+            from gyre.data.hub import read_dataset
+
+            yield from _non_empty(read_dataset(saved), source)
+            continue
         for path in expand(source):
             yield from _non_empty(read_rows(path), str(path))
+
+
+def _saved_dataset(entry: str) -> DatasetSource | None:
+    """A plain path to a ``save_to_disk`` folder, as the dataset source it is: a saved split as a whole, or
+    a saved DatasetDict's only split (with several, the split to read is the user's choice: an error)."""
+    path = Path(entry).expanduser()
+    if any(ch in entry for ch in "*?[") or not path.is_dir():
+        return None
+    if (path / "state.json").is_file():
+        return DatasetSource(dataset=entry)
+    index = path / "dataset_dict.json"
+    if not index.is_file():
+        return None
+    try:
+        splits = list(json.loads(index.read_text(encoding="utf-8"))["splits"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{index} (a save_to_disk DatasetDict's index) cannot be read: {exc}") from None
+    if len(splits) != 1:
+        raise DataError(f"{path} is a dataset saved with save_to_disk holding the splits {', '.join(splits)}; "
+                        f"say which to read: {{dataset: {entry}, split: {splits[0] if splits else 'train'}}}")
+    return DatasetSource(dataset=entry, split=splits[0])
 
 
 def _non_empty(rows: Iterator[RawRow], what: str) -> Iterator[RawRow]:

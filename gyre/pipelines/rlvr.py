@@ -73,7 +73,7 @@ class RLVRPipeline:
         overlap = lambda group, method, refs: self.rollout.wait_for(CallWait(tuple(refs), group, method))  # noqa: E731
         self.learner = Learner(cfg, plan, roles, overlap if cfg.rollout.async_ratio > 0 else None)
         self.reward_totals = {"errors": 0, "timeouts": 0}
-        self.val_history: list[float] = []
+        self.val_history: list[float | None] = []
         self.algo_state = AlgorithmState.create(cfg.algorithm)
         self.recoveries = 0
         """In-run recoveries so far (set by the launcher, which rebuilds the pipeline after a fault)."""
@@ -222,7 +222,7 @@ class RLVRPipeline:
         self.reward_metrics(trajectories)  # failures are counted (and stop the run) as in training
         metrics = {f"val/{k}": val for k, val in {**sample_metrics(trajectories),
                                                    **domain_metrics(trajectories, self.cfg.reward)}.items()}
-        self.val_history.append(metrics["val/accuracy"])
+        self.val_history.append(metrics.get("val/accuracy"))  # None: the reward does not judge correctness
         return {**metrics, **failed}
 
     def write_validation_table(self) -> None:
@@ -321,21 +321,25 @@ def domain_metrics(samples: list[Trajectory], reward) -> dict:
         if not mine:
             continue
         stats = sample_metrics(mine)
-        out.update({f"{name}/reward_mean": stats["reward/mean"], f"{name}/accuracy": stats["accuracy"],
-                    f"{name}/share": len(mine) / len(samples),
+        if "accuracy" in stats:
+            out[f"{name}/accuracy"] = stats["accuracy"]
+        out.update({f"{name}/reward_mean": stats["reward/mean"], f"{name}/share": len(mine) / len(samples),
                     f"{name}/reward_latency": sum(s.reward.latency_s for s in mine) / len(mine)})
     return out
 
 
 def sample_metrics(samples: list[Trajectory]) -> dict:
-    """Reward, accuracy and length statistics of scored trajectories."""
+    """Reward, accuracy and length statistics of scored trajectories. ``accuracy`` is the share judged
+    correct among the samples whose reward says (``RewardResult.correct``), absent when none does: a
+    score is never read as correctness; ``reward/positive_frac`` (score > 0) is always there."""
     rewards = torch.tensor([s.reward.score for s in samples], dtype=torch.float64)
-    correct = [s.reward.passed for s in samples]
+    told = [s.reward.correct for s in samples if s.reward.correct is not None]
     lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float64)
     truncated = sum(1 for s in samples if s.finish_reason == "length")
     return {
         "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(samples) > 1 else 0.0,
-        "accuracy": sum(correct) / len(samples), "response_length/mean": float(lengths.mean()),
+        **({"accuracy": sum(told) / len(told)} if told else {}),
+        "reward/positive_frac": float((rewards > 0).double().mean()), "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()), "response_length/truncated_frac": truncated / len(samples),
     }
 

@@ -38,8 +38,9 @@ class GenerationRecord:
     response: str
     """The decoded response (multi-turn: every token after the prompt, observations included)."""
     reward: float
-    passed: bool | None
-    """Counted as correct by the accuracy metrics; None without a reward."""
+    correct: bool | None
+    """Whether the reward judged the answer right (``RewardResult.correct``); None when it cannot tell, or
+    without a reward."""
     advantage: float | None
     """The mean advantage over the tokens it trained (None for validation, or when none trained)."""
     weight_version: int
@@ -112,7 +113,7 @@ def build_record(step: int, split: Literal["train", "val"], group: Group, t: Tra
         step=step, split=split, group=group.group_id, sample=t.sample_index,
         domain=t.prompt.domain if multi_domain else None, prompt=t.prompt.prompt_text,
         response=t.response_text if t.response_text or not ids else decode(ids),
-        reward=_score(t), passed=t.reward.passed if t.reward is not None else None, advantage=advantage,
+        reward=_score(t), correct=t.reward.correct if t.reward is not None else None, advantage=advantage,
         weight_version=sampled[0].weight_version if sampled else -1, finish_reason=t.finish_reason or "",
         response_tokens=sum(len(s.token_ids) for s in sampled), turns=turn_texts(t, decode) if t.turns else None)
 

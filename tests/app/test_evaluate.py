@@ -27,14 +27,30 @@ def group(tag, scored):
 
 def test_metrics_by_hand():
     a = group("x", [(1.0, True, 2, "eos"), (0.0, False, 3, "eos"), (0.0, False, 4, "length")])
-    b = group("y", [(1.0, None, 2, "eos"), (0.5, None, 2, "eos"), (0.0, None, 2, "eos")])  # correct: score > 0
+    b = group("y", [(1.0, None, 2, "eos"), (0.5, True, 2, "eos"), (0.0, False, 2, "eos")])
     m = group_metrics([a, b], [1, 2, 3])
     assert m["prompts"] == 2
-    assert m["accuracy"] == pytest.approx((1 / 3 + 2 / 3) / 2)
+    assert m["accuracy"] == pytest.approx((1 / 3 + 1 / 3) / 2)  # a score of 1.0 the reward did not judge is not correct
     assert m["mean@3"] == pytest.approx((1 / 3 + 0.5) / 2)
-    # pass@2: a has 1 correct of 3: 1 - C(2,2)/C(3,2) = 2/3; b has 2 of 3: 1
-    assert (m["pass@1"], m["pass@2"], m["pass@3"]) == (pytest.approx(0.5), pytest.approx(5 / 6), 1.0)
+    # pass@2 with 1 correct of 3: 1 - C(2,2)/C(3,2) = 2/3, in both groups
+    assert (m["pass@1"], m["pass@2"], m["pass@3"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0)
     assert m["response_length_mean"] == pytest.approx(15 / 6) and m["truncated_frac"] == pytest.approx(1 / 6)
+    assert m["positive_frac"] == pytest.approx(3 / 6)
+
+
+def test_a_reward_that_does_not_judge_gets_no_accuracy():
+    """A float reward averaging 0.14 is not "94% accurate": accuracy and pass@k are absent, positive_frac
+    states its threshold in its name."""
+    from gyre.pipelines.rlvr import sample_metrics
+
+    g = group("x", [(0.1, None, 2, "eos"), (0.2, None, 2, "eos"), (0.0, None, 2, "eos"), (0.26, None, 2, "eos")])
+    m = group_metrics([g], [1, 2])
+    assert "accuracy" not in m and not any(k.startswith("pass@") for k in m)
+    assert m["mean@4"] == pytest.approx(0.14) and m["positive_frac"] == 0.75
+    s = sample_metrics(g.trajectories)
+    assert "accuracy" not in s and s["reward/positive_frac"] == 0.75 and s["reward/mean"] == pytest.approx(0.14)
+    judged = group("y", [(0.3, False, 2, "eos"), (0.9, True, 2, "eos"), (0.0, None, 2, "eos")])
+    assert sample_metrics(judged.trajectories)["accuracy"] == 0.5  # among the samples the reward judged
 
 
 def own_columns(tmp_path, source_file, rows=None):
@@ -59,7 +75,7 @@ def test_a_model_on_held_out_prompts_with_its_own_columns(tiny_model_dir, arithm
     assert rows[0]["prompt"] == "22+13=" and rows[0]["ground_truth"] == "35" and rows[0]["sample"] == 0
     # Every number follows from the generations written.
     correct = [[r["correct"] for r in rows if r["id"] == row_id] for row_id in dict.fromkeys(r["id"] for r in rows)]
-    assert [r["correct"] for r in rows] == [r["reward"] > 0 for r in rows]
+    assert [r["correct"] for r in rows] == [r["reward"] >= 0.5 for r in rows]  # as digit_fraction judges
     m = report.overall
     assert m["accuracy"] == pytest.approx(sum(r["correct"] for r in rows) / 24)
     assert m["mean@4"] == pytest.approx(sum(r["reward"] for r in rows) / 24)

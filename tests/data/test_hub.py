@@ -61,6 +61,20 @@ def test_save_to_disk_output(caches, tmp_path):
         rows(DatasetSource(dataset=str(tmp_path / "saved"), split="test"))
 
 
+def test_a_save_to_disk_folder_given_as_a_plain_path(caches, tmp_path):
+    """As a data file entry, a saved split or a saved one-split DatasetDict is read as the dataset it is (not
+    its dataset_dict.json as a row); with several splits, the error says how to pick one."""
+    datasets.Dataset.from_list(gsm(3, "train")).save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(gsm(2, "train"))}).save_to_disk(str(tmp_path / "dict"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(gsm(2, "train")),
+                          "test": datasets.Dataset.from_list(gsm(1, "test"))}).save_to_disk(str(tmp_path / "two"))
+    assert [data for _, data in rows(str(tmp_path / "one"))] == gsm(3, "train")
+    assert [data for _, data in rows(str(tmp_path / "dict"))] == gsm(2, "train")
+    with pytest.raises(DataError, match=r"holding the splits train, test; say which to read: \{dataset: .*two, "
+                                        r"split: train\}"):
+        rows(str(tmp_path / "two"))
+
+
 def test_hub_id_from_the_hub_cache(caches):
     repo = caches / "datasets--acme--tiny-gsm8k"
     commit = "0123456789abcdef0123456789abcdef01234567"

@@ -73,7 +73,9 @@ def test_bad_rows_name_the_row_and_the_fix(tmp_path, tokenizer):
         (plain, {"prompt": "1", "chosen": 2, "rejected": "3"}, "'chosen' must be a non-empty text or a chat"),
         (chat, {"chosen": USER + TWO, "rejected": [{"role": "user", "content": "2+2="}] + THREE},
          "do not share a prompt followed by two different completions .* put the prompt in its own column"),
-        (chat, {"chosen": USER + TWO, "rejected": USER + TWO}, "do not share a prompt"),
+        (chat, {"chosen": USER + TWO, "rejected": USER + TWO}, "'chosen' and 'rejected' are the same completion"),
+        (plain, {"prompt": "1+1=", "chosen": "2", "rejected": "2"}, "same completion; a pair that prefers a completion "
+                                                                    "to itself teaches nothing"),
         (chat, {"chosen": USER + TWO, "rejected": "1+1=3"}, "must both be conversations or both texts"),
         (plain, {"prompt": USER, "chosen": TWO, "rejected": THREE}, "chat prompts need a tokenizer chat template"),
         (plain, {"prompt": "1+1=", "chosen": TWO, "rejected": THREE}, "completion given as messages needs a tokenizer"),

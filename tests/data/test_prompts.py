@@ -70,7 +70,12 @@ def test_own_column_names(tmp_path, renderer):
     ({"prompt": "1+1=", "ground_truth": "2", "tag": 5}, r"bad.jsonl:2: 'tag' must be a string"),
     ([1, 2], r"bad.jsonl:2: expected a JSON object"),
     ({"messages": [{"role": "user", "content": "hi"}], "ground_truth": "1"}, r"bad.jsonl:2: chat prompts need"),
-    ({"messages": [{"role": "user"}], "ground_truth": "1"}, r"bad.jsonl:2: 'messages' must be a non-empty text or"),
+    ({"messages": [{"role": "user"}], "ground_truth": "1"}, r"bad.jsonl:2: 'messages' message 0 must be \{'role': str, "
+                                                           r"'content': str\}, got \{'role': 'user'\}"),
+    ({"messages": [{"role": "robot", "content": "hi"}], "ground_truth": "1"},
+     r"bad.jsonl:2: 'messages' message 0 has the role 'robot'; chat templates know the roles system, developer, user"),
+    ({"messages": {"role": "user", "content": "hi"}, "ground_truth": "1"},
+     r"bad.jsonl:2: 'messages' must be a non-empty text or a chat: .* \(got dict\)"),
 ])
 def test_malformed_rows_name_file_and_line(tmp_path, renderer, row, message):
     f = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "ground_truth": "1"}, row])

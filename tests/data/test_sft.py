@@ -76,8 +76,15 @@ def test_own_column_names_and_a_chat_prompt_for_a_pair(tmp_path, tokenizer):
 def test_bad_rows_name_the_row_and_the_fix(tmp_path, tokenizer):
     plain, chat = PromptRenderer(tokenizer), chat_renderer(tokenizer)
     cases = [
-        (plain, [{"prompt": "1"}], r"s.jsonl:1: no column 'response' \(sft.response_key\) and no conversation in "
-                                   r"'messages' \(sft.messages_key\); this row has columns: prompt"),
+        (plain, [{"prompt": "1"}], r"s.jsonl:1: no column 'response' \(sft.response_key\), no conversation in "
+                                   r"'messages' \(sft.messages_key\) and no text in 'text' \(sft.text_key\); this "
+                                   "row has columns: prompt"),
+        (plain, [{"prompt": "1", "response": " "}], "'response' is empty, so the example would train only an end"),
+        (chat, [{"prompt": CHAT[:1], "completion": CHAT[:2]}], "'completion' is a list of messages that starts with "
+                                                               "a user message; .* belong in the prompt"),
+        (chat, [{"messages": [{"role": "human", "content": "1"}]}], "message 0 has the role 'human'"),
+        (chat, [{"messages": {"role": "user", "content": "1"}}], "'messages' holds dict; a conversation is a list"),
+        (plain, [{"text": ""}], r"'text' \(sft.text_key\) must be a non-empty text, got an empty text"),
         (plain, [{"messages": CHAT}], "a conversation needs a tokenizer chat template"),
         (chat, [{"messages": CHAT[:1]}], "has no assistant message"),
         (chat, [{"messages": "hello"}], "holds a text; a conversation is a list"),
@@ -91,6 +98,36 @@ def test_bad_rows_name_the_row_and_the_fix(tmp_path, tokenizer):
     f = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "1+1=", "response": "2" * 40}, {"prompt": "1", "response": "2"}])
     examples, dropped = load_sft_examples([f], plain, 2, 16, overlong="drop")
     assert dropped == 1 and [e.uid[-1] for e in examples] == ["2"]
+
+
+def test_every_layout_trains_exactly_the_expected_tokens(tmp_path, tokenizer):
+    """TRL's conversational prompt-completion, ShareGPT conversations and a conversation stored as JSON text
+    train the same tokens as the conversation in ``messages``: the assistant turns, never the JSON of a list."""
+    renderer = chat_renderer(tokenizer)
+    sharegpt = [{"from": {"user": "human", "assistant": "gpt"}[m["role"]], "value": m["content"]} for m in CHAT]
+    rows = [{"messages": CHAT}, {"prompt": CHAT[:3], "completion": CHAT[3:]}, {"conversations": sharegpt},
+            {"messages": json.dumps(CHAT)}]
+    f = write_jsonl(tmp_path / "layouts.jsonl", rows)
+    reference, *others = load_sft_examples([f], renderer, 2, 128)[0]
+    assert trained_text(tokenizer, reference) == ["2", "</s>", "6", "</s>"]
+    # The prompt-completion row trains the last reply only; its prompt is the first three messages.
+    assert others[0].input_ids == reference.input_ids and trained_text(tokenizer, others[0]) == ["6", "</s>"]
+    for example in others[1:]:
+        assert (example.input_ids, example.loss_mask) == (reference.input_ids, reference.loss_mask)
+
+
+def test_text_pairs_in_trl_and_verl_naming_and_plain_text(tmp_path, tokenizer):
+    """TRL's prompt-completion text (``completion`` under the default key), verl's nested question and answer
+    (dotted keys), a numeric answer, and TRL's language-modeling ``text`` (every token and EOS trained)."""
+    plain = PromptRenderer(tokenizer)
+    f = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "1+2=", "completion": "3"}, {"text": "1+2=3"}])
+    pair, text = load_sft_examples([f], plain, 2, 32)[0]
+    assert (pair.input_ids[4:], pair.loss_mask) == ([tokenizer.convert_tokens_to_ids("3"), 2], [0] * 4 + [1, 1])
+    assert text.input_ids == tokenizer("1+2=3")["input_ids"] + [2] and text.loss_mask == [1] * len(text.input_ids)
+    verl = SFTColumns(prompt_key="extra_info.question", response_key="extra_info.answer", section="sft")
+    f = write_jsonl(tmp_path / "v.jsonl", [{"extra_info": {"question": "1+2=", "answer": 3}, "data_source": "x"}])
+    (example,), _ = load_sft_examples([f], plain, 2, 32, verl)
+    assert (example.input_ids, example.loss_mask) == (pair.input_ids, pair.loss_mask)
 
 
 def test_packing_is_first_fit_longest_first():

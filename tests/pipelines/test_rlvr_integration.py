@@ -58,8 +58,10 @@ def test_three_rl_steps_on_ray(ray_local, tiny_model_dir, arithmetic_data, tmp_p
     # second mini-batch sees a ratio != 1 and the policy drifts from the reference.
     assert any(r["reward/std"] > 0 for r in train)
     assert train[-1]["ratio_mean"] != 1.0 and train[-1]["kl_ref"] > 0
-    assert records[0]["step"] == 0 and "val/accuracy" in records[0]  # validation before training
-    assert "val/accuracy" in train[1] and "val/accuracy" in train[2]
+    # Validation before training and after steps; a plain float reward judges no correctness: no accuracy.
+    assert records[0]["step"] == 0 and "val/reward/mean" in records[0] and "val/accuracy" not in records[0]
+    assert "val/reward/positive_frac" in train[1] and "val/reward/mean" in train[2]
+    assert summary.first_val_accuracy is None
     assert summary.final_model is not None and (out / "metrics.png").stat().st_size > 0
     # driver.log keeps the data line (said before the run directory was decided) and a line per step.
     log = (out / "driver.log").read_text()

@@ -18,7 +18,7 @@ def generation(step: int, split: str, group: int, sample: int, response: str, tu
     """One line of generations/[val_]step_N.jsonl in the agreed format."""
     return {"step": step, "split": split, "group": group, "sample": sample, "domain": "math",
             "prompt": "What is 2+3? <b>not bold</b>", "response": response, "reward": 1.0 if sample else 0.0,
-            "passed": bool(sample), "advantage": 0.5 if sample else -0.5, "weight_version": step - 1,
+            "correct": bool(sample), "advantage": 0.5 if sample else -0.5, "weight_version": step - 1,
             "finish_reason": "stop", "response_tokens": 3, "turns": turns}
 
 

@@ -17,7 +17,7 @@ from gyre.tracking.generations import (
 from gyre.tracking.logger import MetricsLogger
 from gyre.types import Group, PromptRecord, RewardResult, Segment, Trajectory, TurnRecord
 
-KEYS = ["step", "split", "group", "sample", "domain", "prompt", "response", "reward", "passed", "advantage",
+KEYS = ["step", "split", "group", "sample", "domain", "prompt", "response", "reward", "correct", "advantage",
         "weight_version", "finish_reason", "response_tokens", "turns"]
 
 
@@ -66,7 +66,7 @@ def test_advantage_is_the_mean_over_trained_tokens_of_each_trajectory():
     assert advantages[id(g0.trajectories[1])] == pytest.approx(6.5)
     record = build_record(4, "train", g0, g0.trajectories[1], decode, advantages[id(g0.trajectories[1])], False)
     assert list(json.loads(json.dumps(record.__dict__))) == KEYS
-    assert (record.group, record.sample, record.response, record.reward, record.passed, record.domain) == \
+    assert (record.group, record.sample, record.response, record.reward, record.correct, record.domain) == \
         ("g0", 1, "cc", 0.0, False, None)
     assert (record.weight_version, record.finish_reason, record.response_tokens, record.turns) == (3, "eos", 2, None)
 
@@ -138,7 +138,7 @@ def test_a_grpo_run_writes_its_generations(trained_run):
             assert r["step"] == step and r["split"] == "train" and r["turns"] is None and r["domain"] is None
             assert r["weight_version"] == step - 1  # synchronous: sampled by the previous step's weights
             assert 1 <= r["response_tokens"] <= 3 and r["finish_reason"] in ("eos", "length", "stop")
-            assert 0.0 <= r["reward"] <= 1.0 and isinstance(r["passed"], bool) and r["prompt"]
+            assert 0.0 <= r["reward"] <= 1.0 and isinstance(r["correct"], bool) and r["prompt"]
             assert isinstance(r["advantage"], float) and abs(r["advantage"]) < 10
         assert len({r["group"] for r in rows}) == 2  # both groups of the step
     val = [json.loads(line) for line in (out / "val_step_2.jsonl").read_text().splitlines()]
