@@ -5,8 +5,6 @@ quickstart | ablate | report | sandbox-serve``. Each command parses its flags he
 from __future__ import annotations
 
 import argparse
-import shlex
-import signal
 import sys
 from pathlib import Path
 
@@ -140,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="tiny | small | base")
     p.add_argument("--out", required=True, help="directory to write")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="save the tokenizer without its plain 'role: content' chat template (then prompts are "
+                        "plain text, and chat data needs a template of your own)")
+    p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
 
     p = sub.add_parser("init-data", help="write a bundled synthetic task as JSONL files")
     p.add_argument("--task", default="arithmetic", choices=["arithmetic"])
@@ -220,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     from gyre.app.evaluate import OutputExistsError
     from gyre.app.export import ExportError
     from gyre.app.interrupt import RunInterrupted, stop_on_signals
+    from gyre.app.oserrors import write_failure
+    from gyre.app.restart import STANDALONE, interrupted_message, standalone_restart, where_to_resume
     from gyre.app.rundir import RunDirError
     from gyre.cluster.faults import RunFailed
     from gyre.cluster.reward_pool import RewardWorkerError
@@ -245,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors as exc:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an output path that is a file, read-only or on a full disk: the user's to fix
+        if write_failure(exc) is None:
+            raise
+        print(f"gyre: error: {write_failure(exc)}", file=sys.stderr)
+        return 2
     except RunInterrupted as exc:
         print(interrupted_message(exc, args.command, argv), file=sys.stderr)
         return exc.exit_code
@@ -255,70 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def interrupted_message(exc, command: str, argv: list[str]) -> str:
-    """Where a stopped run stands: its last checkpoint and the exact command that continues it."""
-    from gyre.training.checkpoint import CheckpointManager, ResumeError
-
-    head = f"gyre: stopped by {signal.Signals(exc.signum).name}"
-    if command == "sandbox-serve":
-        return f"{head}: the sandbox server is down."
-    if command == "ablate":  # resume auto: keeps what the ablation finished, if it got that far
-        return f"{head}. Continue the ablation (finished runs and the warm start are kept) with: " \
-               f"{resume_command(argv, auto=True)}"
-    if exc.output_dir is None:
-        return f"{head} before a run started; nothing was written. Run the same command to start again."
-    head += "; actors stopped and Ray shut down."
-    if command in STANDALONE:
-        return f"{head} {standalone_restart(argv)}"
-    latest = CheckpointManager(exc.output_dir).latest()
-    if latest is None:
-        return (f"{head} No checkpoint was saved yet in {exc.output_dir}; start again with: "
-                f"{resume_command(argv, auto=True)}")
-    try:
-        step = f" (step {CheckpointManager(exc.output_dir).load_state(latest).step})"
-    except ResumeError:
-        step = ""
-    return f"{head} Last checkpoint: {latest}{step}. Continue with: {resume_command(argv)}"
-
-
-def where_to_resume(output_dir, argv: list[str]) -> str:
-    """The last checkpoint of a run that stopped on a fault, and the command that continues it."""
-    from gyre.training.checkpoint import CheckpointManager
-
-    latest = CheckpointManager(output_dir).latest() if output_dir is not None else None
-    if latest is None:
-        return f"Fix the cause, then continue with: {resume_command(argv, auto=True)}"
-    return f"Last checkpoint: {latest}. Fix the cause, then continue with: {resume_command(argv)}"
-
-
-STANDALONE = ("sft", "dpo")
-"""Commands whose runs keep no checkpoints (a stopped one starts again)."""
-
-
-def standalone_restart(argv: list[str]) -> str:
-    """SFT and DPO runs keep no checkpoints: the command that starts one again (setting the stopped one aside)."""
-    kept = [arg for arg in argv if arg != "--overwrite"]
-    what = argv[0].upper() if argv and argv[0] in STANDALONE else "SFT"
-    return f"{what} runs keep no checkpoints; start again with: {shlex.join(['gyre', *kept, '--overwrite'])}"
-
-
-def resume_command(argv: list[str], auto: bool = False) -> str:
-    """``argv`` as a gyre command line with its start flags replaced by --resume (or --resume auto)."""
-    kept = []
-    for i, arg in enumerate(argv):
-        after_resume = arg == "auto" and i > 0 and argv[i - 1] == "--resume"
-        if arg not in ("--overwrite", "--resume", "--resume=auto") and not after_resume:
-            kept.append(arg)
-    return shlex.join(["gyre", *kept, "--resume", *(["auto"] if auto else [])])
-
-
 def _dispatch(args) -> int:
     from gyre.config.load import load_config
 
     if args.command == "init-model":
         from gyre.models.presets import init_model
 
-        print(f"wrote {init_model(args.preset, args.out, args.seed)}")
+        print(f"wrote {init_model(args.preset, args.out, args.seed, not args.no_chat_template, args.overwrite)}")
         return 0
     if args.command == "init-data":
         from gyre.tasks.arithmetic import ArithmeticSpec, write_arithmetic_task
@@ -342,7 +294,7 @@ def _dispatch(args) -> int:
         return _sft(args)
     if args.command == "dpo":
         return _dpo(args)
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, schema=None)  # any pipeline's: check reads them all
     from gyre.app import launch
 
     if args.command == "check":
@@ -522,6 +474,8 @@ def _simulate(args) -> int:
     except ValueError:
         raise ConfigError(f"--devices takes device counts separated by commas, e.g. 8,32,128; got {args.devices!r}") \
             from None
+    if min(devices) < 1:  # an empty cluster would simulate no run at all
+        raise ConfigError(f"--devices {args.devices}: every device count must be at least 1, e.g. 8,32,128")
     calibrate = Path(args.calibrate) if args.calibrate is not None else None
     if calibrate is not None and not (calibrate.is_file() or (calibrate / "metrics.jsonl").is_file()):
         raise ConfigError(f"--calibrate {calibrate}: give a gyre run's metrics.jsonl or its run directory")

@@ -29,8 +29,14 @@ from gyre.tracking.trackers import TrackerRun
 
 def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], None] = print) -> RunPlan:
     """What ``gyre check`` prints: the resolved config, the data, the reward probes and the placement
-    plan. It starts no training; with an address it joins the cluster briefly to count its devices."""
+    plan. It starts no training; with an address it joins the cluster briefly to count its devices. A
+    ``pipeline: sft`` or ``dpo`` config gets its own check (``standalone.check_standalone``)."""
     from gyre.cluster.runtime import resolve_address, start_ray
+
+    if cfg.pipeline != "rlvr":
+        from gyre.app.standalone import check_standalone
+
+        return check_standalone(cfg, echo)
 
     address = resolve_address(cfg, address, echo)
     cfg = resolve_paths(cfg)
@@ -71,6 +77,11 @@ def train(cfg: RLVRConfig, address: str | None = None, mode: RunMode = "fresh",
     """Run a whole RLVR training job; returns its RunSummary. ``mode`` says what to do with a run
     already in ``run.output_dir`` (see ``rundir.RunMode``). What the driver prints, a line per step and
     the traceback of an error that ends the run are kept in ``driver.log`` in the run directory."""
+    if cfg.pipeline != "rlvr":
+        from gyre.config.load import ConfigError
+
+        raise ConfigError(f"this is a pipeline: {cfg.pipeline} config; run it with gyre {cfg.pipeline} CONFIG "
+                          "(gyre train runs RL configs)")
     log = DriverLog(echo)
     try:
         return _train(cfg, address, mode, log)

@@ -12,7 +12,7 @@ from gyre.config.data_schema import DataSource
 from gyre.config.derive import RunPlan, detect_local_devices, make_plan
 from gyre.config.schema import ModelConfig, RLVRConfig
 from gyre.models.hub import HubResolver
-from gyre.models.loading import ModelPathError, check_model_dir
+from gyre.models.loading import ModelPathError, check_model_dir, load_tokenizer
 from gyre.models.saving import stored_dtype
 from gyre.rewards.registry import check_functions
 
@@ -109,7 +109,6 @@ def check_teacher_tokenizer(m: ModelConfig, teacher: Path) -> None:
     import json
 
     from gyre.models.checks import TOKENIZER_FILES
-    from gyre.models.loading import load_tokenizer
 
     student = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
     fix = ("on-policy distillation needs a teacher that uses the student's tokenizer (the same token ids): choose "
@@ -148,10 +147,23 @@ def check_lora(cfg: RLVRConfig) -> None:
 
 
 def check_policy_model(m: ModelConfig) -> None:
-    """The policy's model directory (and its tokenizer's, when that is another one)."""
+    """The policy's model directory (and its tokenizer's, when that is another one), and a tokenizer whose
+    ids all have a row in the model's embedding."""
+    import json
+
     check_model_dir(m.path, tokenizer=not m.tokenizer_path)
     if m.tokenizer_path:
         check_model_dir(m.tokenizer_path, key="model.tokenizer_path", weights=False)
+    config = json.loads((Path(m.path).expanduser() / "config.json").read_text())
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if isinstance(vocab, int):
+        size = len(load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code))
+        if size > vocab:
+            key = "model.tokenizer_path" if m.tokenizer_path else "model.path"
+            raise ModelPathError(f"the tokenizer of {key} has {size} tokens but the model's embedding has {vocab} rows "
+                                 f"(vocab_size in {m.path}/config.json): ids from {vocab} on would index past it. Use "
+                                 "the model's own tokenizer, or resize the embeddings to the tokenizer "
+                                 "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)")
 
 
 def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
@@ -213,8 +225,16 @@ def check_ground_truths(cfg: RLVRConfig, records) -> None:
     for name, domain in cfg.reward.domains.items():
         bad = bad_ground_truths(domain, [r for r in records if r.domain == name])
         if bad:
-            raise DataError(f"{len(bad)} ground truths of reward domain {name!r} ({domain.type}) cannot be used, "
-                            "e.g. " + "; ".join(f"{r.uid}: {r.ground_truth[:80]!r} ({why})" for r, why in bad[:3]))
+            (first, why), more = bad[0], f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+            hint = _CODE_LAYOUTS if domain.type == "code" else ""
+            raise DataError(f"a ground truth of reward domain {name!r} ({domain.type}) cannot be used: {first.uid}: "
+                            f"{why[:300]}{more}.{hint}")
+
+
+_CODE_LAYOUTS = (" Code tests are JSON: {\"inputs\": [...], \"outputs\": [...]} (stdin/stdout; with \"fn_name\", "
+                 "function calls, as APPS' input_output), {\"asserts\": [...], \"setup\": ...} or a list of assert "
+                 "strings (MBPP), or {\"test\": ..., \"entry_point\": ...} (HumanEval); data.answer_key may "
+                 "assemble one from several columns, e.g. {inputs: input, outputs: output}.")
 
 
 def check_code_sandboxes(cfg: RLVRConfig, records, echo) -> None:

@@ -85,6 +85,27 @@ def _standalone_run(cfg, address: str | None, mode: RunMode, log, make_plan: Cal
         raise interrupted from None
 
 
+def check_standalone(cfg, echo: Callable[[str], None] = print):
+    """``gyre check`` of a ``pipeline: sft`` or ``dpo`` config: the resolved config, every example (or pair)
+    tokenised and masked as the run would, and the plan on this machine's devices; nothing starts."""
+    from gyre.config.derive import detect_local_devices
+    from gyre.config.report import resolved_yaml
+
+    section = cfg.pipeline
+    if section == "sft":
+        from gyre.app.sft_run import load_examples as load
+        from gyre.config.derive import make_sft_plan as make_plan
+    else:
+        from gyre.app.dpo_run import load_pairs as load
+        from gyre.config.derive import make_dpo_plan as make_plan
+    cfg = resolve_paths(cfg, section)
+    echo("# resolved configuration\n" + resolved_yaml(cfg))
+    data = load(cfg, echo)
+    plan = make_plan(cfg, *detect_local_devices(cfg), len(data[0]))
+    echo(plan.describe())
+    return plan
+
+
 def resolve_paths(cfg, section: str):
     """A copy of ``cfg`` with the model resolved (Hub ids from the local cache, save_dtype concrete) and
     checked, and the data sources of ``cfg.<section>.train_files`` and the output directory absolute."""

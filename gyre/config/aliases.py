@@ -49,6 +49,18 @@ BY_PATH: dict[str, Alias] = {
     "algorithm.kl_ctrl.kl_coef": Alias("algorithm.kl.reward_coef", "verl"),
     "algorithm.kl_ctrl.target_kl": Alias("algorithm.kl.target", "verl"),
     "actor_rollout_ref.rollout.name": Alias("rollout.backend", "verl"),
+    "custom_reward_function.path": Alias("reward.function", "verl",
+                                         "with reward.type=function: reward.function=FILE.py:NAME names the file "
+                                         "and the function together"),
+    "custom_reward_function.name": Alias("reward.function", "verl",
+                                         "with reward.type=function: reward.function=FILE.py:NAME names the file "
+                                         "and the function together"),
+    "trainer.nnodes": Alias("cluster.address", "verl",
+                            "gyre joins a Ray cluster (cluster.address) and places each role on the devices its "
+                            "devices list names, on any node: no node count to set"),
+    "trainer.n_gpus_per_node": Alias("policy.devices", "verl",
+                                     "gyre lists each role's devices (policy.devices, rollout.devices, ...): "
+                                     "devices=[0, 1, 2, 3] for four GPUs"),
     # TRL's SFTConfig, under gyre's SFT sections (elsewhere max_steps is the RL run's length)
     "sft.num_train_epochs": Alias("sft.epochs", "TRL"),
     "sft.max_steps": Alias("sft.steps", "TRL"),

@@ -76,10 +76,14 @@ class DataConfig(StrictModel):
     prompt_template: str | None = None
     """Build the prompt from several columns with a Python format string instead: "{question}\\nA. {A}"
     ({choices[0]} indexes a list column; literal braces are doubled: \\boxed{{}}). No code runs."""
-    answer_key: str = "ground_truth"
+    answer_key: str | dict[str, str] | None = "ground_truth"
     """The column holding the answer the reward checks (the reward's ``ground_truth``). Numbers become
     text; an object or list becomes its JSON text (code tests). Dotted keys as for prompt_key, e.g.
-    verl's "reward_model.ground_truth"."""
+    verl's "reward_model.ground_truth". A mapping builds the answer from several columns, as the JSON
+    object {field: that column's value}: {inputs: input, outputs: output} for stdin/stdout tests in two
+    columns, {test: test, entry_point: entry_point} for HumanEval, {asserts: test_list, setup:
+    test_setup_code} for MBPP. null: the rows have no answer (a judge, a reward model, or a function that
+    reads other columns); the reward's ground_truth is then ""."""
     answer_pattern: str | None = None
     """A regex with one capturing group: the ground truth is the group of its last match in the answer
     column, e.g. "####\\s*(.+)" for GSM8K's "reasoning... #### 42". A row without a match is an error."""
@@ -135,6 +139,12 @@ class DataConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_extraction(self) -> DataConfig:
+        if not isinstance(self.answer_key, str) and (self.answer_pattern is not None or self.answer_boxed):
+            raise ValueError("data.answer_pattern / data.answer_boxed read one answer column, and data.answer_key is "
+                             f"{'null' if self.answer_key is None else 'a mapping of columns'}: name one column in "
+                             "data.answer_key, or remove them")
+        if isinstance(self.answer_key, dict) and not self.answer_key:
+            raise ValueError("data.answer_key is an empty mapping: give {field: column, ...}, one column, or null")
         if self.answer_pattern is not None and self.answer_boxed:
             raise ValueError("data.answer_pattern and data.answer_boxed both say how to read the answer; set one")
         return self

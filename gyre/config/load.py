@@ -20,13 +20,22 @@ class ConfigError(ValueError):
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
-                schema: type[BaseModel] = RLVRConfig):
+                schema: type[BaseModel] | None = RLVRConfig):
     """Read ``path`` (YAML; None starts empty), apply ``overrides`` ("a.b=value", values parsed as YAML)
-    and validate against ``schema`` (a run config; ``gyre.config.sft_schema.SFTJobConfig`` for ``gyre sft``)."""
+    and validate against ``schema`` (a run config; ``gyre.config.sft_schema.SFTJobConfig`` for ``gyre sft``;
+    None: the schema the config's own ``pipeline`` key names, as ``gyre check`` reads any config)."""
     raw: dict[str, Any] = read_yaml(Path(path)) if path is not None else {}
     for item in overrides:
         apply_override(raw, item)
-    return validate_config(raw, source=str(path) if path else "config", schema=schema)
+    return validate_config(raw, source=str(path) if path else "config", schema=schema or schema_of(raw))
+
+
+def schema_of(raw: dict[str, Any]) -> type[BaseModel]:
+    """The config schema of the pipeline ``raw`` names (rlvr when it names none)."""
+    from gyre.config.dpo_schema import DPOJobConfig
+    from gyre.config.sft_schema import SFTJobConfig
+
+    return {"sft": SFTJobConfig, "dpo": DPOJobConfig}.get(raw.get("pipeline"), RLVRConfig)
 
 
 def validate_config(raw: dict[str, Any], source: str = "config", schema: type[BaseModel] = RLVRConfig):

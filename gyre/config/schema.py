@@ -215,8 +215,9 @@ class RolloutConfig(StrictModel):
 
 
 class ValidationConfig(StrictModel):
-    every: NonNegInt = 0
-    """Validate every this many steps (and before the first and after the last); 0 turns it off."""
+    every: NonNegInt | None = None
+    """Validate every this many steps (and before the first and after the last); 0 turns it off. Unset: on
+    when data.val_files are given (every ceil(run.steps / 10) steps: about ten validations), else off."""
     temperature: Annotated[float, Field(ge=0)] = 0.0
     """Sampling temperature of validation; 0 is greedy."""
     samples_per_prompt: PositiveInt = 1
@@ -283,6 +284,13 @@ class RLVRConfig(StrictModel):
         if (self.data is None) == (self.env is None):
             raise ValueError("a run learns from prompts (data: {train_files: [...]}) or from an environment "
                              "(env: {id: ...}): give exactly one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _validation_default(self) -> RLVRConfig:
+        if self.validation.every is None:  # held-out prompts given are meant to be scored
+            held_out = self.data is not None and bool(self.data.val_files)
+            self.validation.every = -(-self.run.steps // 10) if held_out else 0
         return self
 
     @model_validator(mode="after")

@@ -208,7 +208,8 @@ def one_length(section, what: str) -> None:
     epochs, not both; neither is 100 steps. ``what`` names the run ("SFT") in the message."""
     if section.steps is not None and section.epochs is not None:
         raise ValueError(f"steps={section.steps} and epochs={section.epochs:g} both set the length of the {what} "
-                         "run; remove one of them")
+                         "run; remove one of them. On the command line, switch a file's epochs to steps by setting "
+                         "epochs to null beside them (e.g. sft.steps=50 sft.epochs=null), or the other way round")
     if section.epochs is None and section.steps is None:
         section.steps = 100
 

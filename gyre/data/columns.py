@@ -48,7 +48,7 @@ class ColumnMap:
     error messages ("data"); None for a format with fixed names."""
 
     prompt_key: str = "prompt"
-    answer_key: str | None = "ground_truth"
+    answer_key: str | dict[str, str] | None = "ground_truth"
     """None: rows have no answer (prompts to generate from); ``answer`` gives ""."""
     tag_key: str | None = "tag"
     prompt_template: str | None = None
@@ -92,9 +92,15 @@ class ColumnMap:
         """The ground truth: the answer column as text, then the configured extraction."""
         if self.answer_key is None:
             return ""
+        if isinstance(self.answer_key, dict):
+            return self._assembled(row, self.answer_key)
         value = lookup(row.data, self.answer_key)
         if value is MISSING or value is None:
-            raise self._missing(row, self.answer_key, "answer_key", "the answers")
+            error = self._missing(row, self.answer_key, "answer_key", "the answers")
+            if self.section == "data":
+                error = DataError(f"{error} Rows without answers (a judge or a reward model scores them): set "
+                                  "data.answer_key to null.")
+            raise error
         if isinstance(value, bool):
             raise DataError(f"{row.where}: '{self.answer_key}' must be a text, a number, or an object or list "
                             "(written as JSON), got a boolean")
@@ -113,6 +119,16 @@ class ColumnMap:
             return matches[-1].group(1).strip()
         return text
 
+    def _assembled(self, row: RawRow, fields: dict[str, str]) -> str:
+        """The answer as the JSON object {field: column value} (a code test kept in several columns)."""
+        out = {}
+        for field, column in fields.items():
+            value = lookup(row.data, column)
+            if value is MISSING:
+                raise self._missing(row, column, "answer_key", f"the answer's {field!r}")
+            out[field] = jsonable(value)
+        return json.dumps(out, ensure_ascii=False)
+
     def tag(self, row: RawRow) -> str | None:
         if self.tag_key is None:
             return None
@@ -124,9 +140,10 @@ class ColumnMap:
         return tag
 
     def others(self, row: RawRow) -> dict[str, Any]:
-        """The columns not read as the prompt, answer or tag, as plain JSON-able data (a dotted key's
-        parent column is kept: it may hold more than the value read)."""
-        used = {self.answer_key, self.tag_key}
+        """The columns not read as the prompt or tag, as plain JSON-able data. The answer column is kept as
+        written (a reward may want the worked solution that ``answer_pattern`` took the answer from), and a
+        dotted key's parent column too (it may hold more than the value read)."""
+        used = {self.tag_key}
         if self.prompt_template is None:
             used.add(self._prompt_column(row)[0])
         return {k: jsonable(v) for k, v in row.data.items() if k not in used}

@@ -22,6 +22,9 @@ from gyre.types import PromptRecord
 __all__ = ["DataError", "RawRow", "read_rows", "PromptRenderer", "OverlongCount", "load_prompts"]
 
 OverlongPolicy = Literal["error", "drop", "truncate_left"]
+TEMPLATE_FIX = ("supply a template: save the tokenizer with one (tokenizer.chat_template = ...; save_pretrained(DIR)) "
+                "and set model.tokenizer_path to DIR (gyre init-model writes its presets with a plain one)")
+"""How to give a tokenizer without a chat template one, for the errors that need it."""
 RL_COLUMNS = ColumnMap()
 """RL rows with gyre's own column names: ``prompt`` (or ``messages``), ``ground_truth``, ``tag``."""
 
@@ -51,7 +54,7 @@ class PromptRenderer:
             return prompt
         if not self.use_template:
             raise DataError(f"{where}: chat prompts need a tokenizer chat template; this one has none (or "
-                            "data.chat_template is 'never'): give the prompt as text instead")
+                            f"data.chat_template is 'never'): give the prompt as text instead, or {TEMPLATE_FIX}")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         return self.render_chat(messages, add_generation_prompt=True)
 

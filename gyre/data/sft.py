@@ -27,7 +27,7 @@ import torch
 
 from gyre.config.data_schema import DataSource
 from gyre.data.columns import MISSING, Chat, lookup, missing_column, text_or_chat
-from gyre.data.prompts import PromptRenderer
+from gyre.data.prompts import TEMPLATE_FIX, PromptRenderer
 from gyre.data.sources import DataError, RawRow, read_sources
 from gyre.types import TrainBatch
 
@@ -169,7 +169,7 @@ def completion_tokens(prompt: str | Chat, completion: str | Chat, renderer: Prom
     else:
         if not renderer.use_template:
             raise DataError(f"{where}: a completion given as messages needs a tokenizer chat template, and this one "
-                            "has none; give the completion as a text, or use a tokenizer with a chat template")
+                            f"has none; give the completion as a text, or {TEMPLATE_FIX}")
         chat = ([{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)) + completion
         full = renderer.render_chat(chat, add_generation_prompt=False)
         if not full.startswith(prompt_text):
@@ -198,7 +198,7 @@ def conversation_tokens(chat: Chat, renderer: PromptRenderer, where: str) -> tup
     """The whole conversation through the chat template, trained on its assistant messages."""
     if not renderer.use_template:
         raise DataError(f"{where}: a conversation needs a tokenizer chat template, and this one has none; give "
-                        "(prompt, response) pairs instead, or a tokenizer with a chat template")
+                        f"(prompt, response) pairs instead, or {TEMPLATE_FIX}")
     full = renderer.render_chat(chat, add_generation_prompt=False)
     spans = []
     for i, message in enumerate(chat):

@@ -93,7 +93,9 @@ class EnvSlot:
         if not self._conn.poll(deadline_s):
             self._stop()
             self.restarts += 1
-            return EnvFailure("timeout", f"{op}() did not return within {deadline_s:g} s (its process was killed)")
+            what = f"reset(seed={arg!r})" if op == "reset" else "step()"
+            return EnvFailure("timeout", f"env {self.spec.name!r}: {what} did not return within {deadline_s:g} s "
+                                         f"(env.{op}_timeout_s; its process was killed)")
         try:
             kind, payload = self._conn.recv()
         except (EOFError, OSError):

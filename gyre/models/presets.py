@@ -51,8 +51,18 @@ def build_char_tokenizer(model_max_length: int = 1024):
         padding_side="left", model_max_length=model_max_length, clean_up_tokenization_spaces=False)
 
 
-def init_model(preset: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """Create a randomly initialised model + tokenizer directory from ``preset``; returns its path."""
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}"
+                 "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+"""A plain chat template in the character tokenizer's alphabet: "role: content" lines, each assistant turn
+ending with EOS (so SFT on chats trains the model to stop)."""
+
+
+def init_model(preset: str, out_dir: str | Path, seed: int = 0, chat_template: bool = False,
+               overwrite: bool = True) -> Path:
+    """Create a randomly initialised model + tokenizer directory from ``preset``; returns its path. With
+    ``chat_template`` the tokenizer gets ``CHAT_TEMPLATE`` (chat data then works as is); without
+    ``overwrite`` a directory that already holds files is refused (ValueError)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -72,6 +82,13 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     out = Path(out_dir)
+    if not overwrite and out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{out} already holds files; choose an empty or new directory, or pass --overwrite to "
+                         "replace the model there")
+    if chat_template:
+        tokenizer.chat_template = CHAT_TEMPLATE
+    elif (out / "chat_template.jinja").is_file():  # a replaced model's template would outlive it
+        (out / "chat_template.jinja").unlink()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

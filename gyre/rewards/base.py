@@ -1,7 +1,9 @@
 """The reward-function contract and how a config names one.
 
 A reward function is any callable ``fn(response: str, ground_truth: str, **kwargs) -> float | bool |
-RewardResult``. A config names it as "package.module:function" or "path/to/file.py:function".
+RewardResult``, or a TRL reward function ``fn(completions, **kwargs) -> list[float]`` (known by its
+``completions`` parameter; it gets one-item lists: ``completions``, ``prompts``, each data column and
+``ground_truth``). A config names it as "package.module:function" or "path/to/file.py:function".
 
 Keyword arguments, as in TRL, are the prompt row's data columns other than the prompt, answer and tag
 (``PromptRecord.columns``), then ``prompt`` (the question as written) and ``tag``. A function gets
@@ -115,9 +117,12 @@ def _import_failure(target: str, exc: BaseException, path: Path | None = None) -
 
 def call_reward(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardResult:
     """Call ``fn`` with the arguments it accepts and normalise its return value. A function marked
-    ``takes_request`` (a composite such as ``shaped_reward``) gets the request itself and routes it."""
+    ``takes_request`` (a composite such as ``shaped_reward``) gets the request itself and routes it; a
+    TRL-style batched function (``batched``) gets one-sample lists."""
     if getattr(fn, "takes_request", False):
         return to_result(fn(request, **kwargs))
+    if batched(fn):
+        return _call_batched(fn, request, kwargs)
     takes = keyword_filter(fn)
     extra = {k: v for k, v in request.columns.items() if k not in RESERVED and takes(k)}
     extra.update(kwargs)
@@ -127,6 +132,36 @@ def call_reward(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardRes
             extra[key] = getattr(request, key)
     value = fn(request.response, request.ground_truth, **extra)
     return to_result(value)
+
+
+def batched(fn: RewardFn) -> bool:
+    """Whether ``fn`` is a TRL reward function: it takes ``completions`` (a list of texts) by name, the data
+    columns and ``prompts`` as lists, and returns one score per completion."""
+    try:
+        return "completions" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _call_batched(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardResult:
+    """A TRL reward function on one sample: ``completions=[response]``, ``prompts=[prompt]``, every data column
+    as a one-item list (the answer column as written, and ``ground_truth``), then the domain's kwargs and
+    the request's options as they are; its one score is the result."""
+    params = inspect.signature(fn).parameters
+    takes = (lambda _: True) if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) \
+        else params.__contains__
+    columns = {**request.columns, "ground_truth": request.ground_truth, "prompts": request.prompt}
+    extra = {k: [v] for k, v in columns.items() if k not in ("completions", "tag") and takes(k)}
+    extra.update({k: v for k, v in {**kwargs, **request.options}.items() if takes(k)})
+    value = fn(completions=[request.response], **extra)
+    if not isinstance(value, (list, tuple)) or len(value) != 1:
+        got = f"{len(value)} values" if isinstance(value, (list, tuple)) else type(value).__name__
+        raise TypeError(f"reward function takes completions (a TRL batched reward), so it must return a list with "
+                        f"one score per completion: given 1 completion, it returned {got}")
+    if value[0] is None:
+        raise TypeError("reward function returned [None] (TRL's 'does not apply'); return a score for every "
+                        "completion of this domain, or route the rows it does not score to another reward domain")
+    return to_result(value[0])
 
 
 def keyword_filter(fn: RewardFn) -> Callable[[str], bool]:

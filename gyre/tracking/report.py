@@ -15,13 +15,20 @@ import os
 import tempfile
 from pathlib import Path
 
-from gyre.tracking.report_sections import config_section, generations_section, run_section, validation_section
+from gyre.tracking.report_sections import (
+    config_section,
+    generations_section,
+    run_section,
+    summary_section,
+    validation_section,
+)
 
 log = logging.getLogger(__name__)
 
 REPORT = "report.html"
-SECTIONS = (("curves", "Curves"), ("timeline", "Phase timeline"), ("generations", "Generations"),
-            ("validation", "Validation"), ("run", "Run, versions and placement"), ("config", "Resolved config"))
+SECTIONS = (("summary", "Summary"), ("curves", "Curves"), ("timeline", "Phase timeline"),
+            ("generations", "Generations"), ("validation", "Validation"), ("run", "Run, versions and placement"),
+            ("config", "Resolved config"))
 """(id, title) of the page's sections, in order."""
 _CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
         "img-src data: blob:; font-src data:")
@@ -81,8 +88,9 @@ def build_html(run_dir: str | Path) -> str:
     from plotly.offline import get_plotlyjs
 
     run_dir = Path(run_dir)
-    bodies = {"curves": curves_html, "timeline": timeline_html, "generations": generations_section,
-              "validation": validation_section, "run": run_section, "config": config_section}
+    bodies = {"summary": summary_section, "curves": curves_html, "timeline": timeline_html,
+              "generations": generations_section, "validation": validation_section, "run": run_section,
+              "config": config_section}
     nav = "".join(f"<a href='#{sid}'>{title}</a>" for sid, title in SECTIONS)
     sections = "".join(f"<section id='{sid}'><h2>{title}</h2>{bodies[sid](run_dir)}</section>"
                        for sid, title in SECTIONS)

@@ -144,3 +144,37 @@ def validation_section(run_dir: Path) -> str:
     head = "".join(f"<th>{esc(c.strip())}</th>" for c in rows[0])
     body = "".join("<tr>" + "".join(f"<td>{esc(c.strip())}</td>" for c in r) + "</tr>" for r in rows[1:])
     return f"<table class='data' id='validation-table'><tr>{head}</tr>{body}</table>"
+
+
+HEADLINES = (("held-out accuracy", "val/accuracy", "{:.1%}"), ("held-out reward", "val/reward/mean", "{:.3f}"),
+             ("train reward", "reward/mean", "{:.3f}"), ("train accuracy", "accuracy", "{:.1%}"),
+             ("SFT loss", "sft_loss", "{:.4f}"), ("DPO loss", "dpo_loss", "{:.4f}"),
+             ("DPO preference accuracy", "rewards/accuracies", "{:.1%}"))
+"""(label, metric key, format) of the figures the summary gives first -> last, when the run logged them."""
+
+
+def summary_section(run_dir: Path) -> str:
+    """The run at a glance: whether it finished, its steps and wall time, and its headline metrics from their
+    first to their last value (all from metrics.jsonl and the run directory)."""
+    path = run_dir / "metrics.jsonl"
+    records = [r for r in read_jsonl_tolerant(path) if isinstance(r, dict)] if path.exists() else []
+    done = (run_dir / "final_model").is_dir()
+    rows = [("status", "finished: final_model/ written" if done else
+             "no final model yet: running, stopped or failed (driver.log says which)")]
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+    if steps:
+        phases = sorted({str(r.get("phase", "train")) for r in records})
+        rows.append(("steps", f"{max(steps)} ({', '.join(phases)})"))
+    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
+    if len(times) > 1:
+        rows.append(("wall time", f"{(max(times) - min(times)) / 60:.1f} min"))
+    for label, key, fmt in HEADLINES:
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool)]
+        if values:
+            rows.append((label, f"{fmt.format(values[0])} → {fmt.format(values[-1])}" if len(values) > 1
+                         else fmt.format(values[0])))
+    errors = sum(r.get("reward/errors", 0) for r in records if isinstance(r.get("reward/errors"), (int, float)))
+    if errors:
+        rows.append(("reward errors", f"{errors:g} (scored 0; see the Generations section and driver.log)"))
+    body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
+    return f"<table class='data' id='summary'>{body}</table>"

@@ -61,7 +61,7 @@ def test_init_commands_report_bad_arguments_in_one_line(tmp_path, capsys):
 
 
 def test_the_resume_command_replaces_the_start_flags():
-    from gyre.app.cli import resume_command
+    from gyre.app.restart import resume_command
 
     assert resume_command(["train", "my run.yaml", "a=1", "--overwrite"]) == "gyre train 'my run.yaml' a=1 --resume"
     assert resume_command(["quickstart", "--resume", "auto", "--out", "x"]) == "gyre quickstart --out x --resume"
@@ -83,7 +83,7 @@ def test_check_builds_the_environment_of_an_agentic_run(tiny_model_dir, capsys, 
     hostile = Path(__file__).parents[1] / "envs" / "hostile_envs.py"
     assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
                  f"env.id={hostile}:StuckReset", "env.reset_timeout_s=1", "cluster.cpu_slots=2"]) == 2
-    assert "reset(0) failed before the run started: reset() did not return within 1 s" in capsys.readouterr().err
+    assert "StuckReset': reset(seed=0) did not return within 1 s (env.reset_timeout_s" in capsys.readouterr().err
     assert main(["check", "examples/agentic_guess_number.yaml", f"model.path={tiny_model_dir}",
                  f"env.id={hostile}:ExitingReset", "cluster.cpu_slots=2"]) == 2
     assert "its process died during reset() (exit code 4)" in capsys.readouterr().err

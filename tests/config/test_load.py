@@ -159,6 +159,13 @@ def test_reward_config_errors(overrides, message):
                                       "and ratio_low, bounds on pi_old / mu; a *_k1 threshold lo_hi bounds mu / "
                                       "pi_old: write ratio_low=1/hi, ratio_high=1/lo. For *_k2 / *_k3 it is "
                                       "algorithm.mismatch.divergence_max)"),
+    # verl's reward file is gyre's reward function, not a model path
+    ("custom_reward_function.path=r.py", "custom_reward_function.path is 'reward.function' (verl"),
+    ("trainer.nnodes=2", "trainer.nnodes is 'cluster.address' (verl"),
+    ("trainer.n_gpus_per_node=8", "trainer.n_gpus_per_node is 'policy.devices' (verl"),
+    ("use_vllm=true", "did you mean 'rollout.backend'? (TRL: use_vllm"),
+    ("vllm_mode=server", "did you mean 'rollout.mode'? (TRL: vllm_mode"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "'rollout.devices' (verl"),
 ])
 def test_other_frameworks_names_point_at_gyres_key(override, expected):
     with pytest.raises(ConfigError) as exc:

@@ -21,7 +21,7 @@ def test_default_names_and_the_rest():
     r = row(prompt="1+1=", ground_truth=2, tag="math", level=3, meta={"src": "a"})
     c = ColumnMap()
     assert (c.prompt(r), c.answer(r), c.tag(r)) == ("1+1=", "2", "math")
-    assert c.others(r) == {"level": 3, "meta": {"src": "a"}}
+    assert c.others(r) == {"ground_truth": 2, "level": 3, "meta": {"src": "a"}}
 
 
 def test_own_keys_and_dotted_keys():
@@ -35,14 +35,39 @@ def test_own_keys_and_dotted_keys():
     # tag_key None reads no tag; the "tag" column is then just another column.
     c = cols(tag_key=None)
     assert c.tag(row(prompt="x", ground_truth="1", tag="t")) is None
-    assert c.others(row(prompt="x", ground_truth="1", tag="t")) == {"tag": "t"}
+    assert c.others(row(prompt="x", ground_truth="1", tag="t")) == {"ground_truth": "1", "tag": "t"}
+
+
+def test_rows_without_an_answer_column():
+    """answer_key: null reads no answer (ground truth ""); the error for a missing answer column says so."""
+    c = cols(answer_key=None)
+    r = row(prompt="Write a haiku.", topic="autumn")
+    assert (c.answer(r), c.others(r)) == ("", {"topic": "autumn"})
+    with pytest.raises(DataError, match=r"no column 'ground_truth' \(data.answer_key\).*set data.answer_key to null"):
+        cols().answer(r)
+    with pytest.raises(ValueError, match="data.answer_key is null"):
+        cols(answer_key=None, answer_boxed=True)
+
+
+def test_an_answer_assembled_from_several_columns():
+    """answer_key as a mapping: the answer is the JSON object {field: column} (code tests in two columns,
+    HumanEval's test and entry point); a missing column names the field it was for."""
+    import json
+
+    c = cols(answer_key={"inputs": "stdin", "outputs": "expected"})
+    r = row(prompt="Add two numbers.", stdin=["1 2\n"], expected=["3\n"])
+    assert json.loads(c.answer(r)) == {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    with pytest.raises(DataError, match=r"no column 'expected' \(data.answer_key\).*the answer's 'outputs'"):
+        c.answer(row(prompt="x", stdin=["1"]))
+    with pytest.raises(ValueError, match="a mapping of columns"):
+        cols(answer_key={"a": "b"}, answer_boxed=True)
 
 
 def test_messages_column_is_the_fallback_prompt():
     chat = [{"role": "user", "content": "hi", "name": "dropped"}]
     r = row(messages=chat, ground_truth="1")
     assert ColumnMap().prompt(r) == [{"role": "user", "content": "hi"}]
-    assert ColumnMap().others(r) == {}
+    assert ColumnMap().others(r) == {"ground_truth": "1"}
 
 
 def test_prompt_template():
@@ -50,8 +75,8 @@ def test_prompt_template():
              answer_key="answer")
     r = row(question="Sky?", choices=["blue", "green"], answer="A", subject=None)
     assert c.prompt(r) == "Sky?\nA. blue\nB. green\nAnswer with \\boxed{}."
-    # Template columns still reach the reward; the answer column does not (it is the ground truth).
-    assert c.others(r) == {"question": "Sky?", "choices": ["blue", "green"], "subject": None}
+    # Template columns still reach the reward, and the answer column as written.
+    assert c.others(r) == {"question": "Sky?", "choices": ["blue", "green"], "answer": "A", "subject": None}
     with pytest.raises(DataError, match=r"f.jsonl:3: no column 'question' \(data.prompt_template\); this row has "
                                         r"columns: answer, q. Name only existing columns in data.prompt_template"):
         c.prompt(row(q="x", answer="A"))

@@ -39,8 +39,8 @@ def test_jsonl_prompts_are_tokenised(tmp_path, renderer):
     assert records[0].tag == "math" and records[1].tag is None
     assert records[0].uid.endswith("a.jsonl:1")
     assert renderer.tokenizer.decode(records[0].prompt_ids) == "1+2="
-    # Every other column is kept for the reward function.
-    assert records[0].columns == {"extra": 1} and records[1].columns == {}
+    # Every other column is kept for the reward function, the answer column as written too.
+    assert records[0].columns == {"ground_truth": 3, "extra": 1} and records[1].columns == {"ground_truth": "8"}
 
 
 def test_parquet_prompts(tmp_path, renderer):
@@ -57,7 +57,7 @@ def test_own_column_names(tmp_path, renderer):
     columns = ColumnMap(prompt_key="q", answer_key="solution", tag_key="source")
     (record,), _ = load_prompts([str(path)], renderer, 64, columns)
     assert (record.prompt_text, record.ground_truth, record.tag, record.question) == ("2*3=", "6", "arith", "2*3=")
-    assert record.columns == {"level": 2}
+    assert record.columns == {"solution": "6", "level": 2}
 
 
 @pytest.mark.parametrize("row,message", [

@@ -52,7 +52,8 @@ def test_gsm8k_style(tmp_path, tiny_model_dir):
     first = data.train[0]
     instruction = " Let's think step by step and output the final answer after \"####\"."
     assert first.prompt_text == rows[0]["question"] + instruction
-    assert (first.ground_truth, first.columns) == ("1,007", {"question": rows[0]["question"], "id": 17})
+    # The worked solution the answer came from reaches the reward as its column.
+    assert (first.ground_truth, first.columns) == ("1,007", rows[0])
     assert score(cfg, first, "3 + 1004 = 1007 apples.\n#### 1007") == 1.0
     assert score(cfg, first, "3 + 1004 = 1008 apples.\n#### 1008") == 0.0
     assert score(cfg, first, "The answer is 1007.") == 0.0  # no "####": no answer
@@ -69,7 +70,8 @@ def test_math_boxed(tmp_path, chat_model):
     first = data.train[0]
     assert first.prompt_text == ("<|system|>Please reason step by step, and put your final answer within \\boxed{}."
                                  "<|user|>What is $1/2 + 1/4$?<|assistant|><nothink>")
-    assert first.ground_truth == "\\frac{3}{4}" and first.columns == {"level": "Level 2", "type": "Prealgebra"}
+    assert first.ground_truth == "\\frac{3}{4}" and first.columns == {"solution": table["solution"][0].as_py(),
+                                                                         "level": "Level 2", "type": "Prealgebra"}
     assert score(cfg, first, "1/2 = 2/4, so the sum is \\boxed{0.75}") == 1.0
     assert score(cfg, first, "\\boxed{\\frac{2}{3}}") == 0.0
     assert score(cfg, first, "the answer is 3/4") == 0.0  # boxed: always
@@ -83,7 +85,8 @@ def test_code_tests(tmp_path, tiny_model_dir):
     cfg, data = load("code_tests.yaml", tiny_model_dir, f, f, tmp_path)
     fn, io_row = data.train
     assert fn.prompt_text == "Write add(a, b).\n\nWrite the solution in Python, in one ```python code block."
-    assert json.loads(fn.ground_truth) == asserts and fn.columns == {"problem": "Write add(a, b).", "source": "mbpp"}
+    assert json.loads(fn.ground_truth) == asserts and fn.columns == {"problem": "Write add(a, b).", "tests": asserts,
+                                                                     "source": "mbpp"}
     assert score(cfg, fn, "```python\ndef add(a, b):\n    return a + b\n```") == 1.0
     assert score(cfg, fn, "```python\ndef add(a, b):\n    return 3\n```") == 0.5  # partial credit: 1 of 2
     assert score(cfg, io_row, "```python\na, b = map(int, input().split())\nprint(a + b)\n```") == 1.0

@@ -64,7 +64,8 @@ def test_chat_sft_over_two_ranks_saves_a_model_and_its_metrics(ray_local, chat_m
 def test_sft_configs_are_strict(chat_model, tmp_path):
     with pytest.raises(ConfigError, match=r"unknown key 'sft.num_train_epochs'; did you mean 'sft.epochs'\? \(TRL"):
         sft_config(tmp_path, chat_model, "sft.num_train_epochs=3")
-    with pytest.raises(ConfigError, match="sft: steps=6 and epochs=2 both set the length of the SFT run; remove one"):
+    with pytest.raises(ConfigError, match="sft: steps=6 and epochs=2 both set the length of the SFT run; remove one of "
+                                         r"them. On the command line, .* \(e.g. sft.steps=50 sft.epochs=null\)"):
         sft_config(tmp_path, chat_model, "sft.epochs=2")
     from gyre.config.derive import make_sft_plan
 

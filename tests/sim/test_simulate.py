@@ -121,6 +121,13 @@ def test_a_bad_simulate_key_names_the_valid_ones(capsys):
     assert "h100" in capsys.readouterr().err
 
 
+def test_zero_devices_is_an_error_not_an_empty_sweep(tmp_path, capsys):
+    for devices in ("0", "8,-1"):
+        assert main(["simulate", CONFIG, "--devices", devices, "--out", str(tmp_path / devices)]) == 2
+        assert "every device count must be at least 1" in capsys.readouterr().err
+        assert not (tmp_path / devices).exists()
+
+
 def test_calibrating_from_a_runs_metrics_fits_the_lengths_it_simulates(tmp_path, capsys):
     metrics = tmp_path / "metrics.jsonl"
     row = {"time/step": 1.0, "batch/samples": 256, "response_length/mean": 300.0, "response_length/max": 2500.0,

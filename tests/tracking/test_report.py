@@ -26,6 +26,20 @@ def test_every_section_is_written_and_untrusted_text_stays_text(tmp_path):
     assert "idle-table" in page and "2 turns" in page
 
 
+def test_the_page_opens_with_a_summary_of_the_run(tmp_path):
+    """Status, steps and headline metrics first -> last, before any chart (the hand-written run: train
+    rewards 0.1, 0.2, 0.3, one validation at step 0, no final model)."""
+    page = build_html(hand_written_run(tmp_path))
+    summary = page[page.index("<section id='summary'>"):page.index("<section id='curves'>")]
+    assert page.index("<section id='summary'>") < page.index("<section id='curves'>")
+    assert "no final model yet" in summary and "<th>steps</th><td>3 (train)</td>" in summary
+    assert "<th>train reward</th><td>0.100 → 0.300</td>" in summary
+    assert "<th>train accuracy</th><td>10.0% → 30.0%</td>" in summary
+    assert "<th>held-out accuracy</th><td>10.0%</td>" in summary and "SFT loss" not in summary
+    (tmp_path / "final_model").mkdir()
+    assert "finished: final_model/ written" in build_html(tmp_path)
+
+
 def test_an_empty_run_dir_still_gets_a_page_that_says_what_is_missing(tmp_path):
     page = build_html(tmp_path)
     assert "No metrics yet" in page and "No phase spans recorded" in page and "generations/</code> is absent" in page
