@@ -283,12 +283,13 @@ def _note_unsplit_asserts(name: str, records, echo) -> None:
     import json
 
     from gyre.rewards.asserts import Unsplittable, plan_test
+    from gyre.rewards.code_tests import canonical_tests
 
     total = unsplit = 0
     example = ""
     for record in records:
         try:
-            tests = json.loads(record.ground_truth)
+            tests = canonical_tests(json.loads(record.ground_truth))
         except ValueError:
             continue
         for test in tests.get("asserts", []) if isinstance(tests, dict) else []:
@@ -300,7 +301,8 @@ def _note_unsplit_asserts(name: str, records, echo) -> None:
                 example = example or f"{record.uid}: {test[:60]!r}"
     if unsplit:
         echo(f"note: reward.domains.{name}: {unsplit} of {total} assert tests cannot be compared outside the sandbox "
-             f"(e.g. {example}); they run whole inside it, where an object that always compares equal passes them")
+             f"(e.g. {example}); they run isolated: in a process the program never runs in, calling its functions "
+             "through proxies (plain data only; a weak sandbox fails them)")
 
 
 def check_env(cfg: RLVRConfig) -> None:

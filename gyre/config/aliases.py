@@ -215,8 +215,9 @@ BY_NAME: dict[str, Alias] = {
     "max_norm": Alias("policy.grad_clip", "OpenRLHF"),
     "vllm_num_engines": Alias("rollout.devices", "OpenRLHF", "one engine per device"),
     "use_vllm": Alias("rollout.backend", "TRL", "use_vllm=true is rollout.backend=vllm"),
-    "vllm_mode": Alias("rollout.mode", "TRL", "vllm_mode=server is rollout.mode=separate (engines on their own "
-                       "devices); colocate is rollout.mode=hybrid, which samples with gyre's HF engine"),
+    "vllm_mode": Alias("rollout.mode", "TRL", "server is rollout.backend=vllm with rollout.devices apart from "
+                       "policy.devices; colocate is the same engines on the policy's devices (rollout.devices = "
+                       "policy.devices, time-shared), or rollout.mode=hybrid (the policy ranks sample, HF engine)"),
     "async_train": Alias("rollout.async_ratio", "OpenRLHF", "a ratio > 0 overlaps rollout with training"),
     "tensor_model_parallel_size": Alias("rollout.devices", "verl", "no tensor-parallel engines yet: one engine "
                                         "per device of rollout.devices (docs/guides/engines.md)"),

@@ -39,10 +39,16 @@ def check_model_dir(path: str | Path, key: str = "model.path", weights: bool = T
 
 
 def quiet_transformers() -> None:
+    """transformers' progress bars, info logs and deprecation notices off in this process. Its FutureWarnings
+    (a config written with keys it renamed, such as rope_scaling) speak to model authors, and every process
+    that loads the model would print them again on every run; errors still show."""
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\.|$)")
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):

@@ -16,10 +16,16 @@ Ground truth is a JSON string in one of two forms (the two common shapes of code
 Assert tests are compared outside the sandbox (``gyre.rewards.asserts``): the sandbox returns the values of
 the program's calls as plain data, and the comparison runs in this process, so an object whose
 ``__eq__`` always holds, a rebound builtin, or a program that reads the expected values from its own
-source gains nothing: the expected values never enter the sandbox. A test that cannot be split (a
-comparison inside a comprehension, arbitrary statements) runs whole inside the sandbox and passes when
-it prints a random per-run token; such tests are counted in ``info["unsplit"]`` because they keep the
-old gaps. Stdin/stdout tests have none of these gaps: the expected output never enters the sandbox.
+source gains nothing: the expected values never enter the sandbox. Loops over literal cases are
+unrolled and split too. A test that still cannot be split (a comparison inside a comprehension, a loop
+over ``range``, arbitrary statements) runs isolated: the program runs in one sandboxed process, the test
+in another that the program's code never runs in, calling the program's functions through proxies that
+carry plain data both ways; only the test's process holds the channel its verdict goes out on, so
+nothing the program prints, exits with or forges passes the test. Such tests are counted in
+``info["unsplit"]``. The test's text is dropped from the program's process before its first line, so
+its expected values stay with the test (only the Python layer keeps the program from the payload file
+on disk); a weak sandbox fails such tests (see ``sandbox.boot.isolated``). Stdin/stdout tests have none of these
+gaps: the expected output never enters the sandbox.
 
 Each sample's deadline in the reward worker (``code_reward.deadline_s``) is derived from the sandbox's
 own limits: tests x (per-test timeout + start-up margin) + a margin, so the sandbox's clock always fires
@@ -37,14 +43,15 @@ passes the state (``to_dict()``) to ``code_reward``. Run times include the inter
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-import secrets
 import textwrap
 from dataclasses import dataclass
 
 from gyre.rewards import asserts
+from gyre.rewards.code_tests import canonical_tests
 from gyre.rewards.sandbox import RunOutcome, SandboxLimits, run_python
 from gyre.types import RewardResult
 
@@ -110,9 +117,11 @@ def _parse(ground_truth: str | dict) -> _Tests:
             data = json.loads(ground_truth)
         except (TypeError, json.JSONDecodeError) as exc:
             raise ValueError(f"code ground truth is not valid JSON ({exc}): {str(ground_truth)[:200]!r}") from None
+    data = canonical_tests(data)  # MBPP's assert list, APPS' input_output, HumanEval's test + entry point
     if not isinstance(data, dict) or ("asserts" in data) == ("inputs" in data or "outputs" in data):
         raise ValueError('code ground truth must be a JSON object with either "inputs" and "outputs" '
-                         f'or "asserts" (and optional "setup"): {str(ground_truth)[:200]!r}')
+                         f'or "asserts" (and optional "setup"), or a layout of docs/guides/rewards.md#code-tests: '
+                         f'{str(ground_truth)[:200]!r}')
     if "asserts" in data:
         setup = data.get("setup") or ""
         if not isinstance(setup, str):
@@ -141,10 +150,6 @@ def _normalize(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
 
 
-def _assert_program(code: str, setup: str, test: str, token: str) -> str:
-    return "\n".join([setup, "__name__ = 'solution'", code, "__name__ = '__main__'", test, f"print({token!r})"])
-
-
 @dataclass(frozen=True)
 class _Runner:
     """How one sample's programs run: limits and the sandbox options of the domain."""
@@ -154,25 +159,25 @@ class _Runner:
     url: str | None = None
     token: str | None = None
 
-    def run(self, source: str, stdin: str = "", channels: int = 0) -> RunOutcome:
+    def run(self, source: str, stdin: str = "", channels: int = 0, isolate: bool = False) -> RunOutcome:
+        # an isolated test runs in two processes: the program's and the test's
+        limits = dataclasses.replace(self.limits, processes=self.limits.processes + 1) if isolate else self.limits
         if self.url:
             from gyre.rewards.sandbox.remote import run_remote
 
-            return run_remote(self.url, source, stdin, self.limits, channels=channels, token=self.token)
-        return run_python(source, stdin, self.limits, channels=channels, allow_weak=self.allow_weak)
+            return run_remote(self.url, source, stdin, limits, channels=channels, token=self.token, isolate=isolate)
+        return run_python(source, stdin, limits, channels=channels, allow_weak=self.allow_weak, isolate=isolate)
 
 
 def _run_case(tests: _Tests, i: int, code: str, runner: _Runner) -> tuple[bool, RunOutcome, bool]:
-    """(passed, outcome, split): split is False for an assert test compared inside the sandbox."""
+    """(passed, outcome, split): split is False for an assert test run isolated (``_run_isolated``)."""
     if not tests.asserts:
         outcome = runner.run(code, tests.inputs[i])
         return outcome.status == "ok" and _normalize(outcome.stdout) == _normalize(tests.outputs[i]), outcome, True
     try:
         plan = asserts.plan_test(tests.asserts[i], tests.setup)
     except asserts.Unsplittable:
-        token = secrets.token_hex(16)
-        outcome = runner.run(_assert_program(code, tests.setup, tests.asserts[i], token))
-        return outcome.status == "ok" and token in outcome.stdout.splitlines(), outcome, False
+        return (*_run_isolated(tests.asserts[i], tests.setup, code, runner), False)
     outcome = runner.run(asserts.test_program(plan, tests.setup, code), channels=2)
     if outcome.status != "ok":
         return False, outcome, True
@@ -183,6 +188,18 @@ def _run_case(tests: _Tests, i: int, code: str, runner: _Runner) -> tuple[bool, 
     if not passed:
         outcome.stderr = (outcome.stderr + "\n" + why).strip()
     return passed, outcome, True
+
+
+def _run_isolated(test: str, setup: str, code: str, runner: _Runner) -> tuple[bool, RunOutcome]:
+    """A test the parent cannot split: its verdict comes from a sandboxed process the program never runs in
+    (``boot.isolated``), on a channel only that process holds; nothing the program prints or does passes it."""
+    outcome = runner.run(asserts.isolated_program(test, setup, code), channels=1, isolate=True)
+    if outcome.status != "ok":
+        return False, outcome
+    passed, why = asserts.isolated_verdict(outcome.channels[0])
+    if not passed:
+        outcome.stderr = (outcome.stderr + "\n" + why).strip()
+    return passed, outcome
 
 
 def _run_helpers(plan, setup: str, values: dict, runner: _Runner) -> dict:
@@ -227,7 +244,7 @@ def code_reward(response: str, ground_truth: str, *, timeout_s: float | None = N
     ``url`` of a remote sandbox, ``disk_mb``). Score: 1.0 when every test passes, else 0.0, or with
     ``partial_credit`` the fraction passed. Without partial credit the tests stop at the first failure.
     ``info``: passed, total, runtimes (seconds per test run), statuses ("pass", "wrong" or the sandbox
-    status), timeout_s, case_key, unsplit (assert tests compared inside the sandbox) and, on a failure,
+    status), timeout_s, case_key, unsplit (assert tests run isolated: not split) and, on a failure,
     the tail of its stderr.
     """
     tests = _parse(ground_truth)

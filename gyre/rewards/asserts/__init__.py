@@ -19,14 +19,23 @@ first line. A setup helper called with the program's values (``approx(solve(x), 
 second sandbox run that holds the setup but not the program, with those values passed in as data.
 The parent always evaluates the real builtins, whatever the program rebinds.
 
-Tests the planner cannot split (a comparison inside a comprehension, statements other than asserts
-and literal assignments) run whole in the sandbox, where a program can still game them; they are
-counted (``info["unsplit"]``) and ``gyre check`` warns about them.
+A loop over a literal list or tuple of cases (``for a, b in [(1, 2), (3, 4)]: assert f(a) == b``, or a
+name bound to one) is unrolled into plain asserts first. Tests the planner still cannot split (a
+comparison inside a comprehension, a loop over ``range``, other statements) run isolated
+(``sandbox.boot.isolated``): the test runs in a sandboxed process the program never runs in, with the
+program's functions as proxies that exchange plain data with the program's process, and writes the
+verdict on a channel only it holds. An always-equal object, a rebound builtin, a printed token or an
+early exit gains nothing there; what remains is that the program can read such a test's source. They
+are counted (``info["unsplit"]``) and ``gyre check`` notes them.
+
+Decoding is bounded (``judge.decode``): sizes of numbers, nodes and nesting, and sets or dict keys whose
+elements share one hash, are refused, and so are the parent's operations whose cost the program's
+values alone would decide (``judge._bounded``, ``judge._bounded_call``).
 """
 
-from gyre.rewards.asserts.harness import helper_program, test_program
-from gyre.rewards.asserts.judge import LeafError, decode_channel, helper_arguments, judge, leaf_values
+from gyre.rewards.asserts.harness import helper_program, isolated_program, test_program
+from gyre.rewards.asserts.judge import LeafError, decode_channel, helper_arguments, isolated_verdict, judge, leaf_values
 from gyre.rewards.asserts.plan import AssertPlan, Unsplittable, plan_test
 
 __all__ = ["AssertPlan", "LeafError", "Unsplittable", "decode_channel", "helper_arguments", "helper_program",
-           "judge", "leaf_values", "plan_test", "test_program"]
+           "isolated_program", "isolated_verdict", "judge", "leaf_values", "plan_test", "test_program"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import inspect
 import json
 import re
 
 from gyre.rewards.asserts import judge
-from gyre.rewards.asserts.plan import AssertPlan
+from gyre.rewards.asserts.plan import AssertPlan, bound_names
 
 # Defined in the sandboxed program before anything else runs. The program can rebind these (it runs in
 # the same module), which gains it nothing: forging the data is no more than returning that data.
@@ -86,3 +88,28 @@ def helper_program(plan: AssertPlan, setup: str, indices: list[int], arguments: 
                      f"**{{k: __gyre_decode(x) for k, x in a[1].items()}}))(__json_loads({data!r}))")
     return "\n".join([_ENCODE, _DECODE, "from json import loads as __json_loads", setup,
                       f"__gyre_emit(3, {_lambdas(calls)})"])
+
+
+def isolated_program(test: str, setup: str, code: str) -> str:
+    """A test the parent cannot split, for an isolated run (``run_python(isolate=True)``, ``boot.isolated``):
+    the program runs in one process, the test in another with the program's names as proxies."""
+    return json.dumps({"codec": _ENCODE + _DECODE, "program": "\n".join([setup, "__name__ = 'solution'", code]),
+                       "test": "\n".join([setup, test]), "names": program_names(test, setup, code)})
+
+
+def program_names(test: str, setup: str, code: str) -> list[str]:
+    """The names the test (or setup) reads but neither binds: the program's, proxied in the test's process.
+    A builtin's name only where the program binds it (an entry point may shadow one)."""
+    nodes = [n for source in (setup, test) for n in ast.walk(ast.parse(source))]
+    loaded = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    bound = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    bound |= {n.arg for n in nodes if isinstance(n, ast.arg)}
+    bound |= {n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                                      ast.ExceptHandler)) and n.name}
+    bound |= {(a.asname or a.name).split(".")[0] for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))
+              for a in n.names}
+    try:
+        program = bound_names(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        program = set()  # the program will not run either
+    return sorted(n for n in loaded - bound if n in program or not hasattr(builtins, n))

@@ -70,9 +70,13 @@ def bound_names(source: str) -> set[str]:
     return names
 
 
+_MAX_UNROLLED = 2000
+"""Most asserts a test's literal loops may unroll into; a longer test runs isolated instead."""
+
+
 def _block(stmts: list[ast.stmt], constants: dict[str, ast.expr]) -> list[ast.Assert] | None:
-    """The asserts of a block whose other statements are docstrings and literal assignments (recorded in
-    ``constants``); None when it holds anything else."""
+    """The asserts of a block whose other statements are docstrings, literal assignments (recorded in
+    ``constants``) and loops over literals (unrolled, see ``_unroll``); None when it holds anything else."""
     asserts = []
     for stmt in stmts:
         if isinstance(stmt, ast.Assert):
@@ -82,9 +86,60 @@ def _block(stmts: list[ast.stmt], constants: dict[str, ast.expr]) -> list[ast.As
         elif (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
               and _is_literal(stmt.value)):
             constants[stmt.targets[0].id] = stmt.value
+        elif isinstance(stmt, ast.For):
+            unrolled = _unroll(stmt, constants)
+            if unrolled is None:
+                return None
+            asserts.extend(unrolled)
         else:
             return None
+        if len(asserts) > _MAX_UNROLLED:
+            return None
     return asserts
+
+
+def _unroll(loop: ast.For, constants: dict[str, ast.expr]) -> list[ast.Assert] | None:
+    """``for a, b in [(1, 2), (3, 4)]: assert f(a) == b`` as ``assert f(1) == 2`` and ``assert f(3) == 4``:
+    a loop over a literal list or tuple (or a name bound to one) whose body is asserts, literal
+    assignments and such loops, each loop variable replaced by its literal value. None otherwise."""
+    iterable = constants.get(loop.iter.id) if isinstance(loop.iter, ast.Name) else loop.iter
+    targets = loop.target.elts if isinstance(loop.target, (ast.Tuple, ast.List)) else [loop.target]
+    names = [t.id for t in targets if isinstance(t, ast.Name)]
+    if (not isinstance(iterable, (ast.List, ast.Tuple)) or not _is_literal(iterable) or loop.orelse
+            or len(names) != len(targets) or len(set(names)) != len(names)):
+        return None
+    rebound = {n.id for s in loop.body for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    rebound |= {n.arg for s in loop.body for n in ast.walk(s) if isinstance(n, ast.arg)}
+    if rebound & set(names):
+        return None  # the body rebinds a loop variable: substituting it would change the meaning
+    out: list[ast.Assert] = []
+    for element in iterable.elts:
+        if isinstance(loop.target, ast.Name):
+            values = [element]
+        elif isinstance(element, (ast.Tuple, ast.List)) and len(element.elts) == len(names):
+            values = element.elts
+        else:
+            return None  # e.g. unpacking a string or a nested shape: leave it to the isolated run
+        body = [_Substitute(dict(zip(names, values))).visit(copy.deepcopy(s)) for s in loop.body]
+        inner = _block([ast.fix_missing_locations(s) for s in body], constants)
+        if inner is None or len(out) + len(inner) > _MAX_UNROLLED:
+            return None
+        out.extend(inner)
+    if iterable.elts:  # after the loop its variables keep the last element's values, as in Python
+        constants.update(dict(zip(names, values)))
+    return out
+
+
+class _Substitute(ast.NodeTransformer):
+    """Loop variables (read only) replaced by copies of their literal values."""
+
+    def __init__(self, values: dict[str, ast.expr]):
+        self.values = values
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        if isinstance(node.ctx, ast.Load) and node.id in self.values:
+            return ast.copy_location(copy.deepcopy(self.values[node.id]), node)
+        return node
 
 
 def _is_literal(node: ast.expr) -> bool:

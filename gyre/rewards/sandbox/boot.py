@@ -180,48 +180,69 @@ def install_hook(cfg):
     sys.addaudithook(hook)
 
 
-def main(cfg):
-    """Read and compile the program, lock the interpreter down, run the program in a fresh ``__main__``
-    and leave with ``os._exit`` (so no finaliser runs after the interpreter drops its audit hooks)."""
-    import atexit
+def lock_down(cfg):
+    """The Python layer: refuse the one silent way to start a process, then install the audit hook."""
+    import posix
+
+    if not cfg["audit"]:
+        return
+    import _posixsubprocess
+
+    exit_, write = posix._exit, posix.write
+    blocked = BLOCKED_MARKER.encode() + b" _posixsubprocess.fork_exec\n"
+
+    def refuse(*args, **kwargs):
+        write(2, blocked)
+        exit_(EXIT_BLOCKED)
+
+    _posixsubprocess.fork_exec = refuse  # the one way to start a process that raises no audit event
+    install_hook(cfg)
+
+
+def fresh_module(filename):
+    import sys
+
+    module = type(sys)("__main__")
+    module.__file__ = filename
+    module.__builtins__ = __builtins__
+    sys.modules["__main__"] = module
+    sys.argv = [filename]
+    return module
+
+
+def run_code(source, filename, module, exits=None):
+    """Run ``source`` in ``module``; its exit status (0, or what it passed to ``sys.exit``; 1 for an
+    uncaught exception, reported like the interpreter would). A MemoryError ends the process. A
+    ``sys.exit`` is also noted in ``exits`` (a list), when given."""
     import posix
     import sys
 
-    exit_, write = posix._exit, posix.write
-    with open(cfg["solution"], "rb") as f:
-        source = f.read()
-    if cfg["audit"]:
-        import _posixsubprocess
-
-        blocked = BLOCKED_MARKER.encode() + b" _posixsubprocess.fork_exec\n"
-
-        def refuse(*args, **kwargs):
-            write(2, blocked)
-            exit_(EXIT_BLOCKED)
-
-        _posixsubprocess.fork_exec = refuse  # the one way to start a process that raises no audit event
-        install_hook(cfg)
-    module = type(sys)("__main__")
-    module.__file__ = cfg["filename"]
-    module.__builtins__ = __builtins__
-    sys.modules["__main__"] = module
-    sys.argv = [cfg["filename"]]
-    status = 0
     try:
-        exec(compile(source, cfg["filename"], "exec"), module.__dict__)
+        exec(compile(source, filename, "exec"), module.__dict__)
     except MemoryError:
-        write(2, MEMORY_MARKER.encode() + b"\n")
-        exit_(EXIT_MEMORY)
+        posix.write(2, MEMORY_MARKER.encode() + b"\n")
+        posix._exit(EXIT_MEMORY)
     except SystemExit as exc:
-        status = exc.code
-        if status is not None and not isinstance(status, int):
-            print(status, file=sys.stderr)
-            status = 1
+        if exits is not None:
+            exits.append(exc.code)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+            return 1
+        return exc.code or 0
     except BaseException:  # noqa: BLE001 - the program's own error: report it like the interpreter would
         kind, exc, tb = sys.exc_info()
         exc.__traceback__ = tb.tb_next  # the traceback starts at the program, not at this bootstrap
         sys.excepthook(kind, exc, tb.tb_next)
-        status = 1
+        return 1
+    return 0
+
+
+def finish(status):
+    """Leave with ``os._exit`` (so no finaliser runs after the interpreter drops its audit hooks)."""
+    import atexit
+    import posix
+    import sys
+
     try:
         atexit._run_exitfuncs()
     except BaseException:  # noqa: BLE001 - the program's atexit code must not stop the exit
@@ -231,4 +252,192 @@ def main(cfg):
             stream.flush()
         except BaseException:  # noqa: BLE001 - a full or closed stream; what was written is kept
             pass
-    exit_((status or 0) & 0xFF)
+    posix._exit((status or 0) & 0xFF)
+
+
+def main(cfg):
+    """Read the program, lock the interpreter down, run the program in a fresh ``__main__`` and leave.
+    An isolated test (``cfg["isolate"]``) runs in two processes instead, see ``isolated``."""
+    with open(cfg["solution"], "rb") as f:
+        source = [f.read()]  # in a list the isolated path empties: no frame keeps the test's text
+    if cfg.get("isolate"):
+        isolated(cfg, source)
+    lock_down(cfg)
+    finish(run_code(source[0], cfg["filename"], fresh_module(cfg["filename"])))
+
+
+# --- isolated tests ------------------------------------------------------------------------------------
+# A test the parent cannot split runs in a process the program's code never runs in. Before anything
+# untrusted runs, this process makes itself non-dumpable (the program's process, same uid, can then
+# neither open its /proc/<pid>/fd or mem; ptrace and process_vm_* are refused by seccomp) and forks:
+# the child closes the verdict channel (fd 3), runs the setup and the program, then answers calls of
+# its functions with plain data; this process runs the setup and the test with the program's names
+# bound to proxies of those calls, and writes the verdict on fd 3, which only it holds. The program
+# can answer anything, but only data: whatever it does, a pass is the test completing here.
+
+def isolated(cfg, payload):
+    """``payload``: a one-item list holding the run's JSON, emptied here so that after the fork the
+    program's process holds no reference to the test's text (its expected values stay with the test)."""
+    import json
+    import posix
+
+    data = json.loads(payload.pop())
+    why = harden()
+    if why:
+        posix.write(2, f"[gyre-sandbox] isolated test refused: {why}\n".encode())
+        posix._exit(1)
+    requests, replies = posix.pipe(), posix.pipe()
+    if posix.fork() == 0:
+        for fd in (3, requests[1], replies[0]):
+            posix.close(fd)
+        del data["test"]  # the last reference in this process: freed before the program's first line
+        serve(cfg, data, requests[0], replies[1])
+    for fd in (requests[0], replies[1]):
+        posix.close(fd)
+    judge(cfg, data, requests[1], replies[0])
+
+
+def harden():
+    """Make this process non-dumpable; why the verdict would not be sound here, or ''."""
+    import ctypes
+    import sys
+
+    failed = ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0  # PR_SET_DUMPABLE
+    for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+        del sys.modules[name]  # the program finds no raw memory access ready-made
+    if failed:
+        return "prctl(PR_SET_DUMPABLE) failed"
+    with open("/proc/self/status") as f:
+        caps = [line.split()[1] for line in f if line.startswith("CapEff:")]
+    if not caps or int(caps[0], 16):  # e.g. a weak sandbox as root: ptrace would reach this process
+        return "the sandboxed process holds capabilities, so the program could reach the test's process"
+    return ""
+
+
+def send(fd, message):
+    import json
+    import posix
+
+    data = json.dumps(message).encode()
+    data = len(data).to_bytes(8, "little") + data
+    while data:
+        data = data[posix.write(fd, data):]
+
+
+def receive(fd, most=1 << 26):
+    """One message, or None at end of file (the other process ended)."""
+    import json
+    import posix
+
+    def exactly(n):
+        out = b""
+        while len(out) < n:
+            chunk = posix.read(fd, min(n - len(out), 1 << 20))
+            if not chunk:
+                return None
+            out += chunk
+        return out
+
+    head = exactly(8)
+    size = int.from_bytes(head, "little") if head else None
+    if size is None or size > most:
+        return None
+    body = exactly(size)
+    return None if body is None else json.loads(body)
+
+
+def serve(cfg, data, requests, replies):
+    """The program's process: setup and program, then each request ``[op, name, args, kwargs]``."""
+    import itertools
+
+    codec = {}
+    exec(data["codec"], codec)
+    encode, decode = codec["__gyre_encode"], codec["__gyre_decode"]
+    lock_down(cfg)
+    module = fresh_module(cfg["filename"])
+    exits = []
+    status = run_code(data["program"], cfg["filename"], module, exits)
+    status = 1 if exits and not status else status  # exiting before the test runs fails it, as a split test
+    send(replies, ["ready"] if status == 0 else ["ended", f"the program ended with status {status}"])
+    while status == 0:
+        request = receive(requests)
+        if request is None:
+            break
+        try:
+            if request[1] not in module.__dict__:
+                raise NameError(f"name {request[1]!r} is not defined")
+            value = module.__dict__[request[1]]
+            if request[0] == "call":
+                value = value(*[decode(a) for a in request[2]], **{k: decode(v) for k, v in request[3].items()})
+                iterator = hasattr(type(value), "__next__")  # a generator: its items, read as the test would
+                reply = ["iter" if iterator else "value", encode(list(itertools.islice(value, 100_000))
+                                                                  if iterator else value)]
+            elif callable(value):
+                reply = ["callable"]
+            elif type(value).__name__ == "module":
+                reply = ["module", value.__name__]
+            else:
+                reply = ["value", encode(value)]
+        except BaseException as exc:  # noqa: BLE001 - the program's error is the test's to see
+            reply = ["raise", type(exc).__name__, str(exc)[:300]]
+        send(replies, reply)
+    finish(status)
+
+
+def judge(cfg, data, requests, replies):
+    """The test's process: setup and test over proxies; the verdict on fd 3."""
+    import builtins
+    import posix
+    import sys
+
+    codec = {}
+    exec(data["codec"], codec)
+    encode, decode = codec["__gyre_encode"], codec["__gyre_decode"]
+    lock_down(cfg)
+
+    def answer(request):
+        send(requests, request)
+        reply = receive(replies)
+        if reply is None:
+            raise RuntimeError("the program's process ended")
+        if reply[0] == "raise":  # the program's exception, as a builtin type where it names one
+            kind = getattr(builtins, str(reply[1]), None)
+            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                kind = type(str(reply[1]), (Exception,), {})
+            raise kind(str(reply[2]))
+        value = decode(reply[1]) if reply[0] in ("value", "iter") else reply[1:]
+        return reply[0], iter(value) if reply[0] == "iter" else value
+
+    def proxy(name):
+        def call(*args, **kwargs):
+            return answer(["call", name, [encode(a) for a in args], {k: encode(v) for k, v in kwargs.items()}])[1]
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    module = fresh_module("test.py")
+    verdict = {"passed": False}
+    try:
+        ready = receive(replies)
+        if ready != ["ready"]:
+            raise RuntimeError(ready[1] if ready else "the program's process ended before the test")
+        for name in data["names"]:
+            try:
+                kind, got = answer(["get", name])
+            except NameError:
+                continue  # not the program's: the test fails with its own NameError if it uses it
+            if kind == "callable":
+                got = proxy(name)
+            elif kind == "module":  # the same standard module, imported here
+                got = __import__(got[0]) if got[0] in sys.stdlib_module_names else None
+            module.__dict__[name] = got
+        exec(compile(data["test"], "test.py", "exec"), module.__dict__)
+        verdict["passed"] = True
+    except BaseException as exc:  # noqa: BLE001 - any way the test ends early fails it
+        tb, line = exc.__traceback__, 0
+        while tb is not None:  # the test's own innermost line (no source lookup: /work is the program's)
+            line = tb.tb_lineno if tb.tb_frame.f_code.co_filename == "test.py" else line
+            tb = tb.tb_next
+        verdict["why"] = f"{type(exc).__name__}: {str(exc)[:200]} (test line {line})"
+    send(3, verdict)
+    posix.close(3)
+    finish(0)

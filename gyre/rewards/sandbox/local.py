@@ -133,9 +133,11 @@ def _program_argv(cfg: dict) -> list[str]:
     return [rootfs.interpreter(), "-I", "-S", "-B", "-X", "utf8", "-c", f"{_boot_source()}\n\nmain({cfg!r})\n"]
 
 
-def _boot_config(work: str, solution: str, stdin_path: str, limits: SandboxLimits, audit: bool) -> dict:
+def _boot_config(work: str, solution: str, stdin_path: str, limits: SandboxLimits, audit: bool,
+                 isolate: bool = False) -> dict:
     readable = [*rootfs.DEVICES, stdin_path, *(os.path.realpath(p) for p in limits.allow_read)]
-    return {"solution": solution, "filename": "solution.py", "work": work, "audit": audit, "readable": readable}
+    return {"solution": solution, "filename": "solution.py", "work": work, "audit": audit, "readable": readable,
+            "isolate": isolate}
 
 
 def _env(work: str) -> dict[str, str]:
@@ -153,7 +155,8 @@ def _staging(plan: tuple) -> str:
     raise SandboxUnavailable("no directory to build the sandbox root on (tried /mnt, /media, /srv, /opt, /tmp)")
 
 
-def _ns_config(mode: str, source: str, stdin: str, limits: SandboxLimits, audit: bool, filtered: bool) -> dict:
+def _ns_config(mode: str, source: str, stdin: str, limits: SandboxLimits, audit: bool, filtered: bool,
+               isolate: bool = False) -> dict:
     plan = rootfs.root_plan(tuple(limits.allow_read))
     body = len(source.encode()) + len(stdin.encode())
     cfg = {
@@ -164,7 +167,7 @@ def _ns_config(mode: str, source: str, stdin: str, limits: SandboxLimits, audit:
         "rlimits": _rlimits(limits, mode), "env": _env(_WORK),
         "seccomp": _seccomp_b64() if filtered else None,
     }
-    cfg["argv"] = _program_argv(_boot_config(_WORK, "/sandbox/solution.py", "/sandbox/stdin", limits, audit))
+    cfg["argv"] = _program_argv(_boot_config(_WORK, "/sandbox/solution.py", "/sandbox/stdin", limits, audit, isolate))
     return cfg
 
 
@@ -288,8 +291,8 @@ def _status_records(raw: bytes) -> dict:
 
 
 def _run_namespaced(mode: str, source: str, stdin: str, limits: SandboxLimits, audit: bool, channels: int,
-                    filtered: bool) -> RunOutcome:
-    cfg = _ns_config(mode, source, stdin, limits, audit, filtered)
+                    filtered: bool, isolate: bool = False) -> RunOutcome:
+    cfg = _ns_config(mode, source, stdin, limits, audit, filtered, isolate)
     status_r, status_w = os.pipe()
     pipes = [os.pipe() for _ in range(channels)]
     cfg["status_fd"], cfg["channel_fds"] = status_w, [w for _, w in pipes]
@@ -372,11 +375,14 @@ def classify(rc: int | None, reason: str | None, stderr: str, cpu: float, limits
 
 
 def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None, *, audit_hook: bool = True,
-               channels: int = 0, allow_weak: bool = False) -> RunOutcome:
+               channels: int = 0, allow_weak: bool = False, isolate: bool = False) -> RunOutcome:
     """Run ``source`` as a Python program with ``stdin`` as its standard input, inside every sandbox
     layer this machine supports (see the module docstring and ``sandbox_capabilities``).
 
     ``audit_hook=False`` leaves out the Python layer; tests use it to show the kernel layers hold alone.
+    ``isolate=True``: ``source`` is an isolated test (JSON, see ``boot.isolated``), run in two processes
+    (``limits.processes`` must allow the second) with its verdict on channel 0. A weak sandbox refuses
+    it (status "error"): there a program can reach the other process, so no verdict would be sound.
     Raises ``SandboxUnavailable`` when the machine cannot contain the program (no namespaces) and
     ``allow_weak`` is False, or when the sandbox itself fails to start; never for what the program does.
     Call it from a thread that outlives the run: the sandbox dies with the thread that started it.
@@ -388,8 +394,8 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None
     if caps.mode == "weak":
         if not allow_weak:
             raise SandboxUnavailable(caps.refusal())
-        return weak.run_weak(source, stdin, limits, audit_hook, channels)
-    return _run_namespaced(caps.mode, source, stdin, limits, audit_hook, channels, caps.seccomp)
+        return weak.run_weak(source, stdin, limits, audit_hook, channels, isolate)
+    return _run_namespaced(caps.mode, source, stdin, limits, audit_hook, channels, caps.seccomp, isolate)
 
 
 def sandbox_capabilities() -> dict:

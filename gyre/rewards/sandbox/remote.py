@@ -7,7 +7,7 @@ local sandbox (namespaces, private root, per-run uid, seccomp), clamps the reque
 maximums, allows a bounded number of concurrent runs, and checks a bearer token when it has one.
 
 Protocol: ``POST /run`` with JSON ``{"source", "stdin", "limits": {SandboxLimits fields}, "channels",
-"audit_hook"}`` answers the ``RunOutcome`` as JSON (data channels base64-encoded); ``GET /health``
+"audit_hook", "isolate"}`` answers the ``RunOutcome`` as JSON (data channels base64-encoded); ``GET /health``
 answers the server's sandbox capabilities.
 """
 
@@ -30,11 +30,11 @@ _LIMIT_FIELDS = {f.name for f in dataclasses.fields(SandboxLimits)} - {"allow_re
 
 
 def run_remote(url: str, source: str, stdin: str = "", limits: SandboxLimits | None = None, *, channels: int = 0,
-               token: str | None = None, audit_hook: bool = True) -> RunOutcome:
+               token: str | None = None, audit_hook: bool = True, isolate: bool = False) -> RunOutcome:
     """Run ``source`` in the sandbox server at ``url``; raises SandboxUnavailable when it cannot be reached
     or refuses the request (never for what the program does)."""
     limits = limits or SandboxLimits()
-    body = {"source": source, "stdin": stdin, "channels": channels, "audit_hook": audit_hook,
+    body = {"source": source, "stdin": stdin, "channels": channels, "audit_hook": audit_hook, "isolate": isolate,
             "limits": {k: v for k, v in dataclasses.asdict(limits).items() if k in _LIMIT_FIELDS}}
     request = urllib.request.Request(url.rstrip("/") + "/run", data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json",
@@ -129,12 +129,13 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, token: str | None = N
                 limits = _clamp(req.get("limits", {}), caps)
                 args = (str(req["source"]), str(req.get("stdin", "")), limits)
                 channels, audit = max(0, min(int(req.get("channels", 0)), 8)), bool(req.get("audit_hook", True))
+                isolate = bool(req.get("isolate", False))
             except (ValueError, KeyError, TypeError) as exc:
                 return self._reply(400, {"error": f"bad request: {exc}"})
             if not slots.acquire(timeout=caps.most.wall_s * 2):
                 return self._reply(503, {"error": "every sandbox slot stayed busy; retry later"})
             try:
-                out = run_python(*args, channels=channels, audit_hook=audit)
+                out = run_python(*args, channels=channels, audit_hook=audit, isolate=isolate)
             except SandboxUnavailable as exc:
                 return self._reply(500, {"error": str(exc)})
             finally:

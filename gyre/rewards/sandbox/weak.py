@@ -36,7 +36,12 @@ def _preexec(limits: local.SandboxLimits, channel_fds: list[int]):
     return setup
 
 
-def run_weak(source: str, stdin: str, limits: local.SandboxLimits, audit: bool, channels: int) -> local.RunOutcome:
+def run_weak(source: str, stdin: str, limits: local.SandboxLimits, audit: bool, channels: int,
+             isolate: bool = False) -> local.RunOutcome:
+    if isolate:  # as the caller's uid, without a PID namespace, the program could open the supervisor's
+        # /proc/<pid>/fd and write the verdict itself: refuse rather than give a forgeable verdict
+        return local.RunOutcome("error", None, "", "[gyre-sandbox] an isolated test needs kernel containment for a "
+                                "sound verdict; this weak sandbox cannot run it", 0.0, channels=[b""] * channels)
     root = tempfile.mkdtemp(prefix="gyre-sbx-")
     pipes = [os.pipe() for _ in range(channels)]
     try:
