@@ -62,7 +62,9 @@ class EvalReport:
         width = max(len(name) for name, _ in rows)
         lines = [" " * width + "".join(f"{k:>10}" for k in keys)]
         for name, m in rows:
-            cells = "".join(f"{m[k]:>10}" if k == "prompts" else f"{m[k]:>10.3f}" for k in keys)
+            # a tag whose reward judges no correctness has no accuracy or pass@k: a dash
+            cells = "".join(f"{m[k]:>10}" if k == "prompts" else f"{m[k]:>10.3f}" if k in m else f"{'-':>10}"
+                            for k in keys)
             lines.append(f"{name:<{width}}{cells}")
         head = (f"eval of {self.model}: {self.overall['prompts']} prompts x {self.samples_per_prompt} samples "
                 f"(temperature {self.temperature:g})")

@@ -193,7 +193,8 @@ def _run_case(tests: _Tests, i: int, code: str, runner: _Runner) -> tuple[bool, 
 def _run_isolated(test: str, setup: str, code: str, runner: _Runner) -> tuple[bool, RunOutcome]:
     """A test the parent cannot split: its verdict comes from a sandboxed process the program never runs in
     (``boot.isolated``), on a channel only that process holds; nothing the program prints or does passes it."""
-    outcome = runner.run(asserts.isolated_program(test, setup, code), channels=1, isolate=True)
+    payload, test_text = asserts.isolated_program(test, setup, code)
+    outcome = runner.run(payload, test_text, channels=1, isolate=True)  # the test's text comes as stdin
     if outcome.status != "ok":
         return False, outcome
     passed, why = asserts.isolated_verdict(outcome.channels[0])

@@ -34,7 +34,7 @@ def canonical_tests(data: Any) -> Any:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"code ground truth: 'input_output' is not valid JSON ({exc.msg})") from None
         return canonical_tests(inner)
-    if isinstance(data.get("test"), str) and "asserts" not in data:
+    if isinstance(data.get("test"), str) and not ({"asserts", "inputs", "outputs"} & set(data)):
         entry = data.get("entry_point")
         if entry is not None and (not isinstance(entry, str) or not entry.isidentifier()):
             raise ValueError(f"code ground truth: 'entry_point' must be a function name, got {entry!r}")

@@ -177,4 +177,12 @@ def drop_generations_after(out_dir: Path, step: int | None) -> None:
 
 
 def read_generations(path: str | Path) -> list[GenerationRecord]:
-    return [GenerationRecord(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [GenerationRecord(**_current(json.loads(line))) for line in Path(path).read_text().splitlines()
+            if line.strip()]
+
+
+def _current(row: dict) -> dict:
+    """A row in today's fields: files written before the rename call ``correct`` ``passed``."""
+    if "passed" in row and "correct" not in row:
+        row = {("correct" if k == "passed" else k): v for k, v in row.items()}
+    return row

@@ -69,7 +69,7 @@ def _turns(turns) -> str:
 
 def _card(row: dict) -> str:
     facts = [("group", esc(row.get("group"))), ("sample", esc(row.get("sample"))), ("domain", esc(row.get("domain"))),
-             ("reward", _number(row.get("reward"))), ("correct", esc(row.get("correct"))),
+             ("reward", _number(row.get("reward"))), ("correct", esc(row.get("correct", row.get("passed")))),
              ("advantage", _number(row.get("advantage"))), ("weight version", esc(row.get("weight_version"))),
              ("finish", esc(row.get("finish_reason"))), ("tokens", esc(row.get("response_tokens")))]
     head = "".join(f"<span class='fact'>{name}: <b>{value}</b></span>" for name, value in facts)

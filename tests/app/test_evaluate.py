@@ -151,3 +151,14 @@ def test_an_agentic_run_is_refused_with_what_scores_it_instead(tiny_model_dir, t
     suggested = load_config(recipe, [*base, f"model.path={run / 'final_model'}", "run.steps=1", "validation.every=1",
                                      "sft_warmup=null", f"run.output_dir={tmp_path / 'score'}"])
     assert suggested.sft_warmup is None and suggested.validation.every == 1
+
+
+def test_the_table_shows_a_dash_where_a_tag_has_no_accuracy():
+    """One tag judged by its reward, one scored by a plain float: the table still prints."""
+    from gyre.app.evaluate import EvalReport
+
+    judged = group_metrics([group("x", [(1.0, True, 2, "eos"), (0.0, False, 2, "eos")])], [1, 2])
+    plain = group_metrics([group("y", [(0.5, None, 2, "eos"), (0.0, None, 2, "eos")])], [1, 2])
+    report = EvalReport("m", 2, 1.0, judged, {"x": judged, "y": plain})
+    line = report.format().splitlines()[-1]
+    assert line.startswith("tag y") and line.split()[3] == "-" and line.split()[4] == "0.250"

@@ -80,8 +80,9 @@ def test_a_forged_error_record_stays_short():
     ("assert int(f(1) + '') == 0", "9" * 100_000, "number too long"),
     ("assert f(1) * f(1) == 0", 3**400_000, "result too large"),
     ("assert 'x' * f(1) == 'xx'", 10**9, "sequence too large"),
+    ("assert f(1) % 7 == '3'", "%02000000000d", "%-formatting with a huge width"),
 ], ids=["sum-range", "max-range", "bytes", "set-call", "dict-call", "divmod", "mod", "sum-lists", "sum-fractions",
-        "round", "int-of-str", "int-mult", "str-repeat"])
+        "round", "int-of-str", "int-mult", "str-repeat", "percent-format"])
 def test_the_parent_refuses_costly_operations_on_program_values(test, value, reason):
     plan = asserts.plan_test(test, "")
     assert not plan.reference

@@ -3,6 +3,7 @@ verdict written by a sandboxed process the program never runs in (issue 25)."""
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
@@ -31,7 +32,7 @@ def fenced(code: str) -> str:
     ("for a, b in [(1, 2), (3, 4)]:\n    assert f(a) == b", ["__out_0 == 2", "__out_1 == 4"]),
     ("cases = [(1, [2]), (3, [4])]\nfor x, y in cases:\n    assert f(x) == y", ["__out_0 == [2]", "__out_1 == [4]"]),
     ("def check(candidate):\n    for x in [1, 2]:\n        expected = 5\n        assert candidate(x) < expected\n"
-     "check(f)", ["__out_0 < expected", "__out_1 < expected"]),
+     "check(f)", ["__out_0 < 5", "__out_1 < 5"]),
     ("for xs in [[1, 2], [3]]:\n    for x in xs:\n        assert f(x) == x * 2",
      ["__out_0 == 1 * 2", "__out_1 == 2 * 2", "__out_2 == 3 * 2"]),
 ])
@@ -128,10 +129,63 @@ while frame:
 def f(i):
     return i * 7 + key if key else -1
 """
-    result = code_reward(fenced(hunter), SECRET, **FAST)
-    assert result.score == 0.0 and result.info["unsplit"] == 1, result.info
+    # The same hunt through the process's own memory (/proc/self/mem) and the run's stdin file.
+    memory = r"""
+import re
+mark = ('cand' + r'idate\(i\) == i \* 7 \+ ([0-9]+)').encode()
+key = None
+for path in ('/sandbox/stdin', '/dev/stdin'):
+    try:
+        m = re.search(mark, open(path, 'rb').read())
+        key = key or (m and int(m.group(1)))
+    except Exception:
+        pass
+try:
+    mem = open('/proc/self/mem', 'rb', buffering=0)
+    for line in open('/proc/self/maps'):
+        span, perms = line.split()[:2]
+        if 'r' not in perms:
+            continue
+        lo, hi = (int(x, 16) for x in span.split('-'))
+        try:
+            mem.seek(lo)
+            m = re.search(mark, mem.read(hi - lo))
+            key = key or (m and int(m.group(1)))
+        except Exception:
+            pass
+except Exception:
+    pass
+def f(i):
+    return i * 7 + key if key else -1
+"""
+    for cheat in (hunter, memory):
+        result = code_reward(fenced(cheat), SECRET, **FAST)
+        assert result.score == 0.0 and result.info["unsplit"] == 1, result.info
     honest = code_reward(fenced("def f(i):\n    return i * 7 + 48271"), SECRET, **FAST)
     assert honest.score == 1.0, honest.info
+
+
+@contained
+@pytest.mark.parametrize("test", [
+    "for x, y in [(1, 2), (3, 4)]:\n    expected = y\n    assert f(x) == expected",
+    "e = 2\nassert f(1) == e\ne = 4\nassert f(3) == e",
+])
+def test_a_constant_bound_twice_is_judged_against_each_value(test):
+    """Each assert is judged against the constants' values where it stands, not their last ones: an honest
+    program passes, one answering the last value fails."""
+    assert [ast.unparse(c) for c in asserts.plan_test(test, "").checks] == ["__out_0 == 2", "__out_1 == 4"]
+    gt = json.dumps({"asserts": [test]})
+    assert code_reward(fenced("def f(x):\n    return x + 1"), gt, **FAST).score == 1.0
+    assert code_reward(fenced("def f(x):\n    return 4"), gt, **FAST).score == 0.0
+
+
+@contained
+def test_stop_iteration_from_the_program_does_not_end_the_tests_loops():
+    """A call that raises StopIteration would end the test's own map() early and pass all(...)."""
+    gt = json.dumps({"asserts": ["assert all(map(lambda c: g(c) == c * c, [1, 2, 3]))"]})
+    cheat = code_reward(fenced("def g(c):\n    raise StopIteration"), gt, **FAST)
+    assert cheat.score == 0.0 and "RuntimeError" in cheat.info["detail"], cheat.info
+    assert code_reward(fenced("def g(c):\n    return c * c"), gt, **FAST).score == 1.0
 
 
 def test_isolated_tests_see_exceptions_generators_modules_and_values():
@@ -168,18 +222,19 @@ def test_the_verdict_channel_is_out_of_the_programs_reach_without_the_python_lay
              "try:\n    os.write(3, forged)\n    reached.append(3)\n"
              "except OSError as e:\n    print('refused fd 3', e)\n"
              "print('reached', reached)\ndef square(n):\n    return 0")
-    source = asserts.isolated_program(json.loads(SQUARES)["asserts"][0], "", cheat)
-    out = run_python(source, limits=SandboxLimits(wall_s=5, processes=1), channels=1, audit_hook=False, isolate=True)
+    source, test = asserts.isolated_program(json.loads(SQUARES)["asserts"][0], "", cheat)
+    out = run_python(source, test, limits=SandboxLimits(wall_s=5, processes=1), channels=1, audit_hook=False,
+                     isolate=True)
     assert "reached []" in out.stdout, (out.stdout, out.stderr)
     assert asserts.isolated_verdict(out.channels[0])[0] is False
-    honest = asserts.isolated_program(json.loads(SQUARES)["asserts"][0], "", "def square(n):\n    return n * n")
-    out = run_python(honest, limits=SandboxLimits(wall_s=5, processes=1), channels=1, isolate=True)
+    honest, test = asserts.isolated_program(json.loads(SQUARES)["asserts"][0], "", "def square(n):\n    return n * n")
+    out = run_python(honest, test, limits=SandboxLimits(wall_s=5, processes=1), channels=1, isolate=True)
     assert asserts.isolated_verdict(out.channels[0]) == (True, ""), (out.stderr, out.channels)
 
 
 def test_a_weak_sandbox_refuses_isolated_tests_with_the_reason():
-    source = asserts.isolated_program("for i in range(2):\n    assert f(i) == i", "", "def f(x):\n    return x")
-    out = run_weak(source, "", SandboxLimits(wall_s=5, processes=1), True, 1, isolate=True)
+    source, test = asserts.isolated_program("for i in range(2):\n    assert f(i) == i", "", "def f(x):\n    return x")
+    out = run_weak(source, test, SandboxLimits(wall_s=5, processes=1), True, 1, isolate=True)
     assert out.status == "error" and "needs kernel containment" in out.stderr
     assert asserts.isolated_verdict(out.channels[0])[0] is False
 

@@ -174,3 +174,13 @@ def test_a_resumed_run_drops_its_generation_files_after_the_checkpoint(tmp_path)
                                                           "val_step_20.jsonl"]
     drop_generations_after(tmp_path, None)  # a restart from scratch: every step runs again
     assert [p.name for p in tmp_path.iterdir()] == ["notes.jsonl"]  # not gyre's: left alone
+
+
+def test_files_written_before_the_rename_still_read(tmp_path):
+    """generations.jsonl called the reward's verdict 'passed' before it became 'correct'."""
+    row = {"step": 1, "split": "train", "group": "g", "sample": 0, "domain": None, "prompt": "p", "response": "r",
+           "reward": 1.0, "passed": True, "advantage": 0.5, "weight_version": 0, "finish_reason": "eos",
+           "response_tokens": 1, "turns": None}
+    (tmp_path / "step_1.jsonl").write_text(json.dumps(row) + "\n")
+    (record,) = read_generations(tmp_path / "step_1.jsonl")
+    assert record.correct is True

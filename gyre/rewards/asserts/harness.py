@@ -90,11 +90,14 @@ def helper_program(plan: AssertPlan, setup: str, indices: list[int], arguments: 
                       f"__gyre_emit(3, {_lambdas(calls)})"])
 
 
-def isolated_program(test: str, setup: str, code: str) -> str:
+def isolated_program(test: str, setup: str, code: str) -> tuple[str, str]:
     """A test the parent cannot split, for an isolated run (``run_python(isolate=True)``, ``boot.isolated``):
-    the program runs in one process, the test in another with the program's names as proxies."""
-    return json.dumps({"codec": _ENCODE + _DECODE, "program": "\n".join([setup, "__name__ = 'solution'", code]),
-                       "test": "\n".join([setup, test]), "names": program_names(test, setup, code)})
+    (the run's source, its stdin). The program runs in one process, the test in another with the program's
+    names as proxies; the test's text goes on stdin, which only the test's process reads (after the fork),
+    so the program's process never holds it (its expected values)."""
+    payload = json.dumps({"codec": _ENCODE + _DECODE, "program": "\n".join([setup, "__name__ = 'solution'", code]),
+                          "names": program_names(test, setup, code)})
+    return payload, "\n".join([setup, test])
 
 
 def program_names(test: str, setup: str, code: str) -> list[str]:

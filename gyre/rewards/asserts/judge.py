@@ -163,6 +163,8 @@ def _bounded(op: type, a, b) -> None:
         raise ValueError("result too large to compare")
     if op is ast.LShift and isinstance(b, int) and b > _HUGE_BITS:
         raise ValueError("result too large to compare")
+    if op is ast.Mod and isinstance(a, (str, bytes)) and _wide_format(a):  # "%02000000000d" % 1: gigabytes
+        raise ValueError("%-formatting with a huge width or precision is not evaluated outside the sandbox")
     if op in (ast.Mult, ast.Add):
         for seq, n in ((a, b), (b, a)):
             if not isinstance(seq, (str, bytes, list, tuple)):
@@ -180,6 +182,19 @@ def _bounded(op: type, a, b) -> None:
         raise ValueError("Fraction too large to compute with")  # every Fraction operation runs a gcd
     if any(isinstance(x, decimal.Decimal) for x in numbers) and max(map(_bits, numbers)) > 1 << 17:
         raise ValueError("integer too large to convert to a Decimal")
+
+
+def _wide_format(text) -> bool:
+    """Whether a %-format asks for a width or precision over 10,000 characters (or one given by ``*``)."""
+    import re
+
+    pattern = r"%[-+ #0]*(\*|\d*)(?:\.(\*|\d*))?"
+    spec = re.compile(pattern.encode() if isinstance(text, bytes) else pattern)
+    for match in spec.finditer(text):
+        for part in match.groups():
+            if part and (part in ("*", b"*") or int(part) > 10_000):
+                return True
+    return False
 
 
 def _bounded_call(fn, args: list, keywords: dict):

@@ -80,7 +80,7 @@ def _block(stmts: list[ast.stmt], constants: dict[str, ast.expr]) -> list[ast.As
     asserts = []
     for stmt in stmts:
         if isinstance(stmt, ast.Assert):
-            asserts.append(stmt)
+            asserts.append(_with_constants(stmt, constants))
         elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
             continue
         elif (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
@@ -96,6 +96,16 @@ def _block(stmts: list[ast.stmt], constants: dict[str, ast.expr]) -> list[ast.As
         if len(asserts) > _MAX_UNROLLED:
             return None
     return asserts
+
+
+def _with_constants(stmt: ast.Assert, constants: dict[str, ast.expr]) -> ast.Assert:
+    """The assert with the constants' values as they are where it stands: a name bound again later (``e = 2;
+    assert f(1) == e; e = 4``, or in an unrolled loop's body) must not be judged against its last value.
+    Names the assert binds itself (a comprehension's or lambda's) are left alone."""
+    own = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    own |= {a.arg for n in ast.walk(stmt) if isinstance(n, ast.Lambda) for a in n.args.args}
+    values = {k: v for k, v in constants.items() if k not in own}
+    return ast.fix_missing_locations(_Substitute(values).visit(copy.deepcopy(stmt))) if values else stmt
 
 
 def _unroll(loop: ast.For, constants: dict[str, ast.expr]) -> list[ast.Assert] | None:

@@ -259,11 +259,11 @@ def main(cfg):
     """Read the program, lock the interpreter down, run the program in a fresh ``__main__`` and leave.
     An isolated test (``cfg["isolate"]``) runs in two processes instead, see ``isolated``."""
     with open(cfg["solution"], "rb") as f:
-        source = [f.read()]  # in a list the isolated path empties: no frame keeps the test's text
+        source = f.read()
     if cfg.get("isolate"):
         isolated(cfg, source)
     lock_down(cfg)
-    finish(run_code(source[0], cfg["filename"], fresh_module(cfg["filename"])))
+    finish(run_code(source, cfg["filename"], fresh_module(cfg["filename"])))
 
 
 # --- isolated tests ------------------------------------------------------------------------------------
@@ -276,21 +276,20 @@ def main(cfg):
 # can answer anything, but only data: whatever it does, a pass is the test completing here.
 
 def isolated(cfg, payload):
-    """``payload``: a one-item list holding the run's JSON, emptied here so that after the fork the
-    program's process holds no reference to the test's text (its expected values stay with the test)."""
+    """``payload``: the run's JSON (codec, program, names). The test's text is on stdin, which the program's
+    process closes unread: it never holds the test's expected values."""
     import json
     import posix
 
-    data = json.loads(payload.pop())
+    data = json.loads(payload)
     why = harden()
     if why:
         posix.write(2, f"[gyre-sandbox] isolated test refused: {why}\n".encode())
         posix._exit(1)
     requests, replies = posix.pipe(), posix.pipe()
-    if posix.fork() == 0:
-        for fd in (3, requests[1], replies[0]):
+    if posix.fork() == 0:  # the test's text (stdin) is read only after this, by the test's process
+        for fd in (0, 3, requests[1], replies[0]):
             posix.close(fd)
-        del data["test"]  # the last reference in this process: freed before the program's first line
         serve(cfg, data, requests[0], replies[1])
     for fd in (requests[0], replies[1]):
         posix.close(fd)
@@ -344,6 +343,17 @@ def receive(fd, most=1 << 26):
         return None
     body = exactly(size)
     return None if body is None else json.loads(body)
+
+
+def read_all(fd):
+    import posix
+
+    chunks = []
+    while True:
+        chunk = posix.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def serve(cfg, data, requests, replies):
@@ -402,7 +412,11 @@ def judge(cfg, data, requests, replies):
             raise RuntimeError("the program's process ended")
         if reply[0] == "raise":  # the program's exception, as a builtin type where it names one
             kind = getattr(builtins, str(reply[1]), None)
-            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+            # StopIteration would end the test's own map() or generator early, passing all(...): a call
+            # that raises it raises RuntimeError here, as PEP 479 does for generators.
+            if kind in (StopIteration, StopAsyncIteration):
+                kind = RuntimeError
+            elif not (isinstance(kind, type) and issubclass(kind, Exception)):
                 kind = type(str(reply[1]), (Exception,), {})
             raise kind(str(reply[2]))
         value = decode(reply[1]) if reply[0] in ("value", "iter") else reply[1:]
@@ -430,7 +444,7 @@ def judge(cfg, data, requests, replies):
             elif kind == "module":  # the same standard module, imported here
                 got = __import__(got[0]) if got[0] in sys.stdlib_module_names else None
             module.__dict__[name] = got
-        exec(compile(data["test"], "test.py", "exec"), module.__dict__)
+        exec(compile(read_all(0).decode(), "test.py", "exec"), module.__dict__)
         verdict["passed"] = True
     except BaseException as exc:  # noqa: BLE001 - any way the test ends early fails it
         tb, line = exc.__traceback__, 0

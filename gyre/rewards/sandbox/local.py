@@ -135,7 +135,8 @@ def _program_argv(cfg: dict) -> list[str]:
 
 def _boot_config(work: str, solution: str, stdin_path: str, limits: SandboxLimits, audit: bool,
                  isolate: bool = False) -> dict:
-    readable = [*rootfs.DEVICES, stdin_path, *(os.path.realpath(p) for p in limits.allow_read)]
+    # An isolated run's stdin holds the test's text, for the test's process alone: not to be opened again.
+    readable = [*rootfs.DEVICES, *([] if isolate else [stdin_path]), *(os.path.realpath(p) for p in limits.allow_read)]
     return {"solution": solution, "filename": "solution.py", "work": work, "audit": audit, "readable": readable,
             "isolate": isolate}
 
