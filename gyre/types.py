@@ -60,6 +60,9 @@ class PromptRecord:
     columns: dict = dataclasses.field(default_factory=dict)
     """The row's other columns, plain JSON-able values: reward functions get them as keyword arguments
     (see ``gyre.rewards.base.call_reward``)."""
+    messages: list | None = None
+    """The prompt as the chat the data gave ({"role", "content"} messages), None for a text prompt: TRL
+    reward functions get it, and the completion as messages, as TRL passes conversational data."""
 
 
 @dataclass

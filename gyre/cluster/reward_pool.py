@@ -259,7 +259,7 @@ class RewardPool:
             options = {"timeout_s": scorer.adaptive.timeout_for(p.uid), "case_key": p.uid}
         # Rewards read the question as written; the chat-templated text is what the policy saw.
         return RewardRequest(sample.response_text, p.ground_truth, p.question or p.prompt_text, p.tag, options,
-                             p.columns)
+                             p.columns, p.messages)
 
     def _budget(self, scorer: DomainScorer, requests: list[RewardRequest]) -> float:
         if scorer.runner is None:

@@ -120,7 +120,8 @@ def load_prompts(sources: Iterable[DataSource], renderer: PromptRenderer, max_pr
             text = renderer.tokenizer.decode(ids)
             count.truncated += 1
         records.append(PromptRecord(uid=row.where, prompt_text=text, prompt_ids=ids, ground_truth=truth, tag=tag,
-                                    question=question(prompt), columns=others))
+                                    question=question(prompt), columns=others,
+                                    messages=prompt if isinstance(prompt, list) else None))
     if overlong == "error" and too_long:
         where, n = too_long[0]
         raise DataError(f"{len(too_long)} prompt(s) longer than data.max_prompt_tokens={max_prompt_tokens}, e.g. "

@@ -45,6 +45,8 @@ class RewardRequest:
     """Per-request keyword arguments on top of the domain's (e.g. an adaptive code timeout)."""
     columns: dict = field(default_factory=dict)
     """The prompt row's other data columns; each is passed when the function takes its name."""
+    messages: list | None = None
+    """The prompt as the data's chat, when it was one (``PromptRecord.messages``)."""
 
 
 RESERVED = frozenset({"response", "ground_truth", "prompt", "tag"})
@@ -144,16 +146,22 @@ def batched(fn: RewardFn) -> bool:
 
 
 def _call_batched(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardResult:
-    """A TRL reward function on one sample: ``completions=[response]``, ``prompts=[prompt]``, every data column
-    as a one-item list (the answer column as written, and ``ground_truth``), then the domain's kwargs and
-    the request's options as they are; its one score is the result."""
+    """A TRL reward function on one sample: ``completions=[response]``, ``prompts=[prompt]`` (for a chat
+    prompt, TRL's conversational form: the prompt's messages and ``[{"role": "assistant", "content":
+    response}]``), every data column as a one-item list (the answer column as written, and
+    ``ground_truth``), then the domain's kwargs and the request's options as they are; its one score is
+    the result."""
     params = inspect.signature(fn).parameters
     takes = (lambda _: True) if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) \
         else params.__contains__
-    columns = {**request.columns, "ground_truth": request.ground_truth, "prompts": request.prompt}
+    # Conversational data as TRL passes it: the prompt's messages, the completion as an assistant message.
+    chat = request.messages is not None
+    completion = [{"role": "assistant", "content": request.response}] if chat else request.response
+    columns = {**request.columns, "ground_truth": request.ground_truth,
+               "prompts": request.messages if chat else request.prompt}
     extra = {k: [v] for k, v in columns.items() if k not in ("completions", "tag") and takes(k)}
     extra.update({k: v for k, v in {**kwargs, **request.options}.items() if takes(k)})
-    value = fn(completions=[request.response], **extra)
+    value = fn(completions=[completion], **extra)
     if not isinstance(value, (list, tuple)) or len(value) != 1:
         got = f"{len(value)} values" if isinstance(value, (list, tuple)) else type(value).__name__
         raise TypeError(f"reward function takes completions (a TRL batched reward), so it must return a list with "

@@ -89,7 +89,7 @@ class RewardProbe:
             for row in [r for r in train if r.domain == name][:PROBE_ROWS]:
                 for response in (row.ground_truth, ""):
                     request = RewardRequest(response, row.ground_truth, row.question or row.prompt_text, row.tag,
-                                            columns=row.columns)
+                                            columns=row.columns, messages=row.messages)
                     result = _score_one(cfg, name, runner, request)
                     _check_probe(cfg, name, row, request, result)
                     truth_scores += [result.score] if response else []

@@ -31,6 +31,21 @@ def test_a_trl_function_gets_one_item_lists_and_its_score_is_the_result():
                     "ground_truth": ["4"], "level": [2], "response": ["shadow"], "scale": 2}
 
 
+def test_a_chat_prompt_is_passed_as_trl_passes_conversational_data():
+    """prompts: the chat's messages; completions: the reply as an assistant message (completion[0]["content"])."""
+    seen = {}
+
+    def accuracy_reward(prompts, completions, solution, **kwargs):
+        seen.update(prompts=prompts, completions=completions)
+        return [float(c[0]["content"].endswith(s)) for c, s in zip(completions, solution)]
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    req = request()
+    req.messages = chat
+    assert call_reward(accuracy_reward, req, {}).score == 0.0  # "The answer is 4" vs the column "2+2=4 #### 4"
+    assert seen == {"prompts": [chat], "completions": [[{"role": "assistant", "content": "The answer is 4"}]]}
+
+
 def test_a_trl_function_with_named_parameters_gets_only_those():
     def length_penalty(prompts, completions, level):
         return [float(len(c) < 100) * lev for c, lev in zip(completions, level)]
