@@ -221,12 +221,11 @@ def group_metrics(groups: Sequence[Group], ks: Sequence[int]) -> dict:
     correct = [[t.reward.correct is True for t in g.trajectories] for g in groups
                if any(t.reward.correct is not None for t in g.trajectories)]
     n = len(groups[0].trajectories)
-    judged = {"accuracy": mean_at_k(correct), **{f"pass@{k}": mean_pass_at_k(correct, k) for k in ks}} \
-        if correct else {}
-    return {"prompts": len(groups), **{k: v for k, v in judged.items() if k == "accuracy"},
-            f"mean@{n}": mean_at_k([[t.reward.score for t in g.trajectories] for g in groups]),
-            **{k: v for k, v in judged.items() if k != "accuracy"},
-            "positive_frac": sum(t.reward.score > 0 for t in samples) / len(samples),
+    out = {"prompts": len(groups), **({"accuracy": mean_at_k(correct)} if correct else {}),
+           f"mean@{n}": mean_at_k([[t.reward.score for t in g.trajectories] for g in groups])}
+    if correct:
+        out.update({f"pass@{k}": mean_pass_at_k(correct, k) for k in ks})
+    return {**out, "positive_frac": sum(t.reward.score > 0 for t in samples) / len(samples),
             "response_length_mean": sum(len(t.response_ids) for t in samples) / len(samples),
             "truncated_frac": sum(t.finish_reason == "length" for t in samples) / len(samples),
             "reward_errors": sum(t.reward.status == "error" for t in samples),

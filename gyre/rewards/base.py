@@ -138,7 +138,12 @@ def call_reward(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardRes
 
 def batched(fn: RewardFn) -> bool:
     """Whether ``fn`` is a TRL reward function: it takes ``completions`` (a list of texts) by name, the data
-    columns and ``prompts`` as lists, and returns one score per completion."""
+    columns and ``prompts`` as lists, and returns one score per completion (inspected once per function)."""
+    return _inspected(_batched, fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _batched(fn: RewardFn) -> bool:
     try:
         return "completions" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -151,9 +156,7 @@ def _call_batched(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardR
     response}]``), every data column as a one-item list (the answer column as written, and
     ``ground_truth``), then the domain's kwargs and the request's options as they are; its one score is
     the result."""
-    params = inspect.signature(fn).parameters
-    takes = (lambda _: True) if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) \
-        else params.__contains__
+    takes = keyword_filter(fn, positional=0)  # TRL passes everything by name
     # Conversational data as TRL passes it: the prompt's messages, the completion as an assistant message.
     chat = request.messages is not None
     completion = [{"role": "assistant", "content": request.response}] if chat else request.response
@@ -172,17 +175,23 @@ def _call_batched(fn: RewardFn, request: RewardRequest, kwargs: dict) -> RewardR
     return to_result(value[0])
 
 
-def keyword_filter(fn: RewardFn) -> Callable[[str], bool]:
-    """Whether ``fn`` takes a keyword argument of a given name (any name with ``**kwargs``)."""
-    try:
-        names = _keywords(fn)
-    except TypeError:  # an unhashable callable object: inspect it every time
-        names = _keywords.__wrapped__(fn)
+def keyword_filter(fn: RewardFn, positional: int = 2) -> Callable[[str], bool]:
+    """Whether ``fn`` takes a keyword argument of a given name (any name with ``**kwargs``); its first
+    ``positional`` parameters are gyre's to fill by position (the response and the ground truth)."""
+    names = _inspected(_keywords, fn, positional)
     return (lambda _: True) if names is None else names.__contains__
 
 
+def _inspected(cached, fn: RewardFn, *args):
+    """``cached(fn, *args)``, an lru-cached inspection; an unhashable callable object is inspected every time."""
+    try:
+        return cached(fn, *args)
+    except TypeError:
+        return cached.__wrapped__(fn, *args)
+
+
 @functools.lru_cache(maxsize=256)
-def _keywords(fn: RewardFn) -> frozenset[str] | None:
+def _keywords(fn: RewardFn, positional: int = 2) -> frozenset[str] | None:
     """The names ``fn`` takes as keywords, None for any (``**kwargs``); inspected once per function."""
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -190,8 +199,8 @@ def _keywords(fn: RewardFn) -> frozenset[str] | None:
         return frozenset()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    # The first two take the response and the ground truth by position, whatever their names.
-    return frozenset(p.name for p in params[2:]
+    # The first ``positional`` take the response and the ground truth by position, whatever their names.
+    return frozenset(p.name for p in params[positional:]
                      if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
 
 
