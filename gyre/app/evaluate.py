@@ -201,7 +201,7 @@ def local_reward_groups(cfg: RLVRConfig, device_kind: str, watchdog) -> dict:
                 group = RoleGroup.local_unplaced(f"reward.{name}", RewardWorker, domain.workers,
                                                  reward_worker_args(domain), max_restarts=3)
             else:
-                args = (domain.model_role, domain.scoring_model, device_kind, torch.get_num_threads())
+                args = (domain.model_role, domain.scoring_model, device_kind, torch.get_num_threads(), cfg.model.dtype)
                 group = RoleGroup.local(f"{domain.model_role}.{name}", ModelRewardWorker, [args])
             group.watchdog = watchdog
             groups[name] = group

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gyre.app.interrupt import RunInterrupted, interruption_in
-from gyre.app.preflight import absolute, check_code_sandboxes, load_data, preflight, resolve_paths
+from gyre.app.preflight import absolute, check_code_sandboxes, load_data, preflight, resolve_paths, with_memory
 from gyre.app.rundir import RunMode, RunStart, begin, decide_start, read_hub_pins
 from gyre.cluster.reward_pool import RewardWorkerError
 from gyre.config.derive import RunPlan, make_plan
@@ -53,7 +53,7 @@ def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], Non
     if address:
         runtime = start_ray(cfg, plan.device_kind, 0, address)
         try:
-            plan = make_plan(cfg, runtime.device_kind, runtime.num_devices)
+            plan = with_memory(cfg, make_plan(cfg, runtime.device_kind, runtime.num_devices), local=False)
         finally:
             runtime.shutdown()
     echo(format_plan(cfg, _with_warmup(plan, cfg, data)))

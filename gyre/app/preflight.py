@@ -70,12 +70,15 @@ def resolve_models(cfg: RLVRConfig, hub: HubResolver) -> None:
             scorer.model_path = hub(scorer.model_path, None, f"reward.domains.{name}.judge.model_path")
         elif domain.model_role == "reward_model":
             scorer.path = hub(scorer.path, None, f"reward.domains.{name}.reward_model.path")
-    resolve_policy_model(m, hub)
+    resolve_policy_model(m, hub, cfg.cluster)
 
 
-def resolve_policy_model(m: ModelConfig, hub: HubResolver | None = None) -> None:
-    """``m.path`` and ``m.tokenizer_path`` (in place) as local directories, ``m.save_dtype`` concrete."""
+def resolve_policy_model(m: ModelConfig, hub: HubResolver | None = None, cluster=None) -> None:
+    """``m.path`` and ``m.tokenizer_path`` (in place) as local directories, ``m.save_dtype`` and ``m.dtype``
+    concrete (``cluster``: the run's cluster section, for auto's device kind)."""
     hub = hub or HubResolver()
+    if m.dtype == "auto":
+        m.dtype = "bfloat16" if _runs_on_gpus(cluster) else "float32"
 
     def resolve(path: str, key: str) -> str:
         return hub(path, m.revision if path == m.path else None, key)
@@ -85,6 +88,20 @@ def resolve_policy_model(m: ModelConfig, hub: HubResolver | None = None) -> None
     m.path = resolve(m.path, "model.path")
     if m.save_dtype == "auto":
         m.save_dtype = stored_dtype(m.path) or "float32"
+
+
+def _runs_on_gpus(cluster) -> bool:
+    """cluster.device cuda, or auto with a GPU visible here. Joining a cluster, auto cannot know yet: float32,
+    and the plan warns once it finds GPUs."""
+    if cluster is None or cluster.device == "cpu":
+        return False
+    if cluster.device == "cuda":
+        return True
+    if cluster.address:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def check_models(cfg: RLVRConfig) -> None:
@@ -183,7 +200,38 @@ def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
     note = context_note(cfg)
     if note:
         plan.notes.append(note)
-    return plan
+    return with_memory(cfg, plan, local=not address)
+
+
+def with_memory(cfg: RLVRConfig, plan: RunPlan, local: bool) -> RunPlan:
+    """The plan with each role's estimated peak memory per device (``gyre.config.memory``); ConfigError when
+    a device's estimate does not fit its memory (``cluster.device_memory_gb``, or the local GPU's)."""
+    import dataclasses
+
+    from gyre.config.catalog import ModelShape
+    from gyre.config.load import ConfigError
+    from gyre.config.memory import estimate
+
+    try:
+        shape = ModelShape.from_hf_config(Path(cfg.model.path).expanduser())
+    except (OSError, KeyError, TypeError, ValueError) as exc:  # a config.json of another layout: no estimate
+        plan.notes.append(f"no memory estimate: the model's config.json lacks a size gyre reads ({exc!r})")
+        return plan
+    device_gb = cfg.cluster.device_memory_gb
+    if device_gb is None and local and plan.device_kind == "cuda":
+        import torch
+
+        device_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    memory = estimate(cfg, plan, shape, device_gb if plan.device_kind == "cuda" else None)
+    lines = tuple(f"  {m.role:<20} {m.describe()}" for m in memory.roles)
+    problems = memory.problems()
+    if problems:
+        raise ConfigError(
+            "the plan does not fit in device memory (estimates, gyre.config.memory):\n" + "\n".join(
+                f"  {p}" for p in problems) + "\n" + "\n".join(lines) + "\nshard the policy over more devices "
+            "(policy.strategy=fsdp2), lower policy.micro_batch_tokens or rollout.max_batch_size, turn on "
+            "model.gradient_checkpointing, or give the roles devices of their own")
+    return dataclasses.replace(plan, memory=lines)
 
 
 def context_note(cfg: RLVRConfig) -> str | None:

@@ -112,7 +112,7 @@ def resolve_paths(cfg, section: str):
     from gyre.app.preflight import absolute, absolute_source, check_policy_model, resolve_policy_model
 
     cfg = cfg.model_copy(deep=True)
-    resolve_policy_model(cfg.model)
+    resolve_policy_model(cfg.model, cluster=cfg.cluster)
     check_policy_model(cfg.model)
     data = getattr(cfg, section)
     data.train_files = [absolute_source(f) for f in data.train_files]

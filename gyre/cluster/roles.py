@@ -187,7 +187,7 @@ def _build_rewards(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: l
         else:
             kind, model = domain.model_role, domain.scoring_model
             group = RoleGroup.create(f"{kind}.{name}", ModelRewardWorker, placement, lambda r, k=kind, m=model: (
-                (k, m, plan.device_kind, plan.threads_per_worker), {}))
+                (k, m, plan.device_kind, plan.threads_per_worker, cfg.model.dtype), {}))
         made.append(group)
         groups[name] = group
     return groups

@@ -6,6 +6,7 @@ so importing this module does not import Ray.
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import threading
@@ -16,8 +17,9 @@ import torch
 
 from gyre.algos.aggregation import LossDenominator
 from gyre.algos.preference import PreferenceLossSpec
+from gyre.cluster.channel import ChannelMember, ChannelSpec, ChannelWeights, Sender
 from gyre.cluster.spans import recorder_of, timed
-from gyre.cluster.weights import WeightBundle, pack_weights, unpack_weights
+from gyre.cluster.weights import WeightBundle, WeightManifest, pack_weights, unpack_weights
 from gyre.engines.losses import DPOLoss, PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.engines.specs import MemoryLevers
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
@@ -49,6 +51,10 @@ class HybridRollout:
 
 SERVE = "serve"
 """The concurrency group in which a rollout engine's ``serve`` loop runs (control calls use the default one)."""
+
+
+WEIGHTS = "weights"
+"""The concurrency group in which the policy's rank 0 broadcasts weights on a channel, beside training."""
 
 
 class EngineHost:
@@ -93,11 +99,11 @@ class EngineHost:
     def abort(self, request_ids: list[str]) -> None:
         self._engine_loop().abort(request_ids)
 
-    def update_weights(self, bundle_refs: list | None, version: int, partial: bool = True,
+    def update_weights(self, weights, version: int, partial: bool = True,
                        timeout_s: float | None = None) -> int:
         """Suspend -> load -> resume at the next step boundary; requests in flight continue under the new
         weights (``partial``) or come back aborted. Returns the version the engine holds."""
-        return self._engine_loop().update(lambda: self._load(bundle_refs, version), partial, timeout_s)
+        return self._engine_loop().update(lambda: self._load(weights, version), partial, timeout_s)
 
     def stop_serving(self) -> None:
         if self._loop is not None:
@@ -166,6 +172,8 @@ class TrainerRank:
 class PolicyWorker(TrainerRank, EngineHost):
     """One data-parallel rank of the policy trainer (and, in hybrid mode, a rollout engine too)."""
 
+    CONCURRENCY_GROUPS = {**EngineHost.CONCURRENCY_GROUPS, WEIGHTS: 1}
+
     def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int,
                  hybrid: HybridRollout | None = None):
         super().__init__(rank, world_size, spec, device_kind, threads, seed)
@@ -225,28 +233,64 @@ class PolicyWorker(TrainerRank, EngineHost):
         norm = self.backend.optimizer_step(shard.micro_batches(micro_pairs), DPOLoss(denom=denom, spec=spec), metrics)
         return TrainStepResult(metrics, [norm], self.backend.last_lr)
 
+    # ---- weights for the rollout engines ------------------------------------------------------------
+    def _outgoing(self, dtype: str):
+        """(name, tensor) pairs the engines load, and the LoRA targets (None: the full weights, floating ones
+        in the rollout ``dtype``: half the bytes for a bf16 engine). With LoRA the adapters alone, in float32
+        (they are small; the engines merge them). Every rank must exhaust the pairs (FSDP2 gathers); only
+        rank 0 gets any."""
+        if self.backend.peft_model is None:
+            return self.backend.stream_state_dict(getattr(torch, dtype)), None
+        from gyre.models.lora import AdapterWeights, lora_targets
+
+        trainable = self.backend.trainable_state_dict()
+        if trainable is None:
+            return iter(()), None
+        targets = lora_targets(self.backend.hf_model)
+        return AdapterWeights.from_trainable_state(trainable, targets).tensors().items(), targets
+
     @timed("weight_sync")
     def export_weights(self, version: int, dtype: str) -> list | None:
-        """Rank 0 returns [ObjectRef of a WeightBundle] with floating tensors in the rollout ``dtype``
-        (half the bytes for a bf16 engine); other ranks take part (FSDP2 gathers) and return None. With
-        LoRA the bundle holds the adapters alone, in float32 (they are small; the engines merge them)."""
+        """The object-store path: rank 0 returns [ObjectRef of a WeightBundle] (``_outgoing``); other ranks take
+        part and return None."""
         import ray
 
-        if self.backend.peft_model is not None:
-            from gyre.models.lora import AdapterWeights, lora_targets
-
-            trainable = self.backend.trainable_state_dict()
-            if trainable is None:
-                return None
-            targets = lora_targets(self.backend.hf_model)
-            adapter = AdapterWeights.from_trainable_state(trainable, targets)
-            return [ray.put(pack_weights(adapter.tensors(), version, lora=targets))]
-        state = self.backend.full_state_dict()
-        if state is None:
+        tensors, targets = self._outgoing(dtype)
+        if self.rank != 0:
+            collections.deque(tensors, maxlen=0)
             return None
-        target = getattr(torch, dtype)
-        state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
-        return [ray.put(pack_weights(state, version))]
+        return [ray.put(pack_weights(tensors, version, lora=targets))]
+
+    def open_weight_channel(self, engines: int, timeout_s: float) -> ChannelSpec:
+        """Rank 0 hosts a weight channel to ``engines`` engines (``gyre.cluster.channel``; NCCL on GPUs, gloo
+        on CPU)."""
+        self._sender = Sender(self.backend.device)
+        return self._sender.member.host(engines + 1, "nccl" if self.device_kind == "cuda" else "gloo", timeout_s)
+
+    @timed("weight_sync")
+    def stage_weights(self, version: int, dtype: str) -> WeightManifest | None:
+        """The channel path: rank 0 copies ``_outgoing`` into buckets on its device and returns their
+        manifest; other ranks take part and return None."""
+        tensors, targets = self._outgoing(dtype)
+        if self.rank != 0:
+            collections.deque(tensors, maxlen=0)
+            return None
+        return self._sender.stage(tensors, version, lora=targets)
+
+    @timed("weight_send")
+    def send_weights(self, spec: ChannelSpec, version: int) -> int:
+        """Rank 0, on its ``WEIGHTS`` lane (training may go on meanwhile): broadcast staged ``version``."""
+        return self._sender.send(spec, version)
+
+    def staged_bundle(self, version: int) -> list:
+        """Rank 0: staged (or last sent) ``version`` through the object store: [ObjectRef of a WeightBundle]."""
+        import ray
+
+        return [ray.put(self._sender.bundle(version))]
+
+    def abort_weights(self, generation: int) -> None:
+        """Free this rank's broadcast on channel ``generation`` (call it on the probe lane)."""
+        self._sender.member.abort(generation)
 
     @timed("checkpoint")
     def save_hf(self, directory: str | None, tokenizer_path: str, dtype: str,
@@ -297,7 +341,8 @@ class RolloutWorker(EngineHost):
 
         _set_threads(threads)
         self.rank = rank
-        device = _device(device_kind)
+        self.device = device = _device(device_kind)
+        self._channel: ChannelMember | None = None
         if backend == "vllm":
             from gyre.engines.vllm_rollout import vllm_engine
 
@@ -314,19 +359,33 @@ class RolloutWorker(EngineHost):
     def _engine(self):
         return self.engine
 
-    def _load(self, bundle_refs: list | None, version: int) -> int:
-        import ray
+    def _load(self, weights: list | ChannelWeights, version: int) -> int:
+        """Load ``version`` from the weight channel (``ChannelWeights``) or the object store (bundle refs)."""
+        if isinstance(weights, ChannelWeights):
+            if self._channel is None:
+                self._channel = ChannelMember(self.device)
+            lora = weights.manifest.lora
+            targets = self.engine.weight_targets() if lora is None and hasattr(self.engine, "weight_targets") else None
+            tensors, held = self._channel.receive(weights, self.rank + 1, targets), version
+        else:
+            import ray
 
-        bundle: WeightBundle = ray.get(bundle_refs[0])
-        if bundle.version != version:
-            raise ValueError(f"weight bundle holds version {bundle.version}, expected {version}")
-        if bundle.lora is not None:  # a LoRA policy's adapters: merged into this engine's base weights
+            bundle: WeightBundle = ray.get(weights[0])
+            tensors, lora, held = unpack_weights(bundle), bundle.lora, bundle.version
+        if held != version:
+            raise ValueError(f"weight bundle holds version {held}, expected {version}")
+        if lora is not None:  # a LoRA policy's adapters: merged into this engine's base weights
             from gyre.models.lora import AdapterWeights
 
-            self.engine.load_adapter(AdapterWeights.from_tensors(unpack_weights(bundle), bundle.lora), bundle.version)
+            self.engine.load_adapter(AdapterWeights.from_tensors(tensors, lora), version)
         else:
-            self.engine.load_weights(unpack_weights(bundle), bundle.version)
+            self.engine.load_weights(tensors, version)
         return self.engine.weight_version
+
+    def abort_weights(self, generation: int) -> None:
+        """Free a broadcast waiting on channel ``generation`` (call it on the probe lane)."""
+        if self._channel is not None:
+            self._channel.abort(generation)
 
     def weight_version(self) -> int:
         return self.engine.weight_version
@@ -390,16 +449,17 @@ class RewardWorker:
 class ModelRewardWorker:
     """A reward scored by a model on its own device share: a local LLM judge or a reward model."""
 
-    def __init__(self, kind: str, cfg, device_kind: str, threads: int):
+    def __init__(self, kind: str, cfg, device_kind: str, threads: int, dtype: str = "float32"):
+        """``dtype``: the run's model.dtype, which the scoring model holds its weights in."""
         _set_threads(threads)
         if kind == "judge":
             from gyre.rewards.judge import LocalJudge
 
-            self.scorer = LocalJudge(cfg, _device(device_kind), threads=threads)
+            self.scorer = LocalJudge(cfg, _device(device_kind), threads=threads, dtype=dtype)
         else:
             from gyre.rewards.reward_model import RewardModel
 
-            self.scorer = RewardModel(cfg, _device(device_kind))
+            self.scorer = RewardModel(cfg, _device(device_kind), dtype=dtype)
 
     @timed("reward")
     def score(self, requests: list[RewardRequest]) -> list[RewardResult]:

@@ -1,4 +1,5 @@
-"""Checks and notes for the rollout engine's backend (``rollout.backend``), for the run plan and ``gyre check``.
+"""Checks and notes for the rollout engine's backend (``rollout.backend``), weight transport and precision, for
+the run plan and ``gyre check``.
 
 Where the driver runs, vLLM need not be installed (its rollout actors may run on other hosts), so a missing
 vLLM is a warning here; the rollout actor that builds the engine fails with the install command.
@@ -59,3 +60,53 @@ def installed_vllm() -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return "unknown"
+
+
+def weight_transport(cfg, hybrid: bool, device_kind: str, notes: list[str]) -> str:
+    """How weights reach the engines (``rollout.weight_transport``): none (hybrid: the engines are the policy
+    ranks), channel or object_store (with a note saying why, when auto chose it)."""
+    r = cfg.rollout
+    if hybrid:
+        return "none"
+    # NCCL refuses two ranks of one communicator on one GPU (CUDA IPC would serve them; not built yet).
+    shared = device_kind == "cuda" and cfg.policy.devices[0] in r.devices
+    if r.weight_transport == "channel" and shared:
+        raise ConfigError(f"rollout.weight_transport=channel: a rollout engine shares GPU {cfg.policy.devices[0]} "
+                          "with the policy's rank 0, and NCCL cannot join two ranks on one GPU; use "
+                          "rollout.weight_transport=object_store (or auto), or give the engines other GPUs")
+    transport = "object_store" if r.weight_transport == "object_store" or shared else "channel"
+    if transport == "object_store" and r.weight_transport == "auto":
+        notes.append(f"weights reach the rollout engines through Ray's object store: an engine shares GPU "
+                     f"{cfg.policy.devices[0]} with the policy's rank 0, which NCCL cannot join "
+                     "(rollout.weight_transport)")
+    return transport
+
+
+def check_hybrid(cfg, notes: list[str]) -> bool:
+    """rollout.mode=hybrid: its requirements, and a note."""
+    if cfg.rollout.mode != "hybrid":
+        return False
+    if cfg.rollout.devices != cfg.policy.devices:
+        raise ConfigError(f"rollout.mode=hybrid samples on the policy ranks, so rollout.devices "
+                          f"{list(cfg.rollout.devices)} must equal policy.devices {list(cfg.policy.devices)}; "
+                          "or use rollout.mode=separate")
+    if cfg.policy.strategy != "ddp":
+        raise ConfigError("rollout.mode=hybrid needs policy.strategy=ddp: sampling from FSDP2 shards would gather "
+                          "the weights for every token; use rollout.mode=separate with fsdp2")
+    notes.append("rollout.mode=hybrid: each policy rank samples with its own weights (no weight transfer)")
+    return True
+
+
+def compute_dtype(dtype: str, device_kind: str) -> str:
+    """model.dtype as it runs: auto is bfloat16 on GPUs and float32 elsewhere (the pre-flight resolves it)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device_kind == "cuda" else "float32"
+
+
+def precision_notes(dtype: str, device_kind: str) -> list[str]:
+    """A warning for float32 on GPUs, which nobody wants by accident."""
+    if device_kind == "cuda" and dtype == "float32":
+        return ["warning: model.dtype=float32 on GPUs: the engines and the reference hold float32 weights (twice "
+                "bfloat16's memory) and training computes in float32; model.dtype=auto computes in bfloat16"]
+    return []

@@ -76,6 +76,10 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     bytes_per_param: int = 2
+    hidden: int = 0
+    """Hidden size, for activation memory (0: unknown; ``hidden_size`` then assumes 8 query heads per KV head)."""
+    vocab: int = 151_936
+    """Vocabulary size (the logits' width)."""
 
     @property
     def weight_bytes(self) -> float:
@@ -97,18 +101,22 @@ class ModelShape:
         inter = cfg.get("intermediate_size", 4 * h)
         per_layer = h * head_dim * (heads * 2 + kv * 2) + 3 * h * inter
         embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
-        return cls(name or path.name, float(layers * per_layer + embed), layers, kv, head_dim)
+        return cls(name or path.name, float(layers * per_layer + embed), layers, kv, head_dim, hidden=h, vocab=vocab)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden or 8 * self.kv_heads * self.head_dim
 
 
 MODELS: dict[str, ModelShape] = {
     # Qwen2.5 / Qwen3 shapes (parameters, layers, KV heads, head dim), the sizes the ROLL papers train.
-    "0.5b": ModelShape("0.5b", 0.49e9, 24, 2, 64),
-    "1.5b": ModelShape("1.5b", 1.54e9, 28, 2, 128),
-    "3b": ModelShape("3b", 3.09e9, 36, 2, 128),
-    "7b": ModelShape("7b", 7.6e9, 28, 4, 128),
-    "8b": ModelShape("8b", 8.2e9, 36, 8, 128),
-    "14b": ModelShape("14b", 14.7e9, 48, 8, 128),
-    "32b": ModelShape("32b", 32.5e9, 64, 8, 128),
+    "0.5b": ModelShape("0.5b", 0.49e9, 24, 2, 64, hidden=896),
+    "1.5b": ModelShape("1.5b", 1.54e9, 28, 2, 128, hidden=1536),
+    "3b": ModelShape("3b", 3.09e9, 36, 2, 128, hidden=2048),
+    "7b": ModelShape("7b", 7.6e9, 28, 4, 128, hidden=3584, vocab=152_064),
+    "8b": ModelShape("8b", 8.2e9, 36, 8, 128, hidden=4096),
+    "14b": ModelShape("14b", 14.7e9, 48, 8, 128, hidden=5120),
+    "32b": ModelShape("32b", 32.5e9, 64, 8, 128, hidden=5120),
 }
 
 

@@ -15,7 +15,14 @@ from typing import Literal
 from pydantic import BaseModel
 
 from gyre.algos.loss_table import OldSource
-from gyre.config.backend import backend_notes, judge_engine_notes
+from gyre.config.backend import (
+    backend_notes,
+    check_hybrid,
+    compute_dtype,
+    judge_engine_notes,
+    precision_notes,
+    weight_transport,
+)
 from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
 from gyre.config.schema import RLVRConfig, SFTConfig
@@ -36,6 +43,8 @@ class RunPlan:
     """Pairs of roles that time-share devices, with the devices they share."""
     hybrid_rollout: bool
     """The policy ranks sample too (rollout.mode hybrid): no rollout role of its own, no weight transfer."""
+    weight_transport: Literal["none", "channel", "object_store"]
+    """How weights reach the engines (``gyre.config.backend.weight_transport``)."""
     offload: bool
     dp_size: int
     rollout_workers: int
@@ -75,6 +84,8 @@ class RunPlan:
     """The critics' role names in ``roles``: critic (PPO), or critic.0 ... critic.M-1 (critic.num_critics = M)."""
     use_teacher: bool = False
     """On-policy distillation (algorithm.distill.coef > 0): a teacher role scores every batch."""
+    memory: tuple[str, ...] = ()
+    """Each role's estimated peak memory per device (``gyre.config.memory``; filled by the pre-flight)."""
 
     @property
     def recompute_old_logprobs(self) -> bool:
@@ -120,8 +131,7 @@ def detect_local_devices(cfg: RLVRConfig) -> tuple[DeviceKind, int]:
 def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None) -> RunPlan:
     """Validate batch arithmetic and placement; raise ConfigError naming the key to change.
 
-    ``num_devices`` None (a cluster not joined yet) checks everything but whether the devices exist.
-    """
+    ``num_devices`` None (a cluster not joined yet) checks everything but whether the devices exist."""
     notes: list[str] = []
     a = cfg.algorithm
     use_reference = a.uses_reference
@@ -129,9 +139,10 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     if use_reference:
         notes.append(_reference_note(cfg))
     use_critic = a.uses_critic
-    hybrid = _check_hybrid(cfg, notes)
+    hybrid = check_hybrid(cfg, notes)
     _check_rollout_schedule(cfg, hybrid, notes)
     _check_attention(cfg, device_kind)
+    notes += precision_notes(cfg.model.dtype, device_kind)
     roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
     if use_reference and not reference_on_policy:
         roles["reference"] = cfg.reference.devices
@@ -170,7 +181,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     steps_per_batch = cfg.policy.epochs * rollout_batch // mini
     per_rank = mini // dp
     old_source = _old_source(cfg, steps_per_batch, notes)
-    _note_rollout_logprobs(cfg, old_source, notes)
+    _note_rollout_logprobs(cfg, old_source, notes, device_kind)
     _note_algorithm(cfg, steps_per_batch, notes)
     agg_norm = (a.loss.agg_norm or _response_budget(cfg)) if a.loss.agg == "seq-mean-token-sum-norm" else None
     # The overlong penalty measures each response (each model turn, in an episode) against its own budget.
@@ -184,7 +195,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
                      "some workers will idle")
     return RunPlan(
         device_kind=device_kind, num_devices=num_devices, roles=roles, shared_devices=shared, hybrid_rollout=hybrid,
-        offload=offload,
+        weight_transport=weight_transport(cfg, hybrid, device_kind, notes), offload=offload,
         dp_size=dp, rollout_workers=len(cfg.rollout.devices), rollout_batch=rollout_batch, mini_batch_size=mini,
         optimizer_steps_per_step=steps_per_batch, samples_per_rank=per_rank,
         rows_multiple=rollout_batch // mini * math.lcm(dp, len(cfg.critic.devices) * len(critics) if use_critic else 1),
@@ -478,21 +489,7 @@ def _check_rollout_schedule(cfg: RLVRConfig, hybrid: bool, notes: list[str]) -> 
                      "are generated: with both, a group can be masked that the filter kept")
 
 
-def _check_hybrid(cfg: RLVRConfig, notes: list[str]) -> bool:
-    if cfg.rollout.mode != "hybrid":
-        return False
-    if cfg.rollout.devices != cfg.policy.devices:
-        raise ConfigError(f"rollout.mode=hybrid samples on the policy ranks, so rollout.devices "
-                          f"{list(cfg.rollout.devices)} must equal policy.devices {list(cfg.policy.devices)}; "
-                          "or use rollout.mode=separate")
-    if cfg.policy.strategy != "ddp":
-        raise ConfigError("rollout.mode=hybrid needs policy.strategy=ddp: sampling from FSDP2 shards would gather "
-                          "the weights for every token; use rollout.mode=separate with fsdp2")
-    notes.append("rollout.mode=hybrid: each policy rank samples with its own weights (no weight transfer)")
-    return True
-
-
-def _note_rollout_logprobs(cfg: RLVRConfig, source: OldSource, notes: list[str]) -> None:
+def _note_rollout_logprobs(cfg: RLVRConfig, source: OldSource, notes: list[str], device_kind: str) -> None:
     """pi_old from the sampler is only unbiased when sampler and trainer compute the same distribution."""
     s = cfg.rollout.sampling
     if source != "rollout":
@@ -500,8 +497,8 @@ def _note_rollout_logprobs(cfg: RLVRConfig, source: OldSource, notes: list[str])
     if s.top_p < 1 or s.top_k > 0:
         notes.append("warning: old log-probs from the sampler with top_p/top_k: the sampler's log-probs are "
                      "renormalised over the kept tokens, the trainer's are not, so the PPO ratio is biased")
-    if cfg.model.dtype != "float32":
-        notes.append(f"warning: old log-probs from the sampler with a {cfg.model.dtype} rollout: the ratio also "
+    if (dtype := compute_dtype(cfg.model.dtype, device_kind)) != "float32":
+        notes.append(f"warning: old log-probs from the sampler with a {dtype} rollout: the ratio also "
                      "carries the precision gap between sampler and trainer")
 
 

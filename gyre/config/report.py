@@ -9,6 +9,11 @@ from gyre.config.presets import preset_report, preset_sections_report
 from gyre.config.schema import RLVRConfig
 from gyre.models.hub import cached_repo_of
 
+_WEIGHT_SYNC = {"none": "none (hybrid: the policy ranks sample with their own weights)",
+                "channel": "weight channel: broadcast from the policy's rank 0 in model.dtype",
+                "object_store": "Ray object store (through host memory)"}
+"""The plan's weight transport as ``gyre check`` names it."""
+
 
 def resolved_yaml(cfg: RLVRConfig) -> str:
     """The full config with every default filled in, as YAML a user can copy back."""
@@ -52,6 +57,7 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         f"  total                {cfg.run.steps} RL steps, {plan.total_optimizer_steps} optimizer steps"
         + (f", after an SFT warm-up of {plan.sft_length or f'{plan.sft_steps} steps'}" if plan.sft_steps else ""),
         f"  old log-probs        {'recomputed' if plan.recompute_old_logprobs else 'not recomputed'}",
+        f"  weight sync          {_WEIGHT_SYNC[plan.weight_transport]}",
         f"  reference model      {_reference(plan)}",
         _critic_line(cfg, plan),
         f"  teacher model        {_teacher(cfg, plan)}",
@@ -63,6 +69,8 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
         lines.append(f"  overlong penalty     L_max {cfg.rollout.sampling.max_new_tokens}, L_cache "
                      f"{plan.overlong_cache_tokens} tokens")
     lines += _memory_lines(cfg, plan)
+    if plan.memory:
+        lines += ["memory per device (estimate: gyre.config.memory):", *plan.memory]
     lines += preset_report(cfg.algorithm)
     lines += preset_sections_report(cfg)
     lines += [f"note: {n}" for n in plan.notes]

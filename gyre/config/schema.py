@@ -77,6 +77,10 @@ class ClusterConfig(StrictModel):
     """On CPU, how many device slots exist (each one CPU core); default: the machine's core count."""
     threads_per_slot: PositiveInt = 1
     """torch threads a worker gets per CPU slot it owns."""
+    device_memory_gb: PositiveFloat | None = None
+    """Memory of one GPU, GB, for the memory pre-flight (gyre check refuses a plan whose estimate does not
+    fit): needed where gyre cannot see the GPUs (planning a cluster run from another machine); None takes
+    the local GPU's, and on a cluster or a CPU the estimate is printed without a verdict."""
 
 
 class ModelConfig(StrictModel):
@@ -94,10 +98,11 @@ class ModelConfig(StrictModel):
     tokenizer_path: str | None = None
     """Where the tokenizer comes from (a directory or a cached Hub id, as path); default: path. Its files
     are copied unchanged into the saved final model."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """The compute precision, TRL's torch_dtype: the rollout engines and the reference model hold their
-    weights in it; the trainers keep float32 master weights and, on GPUs, compute in it under autocast
-    (FSDP2: its mixed-precision policy). It does not set the dtype of the saved model (save_dtype does)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The compute precision, TRL's torch_dtype: the rollout engines, the reference model and local judges
+    hold their weights in it; the trainers keep float32 master weights and, on GPUs, compute in it under
+    autocast (FSDP2: its mixed-precision policy). auto: bfloat16 on GPUs, float32 on CPU (resolved once at
+    start and printed). It does not set the dtype of the saved model (save_dtype does)."""
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The dtype the final model is saved in; auto is the dtype the input model is stored in (its
     config.json, else its weights), resolved once at start and printed."""
@@ -156,6 +161,15 @@ class RolloutConfig(StrictModel):
     """The inference engine of the rollout actors: hf, gyre's continuously batching Hugging Face engine
     (built in); vllm, vLLM 0.32 in each rollout actor's own process (install: docs/guides/engines.md;
     rollout.mode separate). Judges and hybrid rollout use the hf engine."""
+    weight_transport: Literal["auto", "channel", "object_store"] = "auto"
+    """How new weights reach separate rollout engines after each step. channel: the policy's rank 0 stages
+    them on its device in model.dtype and broadcasts them to every engine over a process group of their own
+    (NCCL between GPUs, gloo on CPU), each engine copying into its weights in place; object_store: through
+    host memory and Ray's object store (always works, slower). auto: channel, except where NCCL cannot
+    join the ranks (an engine on the policy's rank-0 GPU). A channel that loses a member sends that version
+    through the object store and is rebuilt for the next."""
+    weight_sync_timeout_s: PositiveFloat = 600.0
+    """Deadline of one weight transfer on the channel (and of building its group)."""
     mode: Literal["separate", "hybrid"] = "separate"
     """separate: rollout engines are actors of their own holding a copy of the weights, synced after every
     step (what disaggregation needs). hybrid: every policy rank also samples, with its own training

@@ -61,9 +61,14 @@ class HFRolloutEngine(StepwiseGenerate):
         with torch.no_grad():
             for name, tensor in weights.items():
                 target = params.get(name)
-                if target is not None:
+                if target is not None and tensor.data_ptr() != target.data_ptr():  # not received in place
                     target.copy_(tensor.to(dtype=target.dtype, device=target.device))
         self._version = int(version)
+
+    def weight_targets(self) -> dict[str, torch.Tensor]:
+        """The tensors ``load_weights`` writes, by name: a weight channel may receive straight into them."""
+        self._check_idle()
+        return self.model.state_dict(keep_vars=True)
 
     def load_adapter(self, adapter: AdapterWeights, version: WeightVersion) -> None:
         """A LoRA policy's weight sync: every targeted weight becomes base + scale * B @ A, merged from the

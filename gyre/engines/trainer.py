@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -77,8 +77,12 @@ class TrainerBackend:
         self.optimizer_steps = 0
         self.last_lr = 0.0
         self.grad_clip: float | None = None
+        self._unwrapped = False
+        """DDP's wrapper was dropped by ``offload`` (``reload`` wraps the module again)."""
         self._autocast_dtype = None if spec.dtype == "float32" or device.type != "cuda" else getattr(torch, spec.dtype)
         self.fwd = ForwardContext(device, self._autocast_dtype, spec.levers)
+        self._scaler = None
+        """float16 compute (on GPUs) scales the loss so small gradients do not underflow (``setup``)."""
 
     # ---- construction -------------------------------------------------------------------
     def setup(self) -> None:
@@ -99,6 +103,11 @@ class TrainerBackend:
         model.train()
         self.hf_model = model
         self.model = self._wrap(model)
+        if self._autocast_dtype is torch.float16:
+            # FSDP2's gradients are shards: its scaler agrees on a skipped step across the ranks.
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self._scaler = ShardedGradScaler() if self.spec.strategy == "fsdp2" else torch.amp.GradScaler("cuda")
         if self.spec.head == "lm" and self.spec.levers.logprob_chunk_tokens:
             check_chunkable(self.model, self.device, "policy.logprob_chunk_tokens")
 
@@ -177,10 +186,16 @@ class TrainerBackend:
             last = i == len(micro_batches) - 1
             with self._no_sync(not last):
                 loss = loss_fn.compute(self.model, micro, self.fwd, metrics)
-                loss.backward()
+                (loss if self._scaler is None else self._scaler.scale(loss)).backward()
+        if self._scaler is not None:
+            self._scaler.unscale_(self.optimizer)  # the norm and the clip see the true gradients
         grad_norm = self._clip_grad()
         self.last_lr = self.lr  # the rate this step uses; the scheduler moves on below
-        self.optimizer.step()
+        if self._scaler is None:
+            self.optimizer.step()
+        else:  # skipped when a gradient overflowed (the scale then halves)
+            self._scaler.step(self.optimizer)
+            self._scaler.update()
         self.scheduler.step()
         self.optimizer_steps += 1
         return grad_norm
@@ -233,6 +248,22 @@ class TrainerBackend:
         if dist.get_rank() != 0:  # DDP replicas are identical: only rank 0 copies
             return None
         return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
+
+    def stream_state_dict(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """Unsharded HF-named weights on this rank's device, floating ones cast to ``dtype``, one tensor at a
+        time (a weight channel stages them into buckets as they come, so the whole model is never gathered
+        at once). Only rank 0 yields; under FSDP2 every rank must exhaust the iterator (each tensor is
+        gathered as it is reached)."""
+        rank0 = dist.get_rank() == 0
+        if self.spec.strategy != "fsdp2" and not rank0:
+            return
+        with torch.no_grad():
+            for name, t in self.hf_model.state_dict().items():
+                t = t.detach()
+                if hasattr(t, "full_tensor"):
+                    t = t.full_tensor()
+                if rank0:
+                    yield name, t.to(dtype) if t.is_floating_point() else t
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The trainable parameters alone (with LoRA: the adapters and modules_to_save), unsharded on CPU,
@@ -303,11 +334,20 @@ class TrainerBackend:
 
     def offload(self) -> None:
         """Move parameters and optimizer state to host memory and free gradients while a colocated
-        role runs (the wrapped module is moved in place: DDP and FSDP2 keep their own references)."""
+        role runs (the wrapped module is moved in place: FSDP2 keeps its own references). DDP's wrapper
+        is dropped as well: its reducer holds the gradient buckets (the gradients are views into them) on
+        the device whatever becomes of the module; ``reload`` wraps the module again (a collective: every
+        rank of the role reloads together, as the time-share activates a role)."""
         memory.offload(self.model, self.device, self.optimizer)
+        if self.device.type == "cuda" and self.spec.strategy == "ddp" and self.model is not self.hf_model:
+            self.model = self.hf_model
+            self._unwrapped = True
+            torch.cuda.empty_cache()
 
     def reload(self) -> None:
         memory.reload(self.model, self.device, self.optimizer)
+        if self._unwrapped:
+            self.model, self._unwrapped = self._wrap(self.hf_model), False
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -172,6 +172,8 @@ class RLVRPipeline:
                   "fault/rollout_engine_hangs": self.rollout.driver.engine_hangs}
         if self.rollout.driver.envs is not None:
             faults["fault/env_worker_restarts"] = self.rollout.driver.envs.worker_restarts
+        if self.learner.channel is not None:
+            faults["fault/weight_channel_fallbacks"] = self.rollout.driver.channel_fallbacks
         return {**sample_metrics(trajectories), **domain_metrics(trajectories, self.cfg.reward), **reward_stats,
                 **algo_metrics, **train_metrics, **versions, **rollout.stats, **idle, **faults,
                 **{f"time/{k}": v for k, v in timer.items()}}

@@ -112,7 +112,7 @@ def openai_judge_reward(response: str, ground_truth: str, prompt: str = "", *, u
 class LocalJudge:
     """A local judge model, sampled greedily in batches by one of gyre's rollout engines (``judge.engine``)."""
 
-    def __init__(self, judge, device, trust_remote_code: bool = False, threads: int = 1):
+    def __init__(self, judge, device, trust_remote_code: bool = False, threads: int = 1, dtype: str = "float32"):
         from gyre.models.loading import load_causal_lm, load_tokenizer
 
         self.cfg = judge
@@ -120,12 +120,12 @@ class LocalJudge:
         if judge.engine == "vllm":
             from gyre.engines.vllm_rollout import vllm_engine
 
-            self.engine = vllm_engine(judge.model_path, self.tokenizer, threads, max_batch_size=judge.max_batch_size,
-                                      device=str(device))
+            self.engine = vllm_engine(judge.model_path, self.tokenizer, threads, dtype=dtype,
+                                      max_batch_size=judge.max_batch_size, device=str(device))
             return
         from gyre.engines.hf_rollout import HFRolloutEngine
 
-        model = load_causal_lm(judge.model_path, "float32", trust_remote_code, str(device))
+        model = load_causal_lm(judge.model_path, dtype, trust_remote_code, str(device))
         self.engine = HFRolloutEngine(model, self.tokenizer, device, judge.max_batch_size)
 
     def _render(self, text: str) -> list[int]:

@@ -12,7 +12,7 @@ from gyre.types import RewardResult
 
 
 class RewardModel:
-    def __init__(self, cfg, device: torch.device, trust_remote_code: bool = False):
+    def __init__(self, cfg, device: torch.device, trust_remote_code: bool = False, dtype: str = "float32"):
         from transformers import AutoModelForSequenceClassification
 
         from gyre.models.loading import load_tokenizer, quiet_transformers
@@ -21,7 +21,7 @@ class RewardModel:
         self.cfg, self.device = cfg, device
         self.tokenizer = load_tokenizer(cfg.path, trust_remote_code)
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.path, num_labels=1, trust_remote_code=trust_remote_code).to(device).eval()
+            cfg.path, num_labels=1, trust_remote_code=trust_remote_code, dtype=getattr(torch, dtype)).to(device).eval()
         if self.model.config.pad_token_id is None:  # needed to find each row's last real token
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
 

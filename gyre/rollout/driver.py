@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gyre.cluster import transport
+from gyre.cluster.channel import ChannelPublication
 from gyre.cluster.faults import CallClock, RoleFault, fault_from
 from gyre.cluster.group import Method, RoleGroup
 from gyre.cluster.workers import SERVE, EngineHost, RolloutWorker
@@ -73,6 +74,8 @@ class RolloutDriver:
         self._held: tuple[WeightVersion, object] = (0, None)
         """The version and weights the engines hold (or are being given): what a replacement engine gets."""
         self._partial = True
+        self.channel_fallbacks = 0
+        """Weight versions sent through the object store because their weight channel lost a member."""
 
     @property
     def engine_count(self) -> int:
@@ -151,6 +154,10 @@ class RolloutDriver:
         policy's own ranks, None: only the stamp moves). An engine that dies or hangs meanwhile is replaced
         by a fresh one holding it (when engines are replaceable), then every engine is asked once more."""
         self._held, self._partial = (version, weights), partial
+        if isinstance(weights, ChannelPublication):
+            if self._load_from_channel(version, weights, partial):
+                return
+            weights = weights.store_refs()
         try:
             versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
         except RoleFault as fault:
@@ -161,6 +168,29 @@ class RolloutDriver:
             versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
         if any(v != version for v in versions):
             raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
+
+    def _load_from_channel(self, version: WeightVersion, publication: ChannelPublication, partial: bool) -> bool:
+        """``version`` over the weight channel. A member that fails (an engine dies, hangs or refuses a bucket;
+        the sender misses its deadline) ends the channel's generation on every member: False, and the caller
+        sends the version through the object store (replacing a lost engine); the next publication builds
+        a new generation, with every engine."""
+        weights, sender = publication.start()
+        try:
+            versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
+            publication.sent(sender)
+        except RoleFault as fault:
+            if fault.role != self.engines.name and fault.kind == "died":
+                raise  # the sender (the policy's rank 0) is lost: the run's fault
+            self.channel_fallbacks += 1
+            log.warning("%s; weight version %d goes through the object store instead, and the next one over a "
+                        "new weight channel", fault, version)
+            publication.failed(weights)
+            for rank in range(len(self.engines)):  # free engines still waiting for a bucket
+                self.engines.submit_to(rank, RolloutWorker.abort_weights, weights.spec.generation, probe=True)
+            return False
+        if any(v != version for v in versions):
+            raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
+        return True
 
     def release(self, scheduler: RolloutScheduler) -> None:
         self.schedulers.pop(scheduler.spec.stream, None)
@@ -180,6 +210,8 @@ class RolloutDriver:
     def _restore(self, rank: int) -> None:
         """A fresh engine for ``rank``, loaded (it may start offloaded) and given the current weights."""
         group, (version, weights) = self.engines, self._held
+        if isinstance(weights, ChannelPublication):  # a fresh engine is not in the channel's generation
+            weights = weights.store_refs()
         group.respawn(rank)
         group.gather([group.submit_to(rank, RolloutWorker.reload)], RolloutWorker.reload, ranks=[rank])
         if weights is None:  # nothing published yet: a fresh engine holds the initial weights, as its peers do

@@ -16,8 +16,10 @@ import torch
 
 from gyre.algos.aggregation import denominator_for
 from gyre.algos.asyppo import aggregate_values
+from gyre.cluster.channel import ChannelPublication, ChannelSpec, ChannelWeights
 from gyre.cluster.group import Method
-from gyre.cluster.workers import CriticWorker, PolicyWorker, ReferenceWorker
+from gyre.cluster.weights import WeightManifest
+from gyre.cluster.workers import WEIGHTS, CriticWorker, PolicyWorker, ReferenceWorker
 from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, split_for_ranks
@@ -40,6 +42,12 @@ class Learner:
         self.hybrid = roles.hybrid
         # Trainer log-probs use the sampling temperature (validated > 0 for training).
         self.temperature = cfg.rollout.sampling.temperature
+        self.channel: ChannelSpec | None = None
+        """The weight channel's current generation (``rollout.weight_transport``), None: the object store."""
+        if plan.weight_transport == "channel":
+            ref = self.policy.submit_to(0, PolicyWorker.open_weight_channel, len(roles.rollout),
+                                        cfg.rollout.weight_sync_timeout_s)
+            self.channel = self.policy.gather([ref], PolicyWorker.open_weight_channel, ranks=[0])[0]
 
     # ---- scoring ----------------------------------------------------------------------------------
     def score(self, batch: TrainBatch) -> None:
@@ -163,7 +171,31 @@ class Learner:
         None when the engines are the policy's own ranks (hybrid: nothing to copy)."""
         if self.hybrid:
             return None
-        return self.policy.call(PolicyWorker.export_weights, version, self.cfg.model.dtype)[0]
+        if self.channel is None:
+            return self.policy.call(PolicyWorker.export_weights, version, self.cfg.model.dtype)[0]
+        manifest = self.policy.call(PolicyWorker.stage_weights, version, self.cfg.model.dtype)[0]
+        return self._publication(manifest)
+
+    def _publication(self, manifest: WeightManifest) -> ChannelPublication:
+        """A version staged on the policy's rank 0, for the rollout driver to load over the channel's current
+        generation (a failure renews it) or through the object store."""
+        policy = self.policy
+
+        def start():
+            weights = ChannelWeights(manifest, self.channel)
+            return weights, policy.submit_to(0, PolicyWorker.send_weights, weights.spec, manifest.version, lane=WEIGHTS)
+
+        def failed(weights: ChannelWeights) -> None:
+            policy.submit_to(0, PolicyWorker.abort_weights, weights.spec.generation, probe=True)
+            if self.channel.generation == weights.spec.generation:
+                self.channel = self.channel.renewed()
+
+        def to_store() -> list:
+            ref = policy.submit_to(0, PolicyWorker.staged_bundle, manifest.version)
+            return policy.gather([ref], PolicyWorker.staged_bundle, ranks=[0])[0]
+
+        return ChannelPublication(manifest, start, lambda ref: policy.gather([ref], PolicyWorker.send_weights,
+                                                                            ranks=[0])[0], to_store, failed)
 
     def save(self, directory: Path) -> None:
         """Trainer states (weights, optimizer, scheduler, RNG) of the policy and the critic under ``directory``."""

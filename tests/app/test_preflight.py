@@ -32,3 +32,39 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tiny_model_dir
     with pytest.raises(ModelPathError, match=r"the tokenizer of model.path has 101 tokens but the model's embedding "
                                              r"has 50 rows .* resize the embeddings"):
         check_policy_model(ModelConfig(path=str(small)))
+
+
+def test_model_dtype_auto_is_bfloat16_on_gpus_and_float32_on_cpu(tiny_model_dir):
+    from gyre.app.preflight import resolve_policy_model
+    from gyre.config.derive import make_plan
+
+    base = [f"model.path={tiny_model_dir}", "data.train_files=[t.jsonl]"]
+    for device, dtype in (("cpu", "float32"), ("cuda", "bfloat16")):
+        cfg = load_config(None, [*base, f"cluster.device={device}"])
+        assert cfg.model.dtype == "auto"
+        resolve_policy_model(cfg.model, cluster=cfg.cluster)
+        assert cfg.model.dtype == dtype
+    # Joining a cluster, auto cannot see its GPUs: float32, and the plan warns once it counts them.
+    cfg = load_config(None, [*base, "cluster.address=auto"])
+    resolve_policy_model(cfg.model, cluster=cfg.cluster)
+    assert cfg.model.dtype == "float32"
+    notes = make_plan(cfg, "cuda", 2).notes
+    assert any(n.startswith("warning: model.dtype=float32 on GPUs") for n in notes)
+    assert not any("float32 on GPUs" in n for n in make_plan(cfg, "cpu", 2).notes)
+
+
+def test_gyre_check_prints_each_roles_memory_and_refuses_a_plan_that_cannot_fit(tiny_model_dir):
+    from gyre.app.preflight import with_memory
+    from gyre.config import ConfigError
+    from gyre.config.derive import make_plan
+    from gyre.config.report import format_plan
+
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "data.train_files=[t.jsonl]", "model.dtype=float32",
+                             "policy.devices=[0]", "rollout.devices=[1]"])
+    plan = with_memory(cfg, make_plan(cfg, "cpu", 2), local=True)
+    report = format_plan(cfg, plan)
+    assert "memory per device (estimate" in report and "  policy " in report and "  rollout " in report
+    # The tiny model's policy on a GPU of 0.001 GB: refused with the estimate per device.
+    cfg.cluster.device_memory_gb = 0.001
+    with pytest.raises(ConfigError, match=r"does not fit in device memory[\s\S]*device 0: about"):
+        with_memory(cfg, make_plan(cfg, "cuda", 2), local=False)

@@ -96,6 +96,19 @@ def test_hybrid_rollout_runs_on_the_policy_ranks():
         plan_for("rollout.mode=hybrid", "policy.strategy=fsdp2")
 
 
+def test_weight_transport_is_a_channel_unless_nccl_cannot_join_the_ranks():
+    assert plan_for("policy.devices=[0]", "rollout.devices=[1,2]").weight_transport == "channel"
+    assert plan_for("policy.devices=[0]", "rollout.devices=[1]", kind="cuda").weight_transport == "channel"
+    assert plan_for("rollout.mode=hybrid", "policy.devices=[0,1]", "rollout.devices=[0,1]").weight_transport == "none"
+    # On CPU gloo joins ranks sharing a slot; on a GPU NCCL cannot: the object store, with a note why.
+    assert plan_for("policy.devices=[0]", "rollout.devices=[0]").weight_transport == "channel"
+    plan = plan_for("policy.devices=[0,1]", "rollout.devices=[1,0]", kind="cuda")
+    assert plan.weight_transport == "object_store" and any("NCCL cannot join" in n for n in plan.notes)
+    assert plan_for("rollout.weight_transport=object_store").weight_transport == "object_store"
+    with pytest.raises(ConfigError, match="rollout.weight_transport=object_store"):
+        plan_for("rollout.weight_transport=channel", "policy.devices=[0]", "rollout.devices=[0]", kind="cuda")
+
+
 def test_rollout_schedule_rules():
     with pytest.raises(ConfigError, match="rollout.mode=separate"):
         plan_for("rollout.async_ratio=1", "rollout.mode=hybrid", "rollout.devices=[0]", "policy.devices=[0]")

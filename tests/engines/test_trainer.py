@@ -202,3 +202,31 @@ def _offload_worker(rank, model_dir, port):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_offload_frees_the_gpu_and_training_resumes(tiny_model_dir):
     mp.spawn(_offload_worker, args=(tiny_model_dir, _free_port()), nprocs=1, join=True)
+
+
+def _fp16_worker(rank, model_dir, port):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    for strategy in ("ddp", "fsdp2"):
+        b = TrainerBackend(TrainerSpec(str(model_dir), dtype="float16", strategy=strategy, micro_batch_size=2),
+                           torch.device("cuda", 0))
+        b.setup()
+        assert b._scaler is not None, strategy
+        b.configure_optimizer(OptimizerSpec(lr=1e-3), SchedulerSpec(), 10, 1.0)
+        batch = _batch()
+        loss = PolicyLoss(LossDenominator(tokens=float(batch.response_mask.sum())),
+                          PolicyLossSpec(old_source="rollout"))
+        before = {k: v.clone() for k, v in b.full_state_dict().items()}
+        norms = [b.optimizer_step(b.split_micro(batch), loss, MetricSums()) for _ in range(3)]
+        after = b.full_state_dict()
+        assert all(torch.isfinite(v).all() for v in after.values()), strategy
+        assert any(not torch.equal(before[k], after[k]) for k in after), (strategy, norms)  # some step was taken
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_float16_training_scales_its_loss(tiny_model_dir):
+    mp.spawn(_fp16_worker, args=(tiny_model_dir, _free_port()), nprocs=1, join=True)

@@ -127,3 +127,12 @@ def test_a_local_judge_on_vllm_replies_as_the_hf_engine_does(tiny_model_dir):
         texts = scorer.engine.generate([GenerationRequest(str(i), ids, greedy) for i, ids in enumerate(asked)])
         replies[engine] = ([t.response_text for t in texts], [(r.status, r.score) for r in scorer.score(requests)])
     assert replies["vllm"] == replies["hf"]
+
+
+def test_a_local_judge_holds_its_weights_in_the_runs_dtype(tiny_model_dir):
+    import torch
+
+    judge = JudgeConfig(model_path=str(tiny_model_dir), max_new_tokens=2, score_pattern=r"(\d)")
+    scorer = LocalJudge(judge, "cpu", dtype="bfloat16")
+    assert {p.dtype for p in scorer.engine.model.parameters()} == {torch.bfloat16}
+    assert len(scorer.score([RewardRequest("0", "4", "2+2=")])) == 1
