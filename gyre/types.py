@@ -358,23 +358,52 @@ class TrainBatch:
 
 class MetricSums:
     """Token- (or sample-) weighted metric sums; ``means`` divides once everything is merged, so a
-    metric averages over all tokens of a step, not over ranks or micro-batches of unequal size."""
+    metric averages over all tokens of a step, not over ranks or micro-batches of unequal size.
+
+    A total or count given as a tensor stays on its device until the sums are read (``settle``: one host
+    sync for all of them), so a training step does not stop the device for every metric of every
+    micro-batch."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, float] = {}
+        self._pending: list[tuple[str, object, object]] = []
 
-    def add(self, name: str, total: float, count: float = 1.0) -> None:
+    def add(self, name: str, total: float | torch.Tensor, count: float | torch.Tensor = 1.0) -> None:
+        if hasattr(total, "detach") or hasattr(count, "detach"):  # detached now: no graph is kept alive
+            self._pending.append((name, *(v.detach() if hasattr(v, "detach") else v for v in (total, count))))
+            return
         self.sums[name] = self.sums.get(name, 0.0) + float(total)
         self.counts[name] = self.counts.get(name, 0.0) + float(count)
 
+    def settle(self) -> MetricSums:
+        """Every pending device value to a float, in one transfer."""
+        if not self._pending:
+            return self
+        import torch
+
+        pending, self._pending = self._pending, []
+        device = next(v.device for _, t, c in pending for v in (t, c) if hasattr(v, "device"))
+        flat = [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(())
+                for _, total, count in pending for v in (total, count)]
+        values = torch.stack(flat).tolist()
+        for i, (name, _, _) in enumerate(pending):
+            self.add(name, values[2 * i], values[2 * i + 1])
+        return self
+
     def merge(self, other: MetricSums) -> MetricSums:
+        other.settle()
         for name, total in other.sums.items():
             self.add(name, total, other.counts[name])
         return self
 
     def means(self) -> dict[str, float]:
+        self.settle()
         return {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
+
+    def __getstate__(self) -> dict:  # what crosses to the driver holds floats only
+        self.settle()
+        return self.__dict__
 
 
 @dataclass

@@ -95,7 +95,9 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
     off = plan.offload
     spec = policy_trainer_spec(m, cfg.policy.strategy, cfg.policy.micro_batch_size, cfg.policy.lora, cfg.run.seed,
                                cfg.policy.levers)
-    hybrid = HybridRollout(tok_path, m.trust_remote_code, cfg.rollout.max_batch_size) if plan.hybrid_rollout else None
+    r = cfg.rollout
+    hybrid = HybridRollout(tok_path, m.trust_remote_code, r.max_batch_size, r.max_batch_tokens,
+                           r.max_prefill_tokens) if plan.hybrid_rollout else None
     policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
         (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed, hybrid), {}))
     made.append(policy)
@@ -147,8 +149,10 @@ def rollout_worker_args(cfg: RLVRConfig, rank: int, model_path: str, device_kind
     """A ``RolloutWorker``'s constructor arguments: the model at ``model_path`` with the run's tokenizer,
     dtype and engine settings."""
     m = cfg.model
+    r = cfg.rollout
     return (rank, model_path, m.tokenizer_path or model_path, m.dtype, m.trust_remote_code, device_kind, threads,
-            cfg.rollout.max_batch_size, offloaded, m.attn_implementation, cfg.rollout.backend, cfg.run.seed)
+            r.max_batch_size, offloaded, m.attn_implementation, r.backend, cfg.run.seed, r.max_batch_tokens,
+            r.max_prefill_tokens)
 
 
 def reward_worker_args(domain) -> tuple:

@@ -47,6 +47,8 @@ class HybridRollout:
     tokenizer_path: str
     trust_remote_code: bool = False
     max_batch_size: int | None = None
+    max_batch_tokens: int | None = None
+    max_prefill_tokens: int | None = None
 
 
 SERVE = "serve"
@@ -202,8 +204,10 @@ class PolicyWorker(TrainerRank, EngineHost):
         if h is None:
             raise RuntimeError("this policy rank is not a rollout engine (rollout.mode is not hybrid)")
         # The unwrapped module: sampling must not go through DDP's forward hooks.
+        # Sampling runs in the dtype training computes in (autocast on GPUs), not with the float32 masters.
         return HFRolloutEngine(self.backend.hf_model, load_tokenizer(h.tokenizer_path, h.trust_remote_code),
-                               self.backend.device, h.max_batch_size)
+                               self.backend.device, h.max_batch_size, h.max_batch_tokens, h.max_prefill_tokens,
+                               self.backend.compute_dtype)
 
     def _loop_hooks(self) -> dict:
         return {"on_busy": self.backend.hf_model.eval, "on_idle": self.backend.model.train}
@@ -335,7 +339,8 @@ class RolloutWorker(EngineHost):
 
     def __init__(self, rank: int, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
                  device_kind: str, threads: int, max_batch_size: int | None, start_offloaded: bool = False,
-                 attn_implementation: str | None = None, backend: str = "hf", seed: int = 0):
+                 attn_implementation: str | None = None, backend: str = "hf", seed: int = 0,
+                 max_batch_tokens: int | None = None, max_prefill_tokens: int | None = None):
         from gyre.engines.hf_rollout import HFRolloutEngine
         from gyre.models.loading import load_causal_lm, load_tokenizer
 
@@ -347,14 +352,16 @@ class RolloutWorker(EngineHost):
             from gyre.engines.vllm_rollout import vllm_engine
 
             self.engine = vllm_engine(model_path, load_tokenizer(tokenizer_path, trust_remote_code), threads,
-                                      dtype=dtype, seed=seed + rank, max_batch_size=max_batch_size, device=str(device))
+                                      dtype=dtype, seed=seed + rank, max_batch_size=max_batch_size, device=str(device),
+                                      max_prefill_tokens=max_prefill_tokens)
             if start_offloaded:
                 self.engine.offload()
             return
         # A colocated engine starts in host memory; the time-share reloads it when rollout runs.
         model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device),
                                attn_implementation)
-        self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path, trust_remote_code), device, max_batch_size)
+        self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path, trust_remote_code), device, max_batch_size,
+                                      max_batch_tokens, max_prefill_tokens)
 
     def _engine(self):
         return self.engine

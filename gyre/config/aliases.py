@@ -229,6 +229,8 @@ BY_NAME: dict[str, Alias] = {
                                     "default 0.9 of its GPU (docs/guides/engines.md)"),
     "vllm_gpu_memory_utilization": Alias("rollout.backend", "TRL, OpenRLHF", "not settable yet: a vLLM engine "
                                          "takes vLLM's default 0.9 of its GPU (docs/guides/engines.md)"),
+    "max_num_batched_tokens": Alias("rollout.max_prefill_tokens", "vLLM, verl", "tokens one prefill pass may hold"),
+    "max_num_seqs": Alias("rollout.max_batch_size", "vLLM, verl", "sequences one engine decodes at once"),
     # LoRA (TRL's ModelConfig / peft, verl's actor_rollout_ref.model, OpenRLHF's flags)
     "use_peft": Alias("policy.lora", "TRL", "policy.lora={} turns LoRA on"),
     "lora_r": Alias("policy.lora.r", "TRL"),

@@ -16,8 +16,9 @@ vocabulary V, T tokens in one micro-batch):
   stages the weights for a weight channel in ``model.dtype``. Hybrid ranks add an engine's KV cache.
 - **rollout engine** (hf): its weights in ``model.dtype``, the KV cache of every row it decodes at once
   (``rollout.max_batch_size``, else every sample a step may give it: the step's samples over the
-  engines, times 1 + ceil(alpha) batches in flight) padded to the widest row (prompt + answer), and one
-  step's logits. vLLM reserves ``VLLM_SHARE`` of the device whatever the model.
+  engines, times 1 + ceil(alpha) batches in flight) padded to the widest row (prompt + answer), or its
+  ``rollout.max_batch_tokens`` budget when smaller, and one step's logits. vLLM reserves ``VLLM_SHARE``
+  of the device whatever the model.
 - **reference**, **teacher**: weights in ``model.dtype``, a forward pass's activations (one layer) and the
   log-prob logits.
 
@@ -162,7 +163,10 @@ def _rows(cfg, engines: int) -> int:
 
 def _kv(cfg, shape: ModelShape, dtype: int, engines: int) -> dict[str, float]:
     rows = _rows(cfg, engines)
-    kv = rows * _context(cfg) * shape.kv_bytes_per_token / 2 * dtype
+    tokens = rows * _context(cfg)
+    if cfg.rollout.max_batch_tokens:  # the engine admits rows within its KV budget (one row always runs)
+        tokens = min(tokens, max(cfg.rollout.max_batch_tokens, _context(cfg)))
+    kv = tokens * shape.kv_bytes_per_token / 2 * dtype
     return {"KV cache": kv, "decode logits": rows * shape.vocab * 4}
 
 

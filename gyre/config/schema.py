@@ -182,6 +182,15 @@ class RolloutConfig(StrictModel):
     max_batch_size: PositiveInt | None = None
     """Most sequences one engine decodes at once (more requests queue and join as rows finish); None
     decodes everything it is given together."""
+    max_batch_tokens: PositiveInt | None = None
+    """The HF engine's KV-cache budget in tokens: rows join while rows x the longest row's final length
+    (prompt + rollout.sampling.max_new_tokens: the cache is padded to the widest row) stays within it, the
+    rest queue (a row alone always runs). gyre check's memory estimate uses it. vLLM pages its cache within
+    its share of the GPU instead. None: no budget (max_batch_size, or everything given, decodes at once)."""
+    max_prefill_tokens: PositiveInt | None = None
+    """Tokens one prefill pass may hold (the HF engine: distinct prompts x the longest; vLLM:
+    max_num_batched_tokens): rows joining at once, and every row after a weight update, are prefilled in
+    chunks of it, so a prefill's activations stay bounded. None: all at once (vLLM: its default)."""
     emit_every: PositiveInt = 8
     """Finished samples an engine hands back together (or 50 ms after the first), so rewards start on
     early finishers while the rest decode, in calls big enough to be cheap."""

@@ -10,6 +10,7 @@ that share it (a request's ``n`` samples).
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -30,12 +31,24 @@ _COMPACT_FRACTION = 0.25
 class HFRolloutEngine(StepwiseGenerate):
     """Implements ``RolloutEngine`` over an in-process ``transformers`` model."""
 
-    def __init__(self, model, tokenizer, device: str | torch.device = "cpu", max_batch_size: int | None = None):
+    def __init__(self, model, tokenizer, device: str | torch.device = "cpu", max_batch_size: int | None = None,
+                 max_batch_tokens: int | None = None, max_prefill_tokens: int | None = None,
+                 autocast_dtype: torch.dtype | None = None):
         self.model = model.eval()
         self._cache_key = cache_keyword(model)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        """The KV cache's budget in tokens: rows join while rows x the longest row's final length (its context
+        and what it may still sample: the cache is padded to the widest row) stays within it; a row alone
+        always runs. None: no budget."""
+        self.max_prefill_tokens = max_prefill_tokens
+        self.autocast_dtype = autocast_dtype
+        """Forward passes under autocast to this dtype: a hybrid policy rank samples in the compute dtype its
+        trainer computes in, not with its float32 master weights. None: the model's own dtype."""
+        """Tokens one prefill pass may hold (distinct contexts x the longest of them, padded): rows joining at
+        once, and every row after a weight update, are prefilled in chunks of it. None: all at once."""
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._version: WeightVersion = 0
@@ -167,25 +180,54 @@ class HFRolloutEngine(StepwiseGenerate):
 
     # ---- internals ------------------------------------------------------------------------------
     def _admit(self) -> list[GenerationResult]:
-        """Prefill waiting rows while the batch has room; returns rows that had nothing left to sample."""
-        limit = self.max_batch_size or 1 << 30
-        room = limit - (sum(row.finish is None for row in self._batch.rows) if self._batch else 0)
+        """Prefill waiting rows while the batch has room (rows, and the KV budget); returns rows that had
+        nothing left to sample."""
+        live = [row for row in self._batch.rows if row.finish is None] if self._batch else []
+        room = (self.max_batch_size or 1 << 30) - len(live)
+        width = max(map(_final_length, live), default=0)
         joining, done = [], []
         while self._waiting and len(joining) < room:
-            row = self._waiting.popleft()
+            row = self._waiting[0]
             if len(row.response) >= row.request.params.max_new_tokens:  # a continuation with no budget left
+                self._waiting.popleft()
                 row.finish = "length"
                 done.append(row.result(self.tokenizer))
-            else:
-                joining.append(row)
+                continue
+            wider = max(width, _final_length(row))
+            rows = len(live) + len(joining)
+            if self.max_batch_tokens is not None and rows and (rows + 1) * wider > self.max_batch_tokens:
+                break  # waits for rows to finish
+            joining.append(self._waiting.popleft())
+            width = wider
         if joining:
             self._compact(force=True)
-            fresh = self._prefill(joining)
-            if self._batch is None:
-                self._batch = fresh
-            else:
-                self._batch.merge(fresh)
+            for chunk in self._prefill_chunks(joining):
+                fresh = self._prefill(chunk)
+                if self._batch is None:
+                    self._batch = fresh
+                else:
+                    self._batch.merge(fresh)
         return done
+
+    def _prefill_chunks(self, rows: list[SampleProgress]) -> list[list[SampleProgress]]:
+        """``rows`` cut where a prefill pass would pass ``max_prefill_tokens`` (distinct contexts x the longest;
+        rows sharing a context stay together while they come together)."""
+        if self.max_prefill_tokens is None:
+            return [rows]
+        chunks: list[list[SampleProgress]] = [[]]
+        contexts: set[tuple[int, ...]] = set()
+        widest = 0
+        for row in rows:
+            context = tuple(row.context)
+            if context not in contexts:
+                wider = max(widest, len(context))
+                if contexts and (len(contexts) + 1) * wider > self.max_prefill_tokens:
+                    chunks.append([])
+                    contexts, wider = set(), len(context)
+                contexts.add(context)
+                widest = wider
+            chunks[-1].append(row)
+        return chunks
 
     @torch.inference_mode()
     def _prefill(self, rows: list[SampleProgress]) -> KVBatch:
@@ -198,9 +240,10 @@ class HFRolloutEngine(StepwiseGenerate):
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         # Without padding the mask is all ones: leave it out so attention takes the plain causal path.
         padded = bool((attention == 0).any())
-        out = self.model(input_ids=input_ids, attention_mask=attention if padded else None, position_ids=positions,
-                         use_cache=True, logits_to_keep=1,
-                         **{self._cache_key: DynamicCache(config=self.model.config)})
+        with self._autocast():
+            out = self.model(input_ids=input_ids, attention_mask=attention if padded else None,
+                             position_ids=positions, use_cache=True, logits_to_keep=1,
+                             **{self._cache_key: DynamicCache(config=self.model.config)})
         expand = torch.tensor(owner, device=self.device)
         cache = out[self._cache_key]
         cache.batch_select_indices(expand)
@@ -217,10 +260,16 @@ class HFRolloutEngine(StepwiseGenerate):
             return
         batch.attention = torch.cat([batch.attention, batch.attention.new_ones(len(batch), 1)], dim=1)
         mask = None if bool(batch.attention.all()) else batch.attention
-        out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=batch.next_pos[:, None],
-                         use_cache=True, **{self._cache_key: batch.cache})
+        with self._autocast():
+            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=batch.next_pos[:, None],
+                             use_cache=True, **{self._cache_key: batch.cache})
         batch.next_pos = batch.next_pos + 1
         batch.logits = out.logits[:, -1, :].float()
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _compact(self, force: bool = False) -> list[int] | None:
         """Drop finished rows from the batch once they are a quarter of it (always with ``force``)."""
@@ -257,6 +306,11 @@ def _by_params(rows: list[SampleProgress], members: list[int]) -> dict[SamplingP
 def _is_tied_alias(name: str, weights: Mapping[str, torch.Tensor]) -> bool:
     """lm_head.weight may be absent when tied to the input embedding (and vice versa)."""
     return name.endswith("lm_head.weight") and any(k.endswith("embed_tokens.weight") for k in weights)
+
+
+def _final_length(row: SampleProgress) -> int:
+    """Tokens the row's cache holds once it has sampled all it may: its context and what it may still sample."""
+    return len(row.context) + row.request.params.max_new_tokens - len(row.response)
 
 
 def cache_keyword(model) -> str:

@@ -63,13 +63,13 @@ class PolicyLoss:
         if batch.token_weights is not None:
             token_loss = token_loss * where_valid(batch.token_weights.to(dev), mask, 1.0)
         loss = aggregate_loss(token_loss, mask, spec.agg, self.denom)
-        tokens = float(mask.sum())
+        tokens = mask.sum()
         kl_spec = spec.kl
         if kl_spec.loss_coef > 0:
             kl = kl_straight_through(where_valid(logprobs, mask), where_valid(batch.ref_logprobs.to(dev), mask),
                                      kl_spec.loss_estimator, kl_spec.loss_grad_estimator, kl_spec.clamp)
             loss = loss + kl_spec.loss_coef * aggregate_loss(kl, mask, spec.agg, self.denom)
-            metrics.add("kl_ref", float(masked_sum(kl.detach(), mask)), tokens)
+            metrics.add("kl_ref", masked_sum(kl.detach(), mask), tokens)
         if spec.distill_loss_coef > 0:
             loss = loss + spec.distill_loss_coef * self._distill_term(batch, logprobs, mask, metrics)
         if entropy is not None:
@@ -78,7 +78,7 @@ class PolicyLoss:
                 # AsyPPO's I^H takes tokens out of the bonus but not out of its denominator.
                 kept = entropy if batch.entropy_mask is None else entropy * batch.entropy_mask.to(dev)
                 loss = loss - spec.entropy_coef * aggregate_loss(kept, mask, spec.agg, self.denom)
-            metrics.add("entropy", float(masked_sum(entropy.detach(), mask)), tokens)
+            metrics.add("entropy", masked_sum(entropy.detach(), mask), tokens)
         self._metrics(batch, out, old, logprobs.detach(), mask, metrics)
         return loss
 
@@ -89,9 +89,9 @@ class PolicyLoss:
             raise ValueError("algorithm.distill.mode=loss needs the teacher's log-probs; the batch has none")
         teacher = batch.teacher_logprobs.to(logprobs.device)
         token_loss = distill_loss_tokens(logprobs, teacher, mask)
-        tokens = float(mask.sum())
-        metrics.add("distill/loss", float(token_loss.detach().sum()), tokens)
-        metrics.add("distill/reverse_kl_current", float(reverse_kl_tokens(logprobs, teacher, mask).sum()), tokens)
+        tokens = mask.sum()
+        metrics.add("distill/loss", token_loss.detach().sum(), tokens)
+        metrics.add("distill/reverse_kl_current", reverse_kl_tokens(logprobs, teacher, mask).sum(), tokens)
         return aggregate_loss(token_loss, mask, self.spec.agg, self.denom)
 
     def _policy_terms(self, batch: TrainBatch, lp: torch.Tensor, old: torch.Tensor,
@@ -104,10 +104,10 @@ class PolicyLoss:
     @torch.no_grad()
     def _metrics(self, batch: TrainBatch, out: PolicyLossOutput, old: torch.Tensor, lp: torch.Tensor,
                  mask: torch.Tensor, metrics: MetricSums) -> None:
-        tokens = float(mask.sum())
+        tokens = mask.sum()
 
         def add(name: str, values: torch.Tensor) -> None:
-            metrics.add(name, float(masked_sum(values, mask)), tokens)
+            metrics.add(name, masked_sum(values, mask), tokens)
 
         add("pg_loss", out.token_loss.detach())
         add("clip_frac_low", out.clipped_low)
@@ -152,10 +152,10 @@ class ValueLoss:
         mask = batch.response_mask.to(dev)
         token_loss, clipped = value_loss(where_valid(values, mask), where_valid(batch.values.to(dev), mask),
                                          where_valid(batch.returns.to(dev), mask), self.clip)
-        tokens = float(mask.sum())
-        metrics.add("critic/value_loss", float(masked_sum(token_loss.detach(), mask)), tokens)
-        metrics.add("critic/value_clip_frac", float(masked_sum(clipped, mask)), tokens)
-        metrics.add("critic/values", float(masked_sum(values.detach(), mask)), tokens)
+        tokens = mask.sum()
+        metrics.add("critic/value_loss", masked_sum(token_loss.detach(), mask), tokens)
+        metrics.add("critic/value_clip_frac", masked_sum(clipped, mask), tokens)
+        metrics.add("critic/values", masked_sum(values.detach(), mask), tokens)
         return aggregate_loss(token_loss, mask, self.loss_agg, self.denom)
 
 
@@ -174,8 +174,8 @@ class SFTLoss:
                  metrics: MetricSums) -> torch.Tensor:
         mask = batch.response_mask.to(logprobs.device)
         nll = -where_valid(logprobs, mask)
-        tokens = float(mask.sum())
-        metrics.add("sft_loss", float(masked_sum(nll.detach(), mask)), tokens)
+        tokens = mask.sum()
+        metrics.add("sft_loss", masked_sum(nll.detach(), mask), tokens)
         return aggregate_loss(nll, mask, "token-mean", self.denom)
 
 
@@ -210,5 +210,5 @@ class DPOLoss:
                              ("rewards/margins", out.margins), ("logps/chosen", policy.chosen.detach()),
                              ("logps/rejected", policy.rejected.detach()), ("nll_loss", out.nll)):
             if values is not None:
-                metrics.add(name, float(values.sum()), pairs)
+                metrics.add(name, values.sum(), pairs)
         return out.losses.sum() * (self.denom.dp_size / max(self.denom.sequences, 1.0))

@@ -87,9 +87,14 @@ class TrainerBackend:
     # ---- construction -------------------------------------------------------------------
     def setup(self) -> None:
         # Master weights stay in float32; bf16/fp16 are used for the compute via autocast / FSDP2 policy.
-        # FSDP2 loads on the host and moves each shard to the device as it shards, so no rank ever holds
-        # the whole model on its GPU; DDP keeps a full replica per rank anyway.
-        load_on = "cpu" if self.spec.strategy == "fsdp2" else str(self.device)
+        # FSDP2: rank 0 reads the weights into host memory and moves each shard to its device as it shards;
+        # the other ranks build the model on the meta device (nothing read, no memory) and take their
+        # shards from rank 0, so a node holds one host copy of the model, not one per GPU. DDP keeps a
+        # full replica per rank anyway.
+        fsdp = self.spec.strategy == "fsdp2"
+        load_on = ("cpu" if dist.get_rank() == 0 else "meta") if fsdp else str(self.device)
+        self.built_on = load_on
+        """Where this rank built the model: its device or cpu (the weights read), or meta (FSDP2's other ranks)."""
         load = load_causal_lm if self.spec.head == "lm" else load_value_model
         model = load(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on,
                      self.spec.attn_implementation)
@@ -102,7 +107,11 @@ class TrainerBackend:
             self.peft_model = apply_lora(model, self.spec.lora, self.spec.gradient_checkpointing, self.spec.seed)
         model.train()
         self.hf_model = model
+        full = model.state_dict() if fsdp and load_on != "meta" else None  # rank 0's, before sharding
         self.model = self._wrap(model)
+        if fsdp:
+            self._fill_from_rank0(full)
+            del full
         if self._autocast_dtype is torch.float16:
             # FSDP2's gradients are shards: its scaler agrees on a skipped step across the ranks.
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -110,6 +119,23 @@ class TrainerBackend:
             self._scaler = ShardedGradScaler() if self.spec.strategy == "fsdp2" else torch.amp.GradScaler("cuda")
         if self.spec.head == "lm" and self.spec.levers.logprob_chunk_tokens:
             check_chunkable(self.model, self.device, "policy.logprob_chunk_tokens")
+
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        """The dtype forward passes compute in under autocast (GPUs, model.dtype below float32); else None."""
+        return self._autocast_dtype
+
+    def _fill_from_rank0(self, full: dict | None) -> None:
+        """FSDP2: every rank's shards (and buffers) from rank 0's weights (``full``, None on the others)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if full is None:  # built on meta: room for the shards first (their values arrive next)
+            self.model.to_empty(device=self.device)
+        set_model_state_dict(self.model, full or {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        with torch.no_grad():
+            for buffer in self.model.buffers():  # non-persistent ones (rotary frequencies) are in no state dict
+                dist.broadcast(buffer, 0)
 
     def configure_optimizer(self, opt: OptimizerSpec, schedule: SchedulerSpec, total_steps: int,
                             grad_clip: float | None) -> None:

@@ -57,7 +57,8 @@ class VLLMRolloutEngine(StepwiseGenerate):
 
     def __init__(self, model_path: str, tokenizer, *, dtype: str = "float32", seed: int = 0,
                  max_model_len: int | None = None, max_batch_size: int | None = None, enforce_eager: bool = True,
-                 gpu_memory_utilization: float = 0.9, tensor_parallel_size: int = 1, device: str = "cpu"):
+                 gpu_memory_utilization: float = 0.9, tensor_parallel_size: int = 1, device: str = "cpu",
+                 max_prefill_tokens: int | None = None):
         vllm = import_vllm()
         self._threads = torch.get_num_threads()
         """The CPU threads vLLM plans for (see ``_own_threads``); read before vLLM replaces ``set_num_threads``."""
@@ -66,6 +67,8 @@ class VLLMRolloutEngine(StepwiseGenerate):
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         gpu = {"gpu_memory_utilization": gpu_memory_utilization} if self.device.type == "cuda" else {}
+        if max_prefill_tokens is not None:  # chunked prefill: at most this many tokens a step
+            gpu["max_num_batched_tokens"] = max_prefill_tokens
         self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
                             max_model_len=max_model_len, max_num_seqs=max_batch_size or 256,
                             enforce_eager=enforce_eager, enable_prefix_caching=True,

@@ -78,10 +78,23 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: 
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code,
-        **_attention(attn_implementation))
-    return model.to(device).eval()
+    model = _built(AutoModelForCausalLM, path, device, dtype=getattr(torch, _DTYPES[dtype]),
+                   trust_remote_code=trust_remote_code, **_attention(attn_implementation))
+    return model.eval()
+
+
+def _built(auto_class, path: str | Path, device: str, **kwargs):
+    """``auto_class.from_pretrained`` on ``device``; on "meta" the architecture alone, from its config.json:
+    no weight is read and no memory is taken (a sharded trainer's other ranks, filled from rank 0's)."""
+    import torch
+    from transformers import AutoConfig
+
+    if device != "meta":
+        return auto_class.from_pretrained(str(path), **kwargs).to(device)
+    extra = {k: kwargs.pop(k) for k in ("num_labels",) if k in kwargs}
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=kwargs.get("trust_remote_code", False), **extra)
+    with torch.device("meta"):
+        return auto_class.from_config(config, **kwargs)
 
 
 def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False, device: str = "cpu",
@@ -94,16 +107,16 @@ def load_value_model(path: str | Path, dtype: str = "float32", trust_remote_code
 
     quiet_transformers()
     try:
-        model = AutoModelForTokenClassification.from_pretrained(
-            str(path), num_labels=1, dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code,
-            **_attention(attn_implementation))
+        model = _built(AutoModelForTokenClassification, path, device, num_labels=1,
+                       dtype=getattr(torch, _DTYPES[dtype]), trust_remote_code=trust_remote_code,
+                       **_attention(attn_implementation))
     except ValueError as exc:
         raise ValueError(f"cannot build a critic (value head) from {path}: {exc}; this architecture has no "
                          "token-classification class in transformers") from None
     for module in model.modules():  # as TRL's disable_dropout_in_model
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    return model.to(device).eval()
+    return model.eval()
 
 
 def _attention(attn_implementation: str | None) -> dict:

@@ -86,3 +86,10 @@ def test_lora_trains_the_adapters_alone_and_an_episode_is_as_long_as_its_context
     _, env = memory("policy.devices=[0]", "rollout.devices=[1]", "data=null", "env.id=gyre.envs.guess:GuessNumber",
                     "env.context_tokens=300")
     assert env.roles[1].terms["KV cache"] == 8 * 300 * 5120
+
+
+def test_an_engines_kv_budget_caps_its_cache_estimate():
+    _, capped = memory("policy.devices=[0]", "rollout.devices=[1]", "rollout.max_batch_tokens=1000")
+    assert capped.roles[1].terms["KV cache"] == 1000 * 5120  # 8 rows x 256 tokens would be 2048
+    _, tiny = memory("policy.devices=[0]", "rollout.devices=[1]", "rollout.max_batch_tokens=10")
+    assert tiny.roles[1].terms["KV cache"] == 256 * 5120  # a row alone always runs

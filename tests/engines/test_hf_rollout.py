@@ -245,3 +245,53 @@ def test_a_full_batch_queues_requests_until_rows_free(engine, tok):
     engine.max_batch_size = None
     alone = {(r.request_id, r.sample_index): r for r in engine.generate(requests)}
     assert {k: r.response_ids for k, r in queued.items()} == {k: r.response_ids for k, r in alone.items()}
+
+
+def test_a_kv_token_budget_admits_rows_by_their_final_length_and_samples_alike(engine, tok):
+    """Each row of "i+i=" (4 prompt tokens) may grow to 4 + 6 = 10 tokens: a 25-token budget holds two
+    rows (3 x 10 > 25), and the samples are the unbudgeted engine's (they do not depend on the batch)."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    requests = [req(tok, f"{i}+{i}=", params, n=2, seed=i) for i in range(3)]
+    alone = {(r.request_id, r.sample_index): r.response_ids for r in engine.generate(requests)}
+    engine.max_batch_tokens = 25
+    engine.add(requests)
+    budgeted = {}
+    while engine.busy:
+        for r in engine.step():
+            budgeted[(r.request_id, r.sample_index)] = r.response_ids
+        live = [row for row in engine._batch.rows if row.finish is None] if engine._batch else []
+        assert len(live) <= 2
+    assert budgeted == alone
+
+
+def test_prefill_in_chunks_of_a_token_budget_gives_the_same_samples(engine, tok, monkeypatch):
+    params = SamplingParams(temperature=1.0, max_new_tokens=5)
+    requests = [req(tok, f"{i}{i}+{i}=", params, n=3, seed=i) for i in range(4)]  # 4 contexts of 6 tokens
+    alone = {(r.request_id, r.sample_index): r.response_ids for r in engine.generate(requests)}
+    passes = []
+    prefill = engine._prefill
+    monkeypatch.setattr(engine, "_prefill", lambda rows: passes.append(len({tuple(r.context) for r in rows}))
+                        or prefill(rows))
+    engine.max_prefill_tokens = 12  # two 6-token contexts a pass; a context's 3 rows share it
+    chunked = {(r.request_id, r.sample_index): r.response_ids for r in engine.generate(requests)}
+    assert chunked == alone and passes == [2, 2]
+
+
+def test_an_engine_over_float32_weights_can_sample_in_bfloat16(tiny_model_dir, tok):
+    """A hybrid policy rank holds float32 master weights and samples under autocast in its compute dtype
+    (on GPUs; CPU autocast stands in here): log-probs are those of a bfloat16 forward pass, not float32's."""
+    model = load_causal_lm(tiny_model_dir)
+    engine = HFRolloutEngine(model, tok, autocast_dtype=torch.bfloat16)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    result = engine.generate([req(tok, "12+34=", params, seed=3)])[0]
+    ids = torch.tensor([result.prompt_ids + result.response_ids])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids).logits.float()
+    with torch.no_grad():
+        exact = model(ids).logits
+    start = len(result.prompt_ids) - 1
+    autocast_ref = token_logprobs(logits[:, :-1], ids[:, 1:], 1.0)[0, start:]
+    float_ref = token_logprobs(exact[:, :-1], ids[:, 1:], 1.0)[0, start:]
+    got = torch.tensor(result.logprobs)
+    assert (got - autocast_ref).abs().max() < (got - float_ref).abs().max()
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the weights stay float32

@@ -43,6 +43,9 @@ def _grad_worker(rank, world, strategy, model_dir, port, out, device_kind="cpu",
     spec = TrainerSpec(str(model_dir), strategy=strategy, micro_batch_size=1, **(memory or {}))
     backend = TrainerBackend(spec, device)
     backend.setup()
+    # FSDP2: only rank 0 reads the weights; the others are built on meta and filled from its shards.
+    assert backend.built_on == ("meta" if strategy == "fsdp2" and rank > 0 else "cpu" if strategy == "fsdp2"
+                                else str(device)), (strategy, rank, backend.built_on)
     backend.configure_optimizer(OptimizerSpec(lr=1e-9), SchedulerSpec(), 1, grad_clip=None)
     batch = _batch()
     shard = split_for_ranks(batch, world)[0][rank]
