@@ -120,10 +120,13 @@ def plan_faults(count: int, seed: int, targets: tuple[Target, ...] = ("policy", 
 # ---- drills: a run under faults, compared with an uninterrupted one -----------------------------------
 
 _VOLATILE = ("time", "time/", "idle/", "reward/latency", "/reward_latency", "fault/", "rollout/in_flight_groups",
-             "rollout/buffer_groups", "rollout/samples_requeued")
+             "rollout/buffer_groups", "rollout/samples_requeued", "rollout/tokens_generated", "rollout/tokens_wasted")
 """Metric keys that measure time or count faults: they differ between a faulted run and a straight one
 (with asynchrony, how far the rollout ran ahead when a batch was taken is a matter of timing too; samples
-are requeued only when an engine is lost while it owes them, and come out the same when regenerated)."""
+are requeued only when an engine is lost while it owes them, and come out the same when regenerated).
+Tokens generated and wasted count what this process generated: a lost engine's partial samples are
+generated again, and a resumed run does not generate the groups its checkpoint gave back. What trained
+(rollout/tokens_trained and every training metric) must still match."""
 
 
 def _comparable(record: dict) -> dict:
