@@ -20,9 +20,9 @@ survivors, sends that version through the object store, and the next publication
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -196,7 +196,7 @@ class ChannelMember:
         self._join(spec, rank, deadline)
         headers = torch.zeros((len(manifest.sizes), 4), dtype=torch.int64, device=self.device)
         direct = _direct_targets(manifest, targets or {}, self.device)
-        buckets = [direct.get(index) if index in direct else torch.empty(size, dtype=torch.uint8, device=self.device)
+        buckets = [direct[index] if index in direct else torch.empty(size, dtype=torch.uint8, device=self.device)
                    for index, size in enumerate(manifest.sizes)]
         posted = [self._start(headers), *(self._start(b) for b in buckets)]
         self._finish(posted[0], spec, deadline)
@@ -219,9 +219,7 @@ class ChannelMember:
 def _direct_targets(manifest: WeightManifest, targets: dict[str, torch.Tensor], device: torch.device) -> dict:
     """Bucket index -> the bytes of the target tensor it can arrive in (a bucket holding exactly one tensor
     whose target matches it)."""
-    counts: dict[int, int] = {}
-    for m in manifest.metas:
-        counts[m.bucket] = counts.get(m.bucket, 0) + 1
+    counts = collections.Counter(m.bucket for m in manifest.metas)
     direct = {}
     for m in manifest.metas:
         t = targets.get(m.name)
@@ -275,8 +273,9 @@ class Sender:
         """Staged (or last sent) ``version`` as an object-store bundle."""
         with self._lock:
             buckets, manifest = self._staged[version]
-        arrays = [b.cpu().numpy() for b in buckets]
-        return WeightBundle(version, manifest.metas, arrays, [zlib.adler32(a) for a in arrays], manifest.lora)
+        host = [b.cpu() for b in buckets]  # host checksums: the object store's adler32
+        return WeightBundle(version, manifest.metas, [b.numpy() for b in host], [bucket_checksum(b) for b in host],
+                            manifest.lora)
 
 
 @dataclass

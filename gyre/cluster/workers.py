@@ -241,15 +241,18 @@ class PolicyWorker(TrainerRank, EngineHost):
     def _outgoing(self, dtype: str):
         """(name, tensor) pairs the engines load, and the LoRA targets (None: the full weights, floating ones
         in the rollout ``dtype``: half the bytes for a bf16 engine). With LoRA the adapters alone, in float32
-        (they are small; the engines merge them). Every rank must exhaust the pairs (FSDP2 gathers); only
-        rank 0 gets any."""
+        (they are small; the engines merge them). Every rank takes part (FSDP2 gathers); the others get None."""
         if self.backend.peft_model is None:
-            return self.backend.stream_state_dict(getattr(torch, dtype)), None
+            tensors = self.backend.stream_state_dict(getattr(torch, dtype))
+            if self.rank != 0:
+                collections.deque(tensors, maxlen=0)  # drive the gathers; rank 0 keeps the tensors
+                return None
+            return tensors, None
         from gyre.models.lora import AdapterWeights, lora_targets
 
         trainable = self.backend.trainable_state_dict()
         if trainable is None:
-            return iter(()), None
+            return None
         targets = lora_targets(self.backend.hf_model)
         return AdapterWeights.from_trainable_state(trainable, targets).tensors().items(), targets
 
@@ -259,10 +262,10 @@ class PolicyWorker(TrainerRank, EngineHost):
         part and return None."""
         import ray
 
-        tensors, targets = self._outgoing(dtype)
-        if self.rank != 0:
-            collections.deque(tensors, maxlen=0)
+        outgoing = self._outgoing(dtype)
+        if outgoing is None:
             return None
+        tensors, targets = outgoing
         return [ray.put(pack_weights(tensors, version, lora=targets))]
 
     def open_weight_channel(self, engines: int, timeout_s: float) -> ChannelSpec:
@@ -275,10 +278,10 @@ class PolicyWorker(TrainerRank, EngineHost):
     def stage_weights(self, version: int, dtype: str) -> WeightManifest | None:
         """The channel path: rank 0 copies ``_outgoing`` into buckets on its device and returns their
         manifest; other ranks take part and return None."""
-        tensors, targets = self._outgoing(dtype)
-        if self.rank != 0:
-            collections.deque(tensors, maxlen=0)
+        outgoing = self._outgoing(dtype)
+        if outgoing is None:
             return None
+        tensors, targets = outgoing
         return self._sender.stage(tensors, version, lora=targets)
 
     @timed("weight_send")

@@ -77,8 +77,6 @@ class TrainerBackend:
         self.optimizer_steps = 0
         self.last_lr = 0.0
         self.grad_clip: float | None = None
-        self._unwrapped = False
-        """DDP's wrapper was dropped by ``offload`` (``reload`` wraps the module again)."""
         self._autocast_dtype = None if spec.dtype == "float32" or device.type != "cuda" else getattr(torch, spec.dtype)
         self.fwd = ForwardContext(device, self._autocast_dtype, spec.levers)
         self._scaler = None
@@ -365,15 +363,14 @@ class TrainerBackend:
         the device whatever becomes of the module; ``reload`` wraps the module again (a collective: every
         rank of the role reloads together, as the time-share activates a role)."""
         memory.offload(self.model, self.device, self.optimizer)
-        if self.device.type == "cuda" and self.spec.strategy == "ddp" and self.model is not self.hf_model:
+        if self.device.type == "cuda" and self.spec.strategy == "ddp":
             self.model = self.hf_model
-            self._unwrapped = True
             torch.cuda.empty_cache()
 
     def reload(self) -> None:
         memory.reload(self.model, self.device, self.optimizer)
-        if self._unwrapped:
-            self.model, self._unwrapped = self._wrap(self.hf_model), False
+        if self.spec.strategy == "ddp" and self.model is self.hf_model:  # unwrapped by ``offload``
+            self.model = self._wrap(self.hf_model)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -166,8 +166,7 @@ class RolloutDriver:
             for rank in fault.ranks:
                 self.replace(rank, fault)
             versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
-        if any(v != version for v in versions):
-            raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
+        _check_versions(versions, version)
 
     def _load_from_channel(self, version: WeightVersion, publication: ChannelPublication, partial: bool) -> bool:
         """``version`` over the weight channel. A member that fails (an engine dies, hangs or refuses a bucket;
@@ -188,8 +187,7 @@ class RolloutDriver:
             for rank in range(len(self.engines)):  # free engines still waiting for a bucket
                 self.engines.submit_to(rank, RolloutWorker.abort_weights, weights.spec.generation, probe=True)
             return False
-        if any(v != version for v in versions):
-            raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
+        _check_versions(versions, version)
         return True
 
     def release(self, scheduler: RolloutScheduler) -> None:
@@ -315,3 +313,8 @@ class RolloutDriver:
         if part is transport.STREAM_END:
             raise fault_from(RuntimeError("its serve stream ended"), self.engines.name, rank, "serve")
         return part
+
+
+def _check_versions(versions: list, version: WeightVersion) -> None:
+    if any(v != version for v in versions):
+        raise RuntimeError(f"weight sync failed: rollout workers report versions {versions}, expected {version}")
