@@ -8,7 +8,8 @@ TORCH ?= torch==2.13.0
 CONSTRAINTS ?= requirements/cpu-constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: setup setup-vllm test-vllm quickstart quickstart-agentic test test-all slow-durations bench bench-smoke docs docs-serve clean
+.PHONY: setup setup-vllm test-vllm quickstart quickstart-agentic test test-all slow-durations bench bench-smoke gpu-kit \
+	gpu-smoke docs docs-serve clean
 
 setup: $(STAMP)
 
@@ -89,6 +90,24 @@ bench-smoke: $(VENV)/.gyre-bench
 		t=$$(( $$(date +%s) - t0 )); echo "== $$script: $$t s"; times="$$times  $$script $$t s\n"; \
 	done; \
 	printf "bench-smoke wall times:\n$$times  all $$(( $$(date +%s) - start )) s\n"
+
+# The GPU smoke check (README, "GPU smoke check"). gpu-kit, here: the wheels a GPU box lacks (Ray, pydantic,
+# ...) for its Python (KIT_PYTHON), stripped to travel with the checkout in one device call (64 MiB).
+# gpu-smoke, on the box (carry build/gpu-kit): unpacks what the box lacks into KIT_SITE and runs every section,
+# summary to $OUT/gpu_smoke.json; here (no CUDA) the same sections at tiny sizes. It needs no .venv: the
+# box's python3 runs it (SMOKE_PY), with the checkout on PYTHONPATH.
+KIT ?= build/gpu-kit
+KIT_PYTHON ?= 3.12
+KIT_SITE ?= /tmp/gyre-gpu-kit
+SMOKE_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+SMOKE_ARGS ?=
+
+gpu-kit: $(STAMP)
+	$(BIN)/python bench/gpusmoke/kit.py build --out $(KIT) --python-version $(KIT_PYTHON)
+
+gpu-smoke:
+	@site=$$($(SMOKE_PY) bench/gpusmoke/kit.py unpack --kit $(KIT) --site $(KIT_SITE)) || exit 1; \
+	PYTHONPATH="$$site$${site:+:}$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(SMOKE_PY) bench/gpu_smoke.py $(SMOKE_ARGS)
 
 # The docs site (mkdocs-material, the docs extra that setup installs) into site/; strict: a broken link fails.
 docs: $(STAMP)

@@ -17,6 +17,33 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                         "($RAY_ADDRESS is not used: pass --address $RAY_ADDRESS to join it)")
 
 
+def _add_check(sub) -> None:
+    """gyre check, and its planning mode: a run's plan for machines this one is not (a cluster, from a laptop)."""
+    p = sub.add_parser("check", help="print the resolved config, placement plan and memory estimate; start nothing")
+    _add_config_args(p)
+    p.add_argument("--plan-only", action="store_true",
+                   help="plan the run for the devices the config names without their machines: placement, engines "
+                        "and each role's memory per device; what this machine lacks (model directories, data "
+                        "files) is listed as not checked instead of failing. Joins no cluster")
+    p.add_argument("--model-shape", default=None, metavar="SIZE|CONFIG_JSON",
+                   help="the model's shape for the memory estimate: a catalog size (0.5b, 1.5b, 3b, 7b, 8b, 14b, "
+                        "32b) or a model's config.json (default: the model directory when it is here, else the size "
+                        "its name states, announced as a guess); implies --plan-only")
+    p.add_argument("--device", default=None, metavar="CLASS|GB",
+                   help="one GPU's memory for the fit verdict: a device class (h100, h800, h200, h20, a100, l40s) or "
+                        "GB, e.g. 80 (default: cluster.device_memory_gb; neither: the estimate without a verdict); "
+                        "implies --plan-only")
+
+
+def planning_of(args: argparse.Namespace):
+    """The Planning (gyre.app.planning) gyre check's flags ask for; None: an ordinary check."""
+    if not (args.plan_only or args.model_shape or args.device):
+        return None
+    from gyre.app.planning import Planning
+
+    return Planning(args.model_shape, args.device)
+
+
 def _resume_value(text: str) -> str:
     if text != "auto":
         raise argparse.ArgumentTypeError(f"takes no value or 'auto', not {text!r} (put key=value overrides before "
@@ -122,8 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     _add_start_args(p)
 
-    p = sub.add_parser("check", help="print the resolved config and placement plan; start nothing")
-    _add_config_args(p)
+    _add_check(sub)
 
     p = sub.add_parser("config", help="the configuration reference: a key's type, default and meaning")
     p.add_argument("--describe", nargs="?", const="", required=True, metavar="KEY",
@@ -194,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-INTERMIXED = ("sft", "dpo", "eval", "generate")
+INTERMIXED = ("check", "sft", "dpo", "eval", "generate")
 """Commands whose key=value overrides may come after their flags (``gyre eval M --data f a.b=1``)."""
 
 
@@ -298,7 +324,7 @@ def _dispatch(args) -> int:
     from gyre.app import launch
 
     if args.command == "check":
-        launch.check(cfg, args.address)
+        launch.check(cfg, args.address, planning=planning_of(args))
         return 0
     summary = launch.train(cfg, args.address, mode=run_mode(args))
     _print_summary(summary)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gyre.app.interrupt import RunInterrupted, interruption_in
+from gyre.app.planning import Planning, plan_run, suggest_planning
 from gyre.app.preflight import absolute, check_code_sandboxes, load_data, preflight, resolve_paths, with_memory
 from gyre.app.rundir import RunMode, RunStart, begin, decide_start, read_hub_pins
 from gyre.cluster.reward_pool import RewardWorkerError
@@ -27,29 +28,31 @@ from gyre.tracking.driver_log import DriverLog
 from gyre.tracking.trackers import TrackerRun
 
 
-def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], None] = print) -> RunPlan:
+def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], None] = print,
+          planning: Planning | None = None) -> RunPlan:
     """What ``gyre check`` prints: the resolved config, the data, the reward probes and the placement
     plan. It starts no training; with an address it joins the cluster briefly to count its devices. A
-    ``pipeline: sft`` or ``dpo`` config gets its own check (``standalone.check_standalone``)."""
+    ``pipeline: sft`` or ``dpo`` config gets its own check (``standalone.check_standalone``). ``planning``
+    (``--plan-only``): the plan for machines this one is not, checking what is here (``planning.py``)."""
     from gyre.cluster.runtime import resolve_address, start_ray
 
     if cfg.pipeline != "rlvr":
+        if planning is not None:
+            from gyre.config.load import ConfigError
+
+            raise ConfigError(f"--plan-only plans RL runs (gyre train configs); a pipeline: {cfg.pipeline} config is "
+                              "checked where its model and data are: drop --plan-only, --model-shape and --device")
         from gyre.app.standalone import check_standalone
 
         return check_standalone(cfg, echo)
-
+    if planning is not None:
+        return _plan_only(cfg, address, planning, echo)
     address = resolve_address(cfg, address, echo)
-    cfg = resolve_paths(cfg)
-    echo("# resolved configuration\n" + resolved_yaml(cfg))
-    plan = preflight(cfg, address)
-    with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
-        data = load_data(cfg)
-        if cfg.env is not None:
-            echo(f"env: {cfg.env.id} built and reset once; {len(data.val_prompts)} validation seeds")
-        else:
-            echo(_describe_data(cfg, data))
-        check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
-        probe.check(data.train)
+    with suggest_planning(cfg):
+        cfg = resolve_paths(cfg)
+        echo("# resolved configuration\n" + resolved_yaml(cfg))
+        plan = preflight(cfg, address)
+        data = _check_data(cfg, echo)
     if address:
         runtime = start_ray(cfg, plan.device_kind, 0, address)
         try:
@@ -58,6 +61,29 @@ def check(cfg: RLVRConfig, address: str | None = None, echo: Callable[[str], Non
             runtime.shutdown()
     echo(format_plan(cfg, _with_warmup(plan, cfg, data)))
     return plan
+
+
+def _plan_only(cfg: RLVRConfig, address: str | None, planning: Planning, echo: Callable[[str], None]) -> RunPlan:
+    """``gyre check --plan-only``: the plan for the devices the config names, and what was not checked here."""
+    cfg, plan, missing = plan_run(cfg, planning, address, echo)
+    data = _check_data(cfg, echo) if missing.reads_data else None
+    echo(format_plan(cfg, _with_warmup(plan, cfg, data) if data is not None else plan))
+    echo(missing.describe())
+    return plan
+
+
+def _check_data(cfg: RLVRConfig, echo: Callable[[str], None]):
+    """Every data row (or the environment) loaded and checked, code sandboxes probed and the reward
+    functions called on real rows."""
+    with RewardProbe(cfg, echo) as probe:  # its processes import while the data loads
+        data = load_data(cfg)
+        if cfg.env is not None:
+            echo(f"env: {cfg.env.id} built and reset once; {len(data.val_prompts)} validation seeds")
+        else:
+            echo(_describe_data(cfg, data))
+        check_code_sandboxes(cfg, data.train + data.val_prompts, echo)
+        probe.check(data.train)
+    return data
 
 
 def _describe_data(cfg: RLVRConfig, data) -> str:
@@ -185,6 +211,8 @@ def run_pipeline(cfg: RLVRConfig, plan: RunPlan, data, start: RunStart, echo, wa
     roles = None
     try:
         roles = build_roles(cfg, plan, watchdog)
+        if roles.placement.nodes > 1 or plan.device_kind == "cuda":  # which node and GPUs hold each device
+            echo(roles.placement.describe())
         timeline = Timeline(out, resume_step=resume_step, restart=restart)
         if cfg.sft_warmup is not None and latest is None:
             _sft_warmup(cfg, plan, roles, data, logger)

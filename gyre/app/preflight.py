@@ -6,6 +6,7 @@ Bad input fails here in seconds with one message naming the fix, not in an actor
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from gyre.config.data_schema import DataSource
@@ -104,19 +105,25 @@ def _runs_on_gpus(cluster) -> bool:
     return torch.cuda.is_available()
 
 
-def check_models(cfg: RLVRConfig) -> None:
-    """Every model directory the run loads: config.json, weight headers, tokenizer files."""
-    check_policy_model(cfg.model)
-    if cfg.critic.model_path and cfg.algorithm.uses_critic:
+def check_models(cfg: RLVRConfig, absent: Collection[str] = ()) -> None:
+    """Every model directory the run loads: config.json, weight headers, tokenizer files. ``absent``: the
+    keys whose models are not on this machine (planning a run elsewhere), left unchecked."""
+    student = not {"model.path", "model.tokenizer_path"} & set(absent)
+    if student:
+        check_policy_model(cfg.model)
+    if cfg.critic.model_path and cfg.algorithm.uses_critic and "critic.model_path" not in absent:
         check_model_dir(cfg.critic.model_path, key="critic.model_path", tokenizer=False)
-    if cfg.teacher.model_path and cfg.algorithm.uses_teacher:
-        check_teacher_tokenizer(cfg.model, check_model_dir(cfg.teacher.model_path, key="teacher.model_path",
-                                                           tokenizer=False))
+    if cfg.teacher.model_path and cfg.algorithm.uses_teacher and "teacher.model_path" not in absent:
+        teacher = check_model_dir(cfg.teacher.model_path, key="teacher.model_path", tokenizer=False)
+        if student:  # the comparison needs the student's tokenizer too
+            check_teacher_tokenizer(cfg.model, teacher)
     for name, domain in cfg.reward.domains.items():
-        if domain.model_role == "judge":
-            check_model_dir(domain.judge.model_path, key=f"reward.domains.{name}.judge.model_path")
-        if domain.reward_model is not None:
-            check_model_dir(domain.reward_model.path, key=f"reward.domains.{name}.reward_model.path")
+        key = f"reward.domains.{name}.judge.model_path"
+        if domain.model_role == "judge" and key not in absent:
+            check_model_dir(domain.judge.model_path, key=key)
+        key = f"reward.domains.{name}.reward_model.path"
+        if domain.reward_model is not None and key not in absent:
+            check_model_dir(domain.reward_model.path, key=key)
 
 
 def check_teacher_tokenizer(m: ModelConfig, teacher: Path) -> None:
@@ -206,11 +213,7 @@ def preflight(cfg: RLVRConfig, address: str | None) -> RunPlan:
 def with_memory(cfg: RLVRConfig, plan: RunPlan, local: bool) -> RunPlan:
     """The plan with each role's estimated peak memory per device (``gyre.config.memory``); ConfigError when
     a device's estimate does not fit its memory (``cluster.device_memory_gb``, or the local GPU's)."""
-    import dataclasses
-
     from gyre.config.catalog import ModelShape
-    from gyre.config.load import ConfigError
-    from gyre.config.memory import estimate
 
     try:
         shape = ModelShape.from_hf_config(Path(cfg.model.path).expanduser())
@@ -222,8 +225,20 @@ def with_memory(cfg: RLVRConfig, plan: RunPlan, local: bool) -> RunPlan:
         import torch
 
         device_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    return fit_memory(cfg, plan, shape, device_gb)
+
+
+def fit_memory(cfg: RLVRConfig, plan: RunPlan, shape, device_gb: float | None, basis: tuple[str, ...] = ()) -> RunPlan:
+    """The plan with each role's estimate of ``shape`` (a ModelShape) on devices of ``device_gb`` (None: no
+    verdict) as its memory lines, after ``basis`` (where the shape and the size came from); ConfigError with
+    the numbers when a device's estimate does not fit."""
+    import dataclasses
+
+    from gyre.config.load import ConfigError
+    from gyre.config.memory import estimate
+
     memory = estimate(cfg, plan, shape, device_gb if plan.device_kind == "cuda" else None)
-    lines = tuple(f"  {m.role:<20} {m.describe()}" for m in memory.roles)
+    lines = basis + tuple(f"  {m.role:<20} {m.describe()}" for m in memory.roles)
     problems = memory.problems()
     if problems:
         raise ConfigError(
@@ -234,14 +249,15 @@ def with_memory(cfg: RLVRConfig, plan: RunPlan, local: bool) -> RunPlan:
     return dataclasses.replace(plan, memory=lines)
 
 
-def context_note(cfg: RLVRConfig) -> str | None:
+def context_note(cfg: RLVRConfig, config_json: Path | None = None) -> str | None:
     """A warning when the longest prompt plus the longest answer passes the model's positions (a single
-    turn: an environment's episodes are bounded by its own settings)."""
+    turn: an environment's episodes are bounded by its own settings). ``config_json``: the model's
+    config.json when it is not in model.path (planning)."""
     import json
 
     if cfg.env is not None:
         return None
-    config = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
+    config = json.loads((config_json or Path(cfg.model.path).expanduser() / "config.json").read_text())
     limit = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
     need = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_new_tokens
     if not isinstance(limit, int) or need <= limit:

@@ -30,6 +30,7 @@ from datetime import timedelta
 import torch
 
 from gyre.cluster.weights import WeightBundle, WeightManifest, bucket_checksum, bucket_views, stage_buckets
+from gyre.engines import memory
 
 _POLL_S = 0.2
 """How often a wait on the group looks at the abort flag and its deadline."""
@@ -242,6 +243,8 @@ class Sender:
     def __init__(self, device: torch.device):
         self.member = ChannelMember(device)
         self._staged: dict[int, tuple[list[torch.Tensor], WeightManifest]] = {}
+        self._copied: dict[int, object] = {}
+        """Sent versions whose host copy is under way: the CUDA event that marks its end."""
         self._lock = threading.Lock()
 
     def stage(self, tensors, version: int, lora: dict | None = None, bucket_bytes: int | None = None) -> WeightManifest:
@@ -265,14 +268,23 @@ class Sender:
         with self._lock:
             for v in [v for v in self._staged if v < version]:
                 del self._staged[v]
-            if buckets and buckets[0].device.type != "cpu":
-                self._staged[version] = ([b.cpu() for b in buckets], manifest)
+                self._copied.pop(v, None)
+            if buckets and buckets[0].device.type == "cuda":
+                # Asynchronous copies into pinned memory: the publication is done once the engines have the
+                # weights, not once the host copy is (for 7B, seconds through pageable memory); ``bundle``,
+                # which alone reads it, waits for them.
+                self._staged[version] = ([memory.to_host(b) for b in buckets], manifest)
+                self._copied[version] = torch.cuda.Event()
+                self._copied[version].record()
         return sent
 
     def bundle(self, version: int) -> WeightBundle:
         """Staged (or last sent) ``version`` as an object-store bundle."""
         with self._lock:
             buckets, manifest = self._staged[version]
+            copied = self._copied.get(version)
+        if copied is not None:
+            copied.synchronize()
         host = [b.cpu() for b in buckets]  # host checksums: the object store's adler32
         return WeightBundle(version, manifest.metas, [b.numpy() for b in host], [bucket_checksum(b) for b in host],
                             manifest.lora)

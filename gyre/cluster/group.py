@@ -45,18 +45,20 @@ class RoleGroup:
 
     @classmethod
     def create(cls, name: str, worker_cls: type, placement, args_for_rank) -> RoleGroup:
-        """One actor per device of ``name`` in the plan; ``args_for_rank(rank) -> (args, kwargs)``."""
+        """One actor per worker of ``name`` in the plan (per device, or per tensor-parallel engine's devices);
+        ``args_for_rank(rank) -> (args, kwargs)``."""
         import ray
 
         remote_cls = ray.remote(concurrency_groups=_groups(worker_cls))(worker_cls)
-        devices = placement.plan.roles.get(name)
+        workers = placement.worker_devices(name)
 
         def spawn(rank: int):
             args, kwargs = args_for_rank(rank)
-            options = placement.actor_options(name, devices[rank])
+            options = placement.actor_options(name, workers[rank][0])
             return remote_cls.options(name=None, **options).remote(*args, **kwargs)
 
-        return cls(name, [spawn(rank) for rank in range(len(devices))], devices, spawn, worker_cls=worker_cls)
+        return cls(name, [spawn(rank) for rank in range(len(workers))], [d for w in workers for d in w], spawn,
+                   worker_cls=worker_cls)
 
     @classmethod
     def create_unplaced(cls, name: str, worker_cls: type, count: int, num_cpus: float, args: tuple,

@@ -97,7 +97,7 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
                                cfg.policy.levers)
     r = cfg.rollout
     hybrid = HybridRollout(tok_path, m.trust_remote_code, r.max_batch_size, r.max_batch_tokens,
-                           r.max_prefill_tokens) if plan.hybrid_rollout else None
+                           r.max_prefill_tokens, r.gpu_memory_utilization) if plan.hybrid_rollout else None
     policy = RoleGroup.create("policy", PolicyWorker, placement, lambda r: (
         (r, plan.dp_size, spec, plan.device_kind, threads, cfg.run.seed, hybrid), {}))
     made.append(policy)
@@ -152,7 +152,7 @@ def rollout_worker_args(cfg: RLVRConfig, rank: int, model_path: str, device_kind
     r = cfg.rollout
     return (rank, model_path, m.tokenizer_path or model_path, m.dtype, m.trust_remote_code, device_kind, threads,
             r.max_batch_size, offloaded, m.attn_implementation, r.backend, cfg.run.seed, r.max_batch_tokens,
-            r.max_prefill_tokens)
+            r.max_prefill_tokens, r.tensor_parallel_size, r.gpu_memory_utilization)
 
 
 def reward_worker_args(domain) -> tuple:

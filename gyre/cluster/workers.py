@@ -10,7 +10,7 @@ import collections
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +20,7 @@ from gyre.algos.preference import PreferenceLossSpec
 from gyre.cluster.channel import ChannelMember, ChannelSpec, ChannelWeights, Sender
 from gyre.cluster.spans import recorder_of, timed
 from gyre.cluster.weights import WeightBundle, WeightManifest, pack_weights, unpack_weights
+from gyre.engines import memory
 from gyre.engines.losses import DPOLoss, PolicyLoss, PolicyLossSpec, SFTLoss, ValueLoss
 from gyre.engines.specs import MemoryLevers
 from gyre.engines.trainer import TrainerBackend, TrainerSpec
@@ -49,6 +50,7 @@ class HybridRollout:
     max_batch_size: int | None = None
     max_batch_tokens: int | None = None
     max_prefill_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
 
 
 SERVE = "serve"
@@ -145,6 +147,7 @@ class TrainerRank:
             torch.cuda.set_device(0)
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         self.backend.setup()
+        self._after_setup()
 
     def _train(self, shards: list[TrainBatch], denoms: list[LossDenominator], make_loss) -> TrainStepResult:
         """One optimizer step per (shard, denominator), in order."""
@@ -160,15 +163,27 @@ class TrainerRank:
 
     def load_checkpoint(self, directory: str) -> None:
         self.backend.load(directory)
+        self._after_checkpoint_load()
 
     def configure_optimizer(self, opt, schedule, total_steps: int, grad_clip: float | None) -> None:
         self.backend.configure_optimizer(opt, schedule, total_steps, grad_clip)
 
     def offload(self) -> None:
         self.backend.offload()
+        self._move_extra(offload=True)
 
     def reload(self) -> None:
         self.backend.reload()
+        self._move_extra(offload=False)
+
+    def _after_setup(self) -> None:
+        """What a subclass builds once the process group and the model exist (a collective where it gathers)."""
+
+    def _after_checkpoint_load(self) -> None:
+        """What a subclass refreshes from the weights a checkpoint restored."""
+
+    def _move_extra(self, offload: bool) -> None:
+        """Device state of a subclass's own that follows the trainer's offload and reload."""
 
 
 class PolicyWorker(TrainerRank, EngineHost):
@@ -178,8 +193,25 @@ class PolicyWorker(TrainerRank, EngineHost):
 
     def __init__(self, rank: int, world_size: int, spec: TrainerSpec, device_kind: str, threads: int, seed: int,
                  hybrid: HybridRollout | None = None):
-        super().__init__(rank, world_size, spec, device_kind, threads, seed)
+        # Under a hybrid rollout this model also generates, which the attention choice weighs (pack_attention).
+        super().__init__(rank, world_size, replace(spec, samples=hybrid is not None), device_kind, threads, seed)
         self.hybrid = hybrid
+        self._sampling_copy = None
+        """FSDP2 hybrid ranks sample from a full copy in the compute dtype, refreshed at each weight version
+        and after a checkpoint loads; DDP ranks sample from their training replica itself."""
+
+    # The role group calls TrainerRank's methods (checked by identity), which reach the copy through these.
+    def _after_setup(self) -> None:
+        if self.hybrid is not None and self.backend.spec.strategy == "fsdp2":
+            self._sampling_copy = self.backend.sampling_copy()  # a collective: every rank sets up together
+
+    def _after_checkpoint_load(self) -> None:
+        if self._sampling_copy is not None:
+            self.backend.refresh_sampling_copy(self._sampling_copy)
+
+    def _move_extra(self, offload: bool) -> None:
+        if self._sampling_copy is not None:
+            (memory.offload if offload else memory.reload)(self._sampling_copy, self.backend.device)
 
     @timed("logprobs")
     def compute_logprobs(self, shard: TrainBatch, temperature: float) -> torch.Tensor:
@@ -203,17 +235,26 @@ class PolicyWorker(TrainerRank, EngineHost):
         h = self.hybrid
         if h is None:
             raise RuntimeError("this policy rank is not a rollout engine (rollout.mode is not hybrid)")
+        tokenizer = load_tokenizer(h.tokenizer_path, h.trust_remote_code)
+        if self._sampling_copy is not None:  # already in the compute dtype
+            return HFRolloutEngine(self._sampling_copy, tokenizer, self.backend.device, h.max_batch_size,
+                                   h.max_batch_tokens, h.max_prefill_tokens, None, h.gpu_memory_utilization)
         # The unwrapped module: sampling must not go through DDP's forward hooks.
         # Sampling runs in the dtype training computes in (autocast on GPUs), not with the float32 masters.
-        return HFRolloutEngine(self.backend.hf_model, load_tokenizer(h.tokenizer_path, h.trust_remote_code),
-                               self.backend.device, h.max_batch_size, h.max_batch_tokens, h.max_prefill_tokens,
-                               self.backend.compute_dtype)
+        return HFRolloutEngine(self.backend.hf_model, tokenizer, self.backend.device, h.max_batch_size,
+                               h.max_batch_tokens, h.max_prefill_tokens, self.backend.compute_dtype,
+                               h.gpu_memory_utilization)
 
     def _loop_hooks(self) -> dict:
+        if self._sampling_copy is not None:
+            return {}
         return {"on_busy": self.backend.hf_model.eval, "on_idle": self.backend.model.train}
 
     def _load(self, bundle_refs: list | None, version: int) -> int:
-        """The optimizer steps already changed the shared weights in place: only the stamp moves."""
+        """The optimizer steps already changed the training weights in place: only the stamp moves, after
+        an FSDP2 rank's sampling copy takes them (every rank updates together, between steps)."""
+        if self._sampling_copy is not None:
+            self.backend.refresh_sampling_copy(self._sampling_copy)
         engine = self._engine_loop().engine
         engine.set_version(version)
         return engine.weight_version
@@ -338,12 +379,14 @@ class CriticWorker(TrainerRank):
 
 
 class RolloutWorker(EngineHost):
-    """One rollout engine replica."""
+    """One rollout engine replica: on one device, or a vLLM engine over ``tensor_parallel_size`` GPUs (the
+    actor holds them all; vLLM's tensor-parallel workers are its child processes)."""
 
     def __init__(self, rank: int, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
                  device_kind: str, threads: int, max_batch_size: int | None, start_offloaded: bool = False,
                  attn_implementation: str | None = None, backend: str = "hf", seed: int = 0,
-                 max_batch_tokens: int | None = None, max_prefill_tokens: int | None = None):
+                 max_batch_tokens: int | None = None, max_prefill_tokens: int | None = None,
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None):
         from gyre.engines.hf_rollout import HFRolloutEngine
         from gyre.models.loading import load_causal_lm, load_tokenizer
 
@@ -356,7 +399,8 @@ class RolloutWorker(EngineHost):
 
             self.engine = vllm_engine(model_path, load_tokenizer(tokenizer_path, trust_remote_code), threads,
                                       dtype=dtype, seed=seed + rank, max_batch_size=max_batch_size, device=str(device),
-                                      max_prefill_tokens=max_prefill_tokens)
+                                      max_prefill_tokens=max_prefill_tokens, tensor_parallel_size=tensor_parallel_size,
+                                      gpu_memory_utilization=gpu_memory_utilization or 0.9)
             if start_offloaded:
                 self.engine.offload()
             return
@@ -364,7 +408,7 @@ class RolloutWorker(EngineHost):
         model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device),
                                attn_implementation)
         self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path, trust_remote_code), device, max_batch_size,
-                                      max_batch_tokens, max_prefill_tokens)
+                                      max_batch_tokens, max_prefill_tokens, memory_share=gpu_memory_utilization)
 
     def _engine(self):
         return self.engine

@@ -36,6 +36,8 @@ _PROMPT_TOKENS = "data.max_prompt_tokens"
 _PROMPTS_NOTE = "gyre counts prompts; the batch is prompts_per_step x samples_per_prompt samples"
 _MINI_NOTE = "gyre counts samples (prompts x samples_per_prompt) per optimizer step, across all ranks"
 _MICRO_NOTE = "samples per forward/backward pass on one rank"
+_TP_NOTE = ("GPUs per vLLM rollout engine; the trainers do not split layers (policy.strategy=fsdp2 shards "
+            "parameters)")
 
 # Matched against the whole dotted path of the unknown key (its leaves, under an unknown section).
 BY_PATH: dict[str, Alias] = {
@@ -49,6 +51,9 @@ BY_PATH: dict[str, Alias] = {
     "algorithm.kl_ctrl.kl_coef": Alias("algorithm.kl.reward_coef", "verl"),
     "algorithm.kl_ctrl.target_kl": Alias("algorithm.kl.target", "verl"),
     "actor_rollout_ref.rollout.name": Alias("rollout.backend", "verl"),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": Alias("rollout.gpu_memory_utilization", "verl"),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": Alias("rollout.tensor_parallel_size", "verl",
+                                                                  "GPUs per vLLM rollout engine"),
     "custom_reward_function.path": Alias("reward.function", "verl",
                                          "with reward.type=function: reward.function=FILE.py:NAME names the file "
                                          "and the function together"),
@@ -219,16 +224,13 @@ BY_NAME: dict[str, Alias] = {
                        "policy.devices; colocate is the same engines on the policy's devices (rollout.devices = "
                        "policy.devices, time-shared), or rollout.mode=hybrid (the policy ranks sample, HF engine)"),
     "async_train": Alias("rollout.async_ratio", "OpenRLHF", "a ratio > 0 overlaps rollout with training"),
-    "tensor_model_parallel_size": Alias("rollout.devices", "verl", "no tensor-parallel engines yet: one engine "
-                                        "per device of rollout.devices (docs/guides/engines.md)"),
-    "tensor_parallel_size": Alias("rollout.devices", "vLLM, ROLL", "no tensor-parallel engines yet: one engine "
-                                  "per device of rollout.devices (docs/guides/engines.md)"),
-    "vllm_tensor_parallel_size": Alias("rollout.devices", "OpenRLHF, TRL", "no tensor-parallel engines yet: one "
-                                       "engine per device of rollout.devices (docs/guides/engines.md)"),
-    "gpu_memory_utilization": Alias("rollout.backend", "verl, vLLM", "not settable yet: a vLLM engine takes vLLM's "
-                                    "default 0.9 of its GPU (docs/guides/engines.md)"),
-    "vllm_gpu_memory_utilization": Alias("rollout.backend", "TRL, OpenRLHF", "not settable yet: a vLLM engine "
-                                         "takes vLLM's default 0.9 of its GPU (docs/guides/engines.md)"),
+    "tensor_model_parallel_size": Alias("rollout.tensor_parallel_size", "verl, Megatron", _TP_NOTE),
+    "tensor_parallel_size": Alias("rollout.tensor_parallel_size", "vLLM, ROLL", _TP_NOTE),
+    "vllm_tensor_parallel_size": Alias("rollout.tensor_parallel_size", "OpenRLHF, TRL", _TP_NOTE),
+    "gpu_memory_utilization": Alias("rollout.gpu_memory_utilization", "verl, vLLM", "the share of its GPU an "
+                                    "engine may fill"),
+    "vllm_gpu_memory_utilization": Alias("rollout.gpu_memory_utilization", "TRL, OpenRLHF", "the share of its GPU "
+                                         "an engine may fill"),
     "max_num_batched_tokens": Alias("rollout.max_prefill_tokens", "vLLM, verl", "tokens one prefill pass may hold"),
     "max_num_seqs": Alias("rollout.max_batch_size", "vLLM, verl", "sequences one engine decodes at once"),
     # LoRA (TRL's ModelConfig / peft, verl's actor_rollout_ref.model, OpenRLHF's flags)

@@ -1,5 +1,5 @@
-"""Checks and notes for the rollout engine's backend (``rollout.backend``), weight transport and precision, for
-the run plan and ``gyre check``.
+"""Checks and notes for the rollout engine's backend (``rollout.backend``), weight transport, precision and
+attention kernels, for the run plan and ``gyre check``.
 
 Where the driver runs, vLLM need not be installed (its rollout actors may run on other hosts), so a missing
 vLLM is a warning here; the rollout actor that builds the engine fails with the install command.
@@ -11,6 +11,7 @@ import importlib.metadata
 import importlib.util
 
 from gyre.config.load import ConfigError
+from gyre.engines.pack_attention import packing_attention, packing_cost
 
 SUPPORTED_VLLM = "0.32"
 """The vLLM minor version gyre's adapter is tested against (torch 2.13 pairs with it)."""
@@ -62,14 +63,17 @@ def installed_vllm() -> str | None:
     return "unknown"
 
 
-def weight_transport(cfg, hybrid: bool, device_kind: str, notes: list[str]) -> str:
+def weight_transport(cfg, hybrid: bool, device_kind: str, notes: list[str], shared: bool | None = None) -> str:
     """How weights reach the engines (``rollout.weight_transport``): none (hybrid: the engines are the policy
-    ranks), channel or object_store (with a note saying why, when auto chose it)."""
+    ranks), channel or object_store (with a note saying why, when auto chose it). ``shared``: an engine is on
+    the policy rank 0's device; None, as the config's device lists say (the simulator passes its layout's)."""
     r = cfg.rollout
     if hybrid:
         return "none"
     # NCCL refuses two ranks of one communicator on one GPU (CUDA IPC would serve them; not built yet).
-    shared = device_kind == "cuda" and cfg.policy.devices[0] in r.devices
+    if shared is None:
+        shared = cfg.policy.devices[0] in r.devices
+    shared = shared and device_kind == "cuda"
     if r.weight_transport == "channel" and shared:
         raise ConfigError(f"rollout.weight_transport=channel: a rollout engine shares GPU {cfg.policy.devices[0]} "
                           "with the policy's rank 0, and NCCL cannot join two ranks on one GPU; use "
@@ -90,9 +94,14 @@ def check_hybrid(cfg, notes: list[str]) -> bool:
         raise ConfigError(f"rollout.mode=hybrid samples on the policy ranks, so rollout.devices "
                           f"{list(cfg.rollout.devices)} must equal policy.devices {list(cfg.policy.devices)}; "
                           "or use rollout.mode=separate")
-    if cfg.policy.strategy != "ddp":
-        raise ConfigError("rollout.mode=hybrid needs policy.strategy=ddp: sampling from FSDP2 shards would gather "
-                          "the weights for every token; use rollout.mode=separate with fsdp2")
+    if cfg.policy.strategy == "fsdp2":
+        if cfg.policy.lora is not None:
+            raise ConfigError("rollout.mode=hybrid with policy.strategy=fsdp2 samples from a gathered copy of the "
+                              "model, which LoRA's adapters do not have yet: use policy.strategy=ddp, or "
+                              "rollout.mode=separate")
+        notes.append("rollout.mode=hybrid with FSDP2: after each step every policy rank gathers a full copy of the "
+                     "weights in the compute dtype on its device and samples from it (no transfer between roles)")
+        return True
     notes.append("rollout.mode=hybrid: each policy rank samples with its own weights (no weight transfer)")
     return True
 
@@ -110,3 +119,48 @@ def precision_notes(dtype: str, device_kind: str) -> list[str]:
         return ["warning: model.dtype=float32 on GPUs: the engines and the reference hold float32 weights (twice "
                 "bfloat16's memory) and training computes in float32; model.dtype=auto computes in bfloat16"]
     return []
+
+
+def installed_flash_attn() -> bool:
+    """flash-attn is installed here (found, not imported: importing it loads CUDA kernels)."""
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def check_attention(kind: str | None, device_kind: str) -> None:
+    """Refuse kernels CPU slots cannot train with: flash-attention (transformers fails at load, on every
+    worker) and flex attention (torch has no flex-attention backward on CPU: the first training step fails)."""
+    if kind is None or device_kind == "cuda":
+        return
+    if kind.startswith("flash_attention"):
+        raise ConfigError(f"model.attn_implementation={kind} runs only on CUDA GPUs, and this run's devices are CPU "
+                          "slots: set it to sdpa or eager, or leave it unset (transformers' choice)")
+    if kind == "flex_attention":
+        raise ConfigError("model.attn_implementation=flex_attention trains only on CUDA GPUs (torch has no "
+                          "flex-attention backward on CPU), and this run's devices are CPU slots: set it to sdpa "
+                          "or eager, or leave it unset (transformers' choice)")
+
+
+def attention_notes(cfg, device_kind: str, hybrid: bool) -> list[str]:
+    """The attention kernel of each role whose micro-batches are packed, and its cost class (one line per
+    distinct path). Unset, the kernel is chosen on each worker (``packing_attention``); here by whether
+    flash-attn is installed where ``gyre check`` runs."""
+    kind = cfg.model.attn_implementation
+    check_attention(kind, device_kind)
+    a = cfg.algorithm
+    roles = [("policy", cfg.policy)]
+    roles += [("reference", cfg.reference)] if a.uses_reference and cfg.policy.lora is None else []
+    roles += [("teacher", cfg.teacher)] if a.uses_teacher else []
+    roles += [("critic", cfg.critic)] if a.uses_critic else []
+    flash = installed_flash_attn()
+    paths: dict[str, list[str]] = {}
+    for role, section in roles:
+        levers = section.levers
+        if not levers.pack:
+            continue
+        chosen = packing_attention(kind, device_kind, True, flash, samples=hybrid and role == "policy")
+        text = packing_cost(chosen, levers.micro_batch_tokens)
+        if kind is None and device_kind == "cuda":
+            why = "" if chosen else ", and a policy that also samples (hybrid rollout) does not take flex_attention"
+            text += f" (model.attn_implementation unset; flash-attn {'is' if flash else 'is not'} installed here{why})"
+        paths.setdefault(text, []).append(role)
+    return [f"packing ({', '.join(names)}): {text}" for text, names in paths.items()]

@@ -1,10 +1,12 @@
 """What ``gyre simulate`` and the config know of hardware and models: device classes and model shapes.
 
 Device classes are data (``DEVICES``): name, peak dense bf16 TFLOP/s, HBM bandwidth, memory, efficiency
-factors and a price per hour (RollArt's hardware-affinity comparison is "at equal cost"). ``cpu`` is
-this repository's 2-core CPU running the tiny test model, calibrated by ``bench/sim_calibration.py``.
-Model shapes (``MODELS``) are the sizes the ROLL papers train. The cost model that prices work on them
-is ``gyre.sim.cost``; the config names their keys (``simulate.device``, ``simulate.model``).
+factors, the links a weight update crosses, and a price per hour (RollArt's hardware-affinity comparison
+is "at equal cost"). ``cpu`` is this repository's 2-core CPU running the tiny test model, calibrated by
+``bench/sim_calibration.py``. Engine classes (``ENGINES``) say how gyre's rollout backends spend a
+decoding step against a device class's figures. Model shapes (``MODELS``) are the sizes the ROLL papers
+train. The cost model that prices work on them is ``gyre.sim.cost``; the config names their keys
+(``simulate.device``, ``simulate.model``, ``rollout.backend``).
 """
 
 from __future__ import annotations
@@ -38,32 +40,108 @@ class DeviceClass:
     pcie_gbps: float = 25.0
     """Host-to-device bandwidth, GB/s (colocated roles swap their state over it)."""
     link_gbps: float = 25.0
-    """Bandwidth of a weight update from the trainer to an engine, GB/s."""
+    """Bandwidth of a weight update from the trainer to an engine, GB/s, in the generic model of a sync
+    (``CostModel`` with no transport: a system other than gyre, such as the papers' in ``bench/sim_claims.py``)."""
     sync_overhead_s: float = 1.0
-    """Fixed cost of a weight update (suspend, barrier, resume)."""
+    """Fixed cost of a weight update (suspend, barrier, resume), in the same generic model."""
     kv_fraction: float = 0.9
     """Share of the memory left after the weights that the KV cache may take."""
     additive: bool = False
     """Compute and memory time add up instead of overlapping (small models on a CPU)."""
+    # What gyre's weight transports cross (``gyre.sim.cost.CostModel.sync_s``). GPU figures are public link
+    # rates less what NCCL or a copy typically reaches: estimates, not measurements of gyre.
+    kind: str = "cuda"
+    """cuda (a GPU: the weight channel is NCCL) or cpu (a CPU slot: gloo, and device memory is host memory)."""
+    peer_gbps: float = 350.0
+    """Bandwidth an NCCL broadcast reaches between devices of one node, GB/s (NVLink 4: 450 GB/s a direction)."""
+    net_gbps: float = 40.0
+    """Bandwidth a broadcast reaches between nodes, per device, GB/s (a 400 Gb/s NIC per GPU)."""
+    host_gbps: float = 5.0
+    """Host memory bandwidth of one process's copy or checksum pass (packing buckets into fresh pages, adler32,
+    the object store's put), GB/s: a few GB/s a core on server CPUs."""
+    tcp_gbps: float = 2.0
+    """Bandwidth of Ray's object store pulling an object from another node (TCP on the hosts' network), GB/s."""
+    node_devices: int = 8
+    """Devices per node: a layout of more devices spans nodes, and the weights cross the network."""
+    call_s: float = 0.05
+    """Fixed cost of a round of calls to every engine (suspend at a step boundary, load, resume): a weight
+    update's floor, and all a hybrid update costs (the version stamp)."""
+
+    @property
+    def pageable_gbps(self) -> float:
+        """Copies between the device and pageable host memory (the object store's buffers): the driver stages
+        them through a pinned buffer, a host copy then the DMA; on a CPU, a host copy."""
+        return self.host_gbps if self.kind == "cpu" else 1 / (1 / self.pcie_gbps + 1 / self.host_gbps)
 
 
 DEVICES: dict[str, DeviceClass] = {
     # Public spec-sheet figures (dense bf16, SXM); prices are relative: an H20 costs a third of an H800
     # (RollArt's 6 x H20 = 2 x H800 cost-equivalent pools).
+    # Links: H100, H200 and H20 have NVLink 4 (900 GB/s both ways), the H800 a cut one (400 GB/s), the
+    # A100 NVLink 3 (600 GB/s) and HDR 200 Gb/s NICs, the L40S none (PCIe 4 and commodity Ethernet).
     "h100": DeviceClass("h100", 989.0, 3350.0, 80.0, 3.0),
-    "h800": DeviceClass("h800", 989.0, 3350.0, 80.0, 3.0),
+    "h800": DeviceClass("h800", 989.0, 3350.0, 80.0, 3.0, peer_gbps=150.0),
     "h200": DeviceClass("h200", 989.0, 4800.0, 141.0, 3.8),
     "h20": DeviceClass("h20", 148.0, 4000.0, 96.0, 1.0),
-    "a100": DeviceClass("a100", 312.0, 2039.0, 80.0, 1.8),
-    "l40s": DeviceClass("l40s", 362.0, 864.0, 48.0, 1.1),
+    "a100": DeviceClass("a100", 312.0, 2039.0, 80.0, 1.8, peer_gbps=230.0, net_gbps=20.0),
+    "l40s": DeviceClass("l40s", 362.0, 864.0, 48.0, 1.1, peer_gbps=15.0, net_gbps=10.0),
     # Calibrated on this repository's 2-core CPU with the tiny model (bench/sim_calibration.py both: the
     # sync-hybrid run's in-run generate and trainer times over the engine and training microbenchmarks'
     # shapes; bench/results/sim_calibration.md). peak/mem are what the in-run decode costs per row and per
     # context token imply; train_mfu > 1 only says batched training gets more FLOP/s than decoding does.
+    # Weights: gloo on loopback (a 95 MB all-reduce takes 110 ms here, reference/platform.md), host copies
+    # and checksums ~1.5 GB/s (ray.put + get of 100 MB: 0.06 s; adler32 2.7 GB/s, a copy into fresh memory
+    # 1.0 GB/s), so the channel is ~1.4x the object store on a large model (bench/weight_transport.py: 1.34x at
+    # 336 MB); call_s is the hybrid run's measured weight sync.
     "cpu": DeviceClass("cpu", 0.019, 1.19, 8.0, 0.05, compute_eff=1.0, mem_eff=1.0, train_mfu=2.275,
                        step_overhead_s=0.001033, train_overhead_s=0.0, link_gbps=1.19, sync_overhead_s=0.002028,
-                       additive=True),
+                       additive=True, kind="cpu", peer_gbps=0.9, net_gbps=0.9, host_gbps=1.5, tcp_gbps=0.9,
+                       node_devices=2, call_s=0.002028),
 }
+
+
+@dataclass(frozen=True)
+class EngineClass:
+    """How a rollout backend spends a decoding step, against the device class's figures: those are a
+    vLLM-class engine's with CUDA graphs on GPUs, and gyre's HF engine's on the calibrated CPU."""
+
+    name: str
+    layer_launch_s: float = 0.0
+    """Host seconds launching one decoder layer's kernels each step (eager PyTorch, no CUDA graphs). The
+    device's work hides it when that is longer (the host runs ahead until the step's one sync)."""
+    overhead_scale: float = 1.0
+    """Multiplies the device's step_overhead_s."""
+    compute_scale: float = 1.0
+    """Multiplies the device's compute_eff."""
+    mem_scale: float = 1.0
+    """Multiplies the device's mem_eff."""
+    padded_kv: bool = False
+    """Every row's KV read spans the batch's widest row (one cache left-padded to a width), not its own length."""
+
+
+GENERIC_ENGINE = EngineClass("generic")
+"""The device class's figures as they are (a system other than gyre; the calibrated CPU's own engine)."""
+
+ENGINES: dict[tuple[str, str], EngineClass] = {
+    # Estimates, not measurements (no GPU run of gyre's engines is recorded yet). gyre builds vLLM with
+    # enforce_eager=True (gyre/engines/vllm_rollout.py): no CUDA graphs, but fused kernels, ~10 launches a
+    # layer: ~0.1 ms. gyre's HF engine is transformers in eager PyTorch: ~50 kernels a decoder layer (RMSNorm
+    # unfused, rotary, projections, masked SDPA, MLP) at ~15 us of Python and dispatch each: ~0.8 ms a layer,
+    # 22 ms a step for a 28-layer 7B (PyTorch's gpt-fast post measured eager LLaMA-7B at 25.5 tokens/s on an
+    # A100, ~1 ms a layer above the weight read). Its masked SDPA and unfused element-wise ops reach less
+    # bandwidth (0.8x, a guess), and its cache is left-padded to the widest row (gyre/engines/kv_batch.py).
+    ("vllm", "cuda"): EngineClass("vllm", layer_launch_s=1e-4),
+    ("hf", "cuda"): EngineClass("hf", layer_launch_s=8e-4, mem_scale=0.8, padded_kv=True),
+    # The cpu class is fitted to the HF engine's in-run decoding, padding included; vLLM decoded the same
+    # samples 1.5-2.6x faster on this CPU (reference/platform.md): 2x.
+    ("hf", "cpu"): EngineClass("hf"),
+    ("vllm", "cpu"): EngineClass("vllm", overhead_scale=0.5, compute_scale=2.0, mem_scale=2.0),
+}
+
+
+def engine_class(backend: str, device: DeviceClass) -> EngineClass:
+    """How ``backend`` (rollout.backend: hf or vllm) decodes on ``device``."""
+    return ENGINES[backend, device.kind]
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,16 @@ from pydantic import BaseModel
 
 from gyre.algos.loss_table import OldSource
 from gyre.config.backend import (
+    attention_notes,
     backend_notes,
+    check_attention,
     check_hybrid,
     compute_dtype,
     judge_engine_notes,
     precision_notes,
     weight_transport,
 )
+from gyre.config.devices import check_devices_exist, rollout_engines, shared_devices, worker_devices
 from gyre.config.env_schema import EnvConfig
 from gyre.config.load import ConfigError
 from gyre.config.schema import RLVRConfig, SFTConfig
@@ -48,6 +51,7 @@ class RunPlan:
     offload: bool
     dp_size: int
     rollout_workers: int
+    """Rollout engines: rollout devices / rollout.tensor_parallel_size (each a worker of the rollout role)."""
     rollout_batch: int
     mini_batch_size: int
     optimizer_steps_per_step: int
@@ -86,6 +90,8 @@ class RunPlan:
     """On-policy distillation (algorithm.distill.coef > 0): a teacher role scores every batch."""
     memory: tuple[str, ...] = ()
     """Each role's estimated peak memory per device (``gyre.config.memory``; filled by the pre-flight)."""
+    rollout_tp: int = 1
+    """Devices of one rollout engine (rollout.tensor_parallel_size): its worker holds them all."""
 
     @property
     def recompute_old_logprobs(self) -> bool:
@@ -112,6 +118,10 @@ class RunPlan:
     def roles_on_device(self, device: int) -> int:
         """How many roles use ``device``: each of their workers there gets that share of it."""
         return sum(1 for devices in self.roles.values() if device in devices)
+
+    def worker_devices(self, role: str) -> tuple[tuple[int, ...], ...]:
+        """The devices of each worker of ``role``: one each, a tensor-parallel engine's several."""
+        return worker_devices(self.roles[role], self.rollout_tp if role == "rollout" else 1)
 
 
 def detect_local_devices(cfg: RLVRConfig) -> tuple[DeviceKind, int]:
@@ -141,7 +151,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     use_critic = a.uses_critic
     hybrid = check_hybrid(cfg, notes)
     _check_rollout_schedule(cfg, hybrid, notes)
-    _check_attention(cfg, device_kind)
+    notes += attention_notes(cfg, device_kind, hybrid)
     notes += precision_notes(cfg.model.dtype, device_kind)
     roles = {"policy": cfg.policy.devices} if hybrid else {"policy": cfg.policy.devices, "rollout": cfg.rollout.devices}
     if use_reference and not reference_on_policy:
@@ -155,8 +165,8 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     roles.update(_reward_model_roles(cfg, device_kind, notes))
     _note_judge_budgets(cfg, notes)
     if num_devices is not None:
-        _check_devices_exist(roles, device_kind, num_devices)
-    shared = _shared_devices(roles)
+        check_devices_exist(roles, device_kind, num_devices)
+    shared = shared_devices(roles)
     mode = cfg.policy.offload
     offload = mode == "always" or (mode == "auto" and device_kind == "cuda" and bool(shared))
 
@@ -190,13 +200,11 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
     sft_steps = _check_sft(cfg, dp)
     if cfg.validation.every and cfg.data is not None and not cfg.data.val_files:
         raise ConfigError("validation.every > 0 needs data.val_files (held-out prompts); or set validation.every=0")
-    if len(cfg.rollout.devices) > cfg.rollout.prompts_per_step:
-        notes.append(f"{len(cfg.rollout.devices)} rollout workers for {cfg.rollout.prompts_per_step} prompts: "
-                     "some workers will idle")
+    engines = rollout_engines(cfg, roles, device_kind, notes)
     return RunPlan(
         device_kind=device_kind, num_devices=num_devices, roles=roles, shared_devices=shared, hybrid_rollout=hybrid,
         weight_transport=weight_transport(cfg, hybrid, device_kind, notes), offload=offload,
-        dp_size=dp, rollout_workers=len(cfg.rollout.devices), rollout_batch=rollout_batch, mini_batch_size=mini,
+        dp_size=dp, rollout_workers=engines, rollout_batch=rollout_batch, mini_batch_size=mini,
         optimizer_steps_per_step=steps_per_batch, samples_per_rank=per_rank,
         rows_multiple=rollout_batch // mini * math.lcm(dp, len(cfg.critic.devices) * len(critics) if use_critic else 1),
         micro_batches_per_rank=-(-per_rank // cfg.policy.micro_batch_size),
@@ -207,7 +215,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
         critic_dp_size=len(cfg.critic.devices) if use_critic else 0,
         loss_agg_norm=agg_norm, overlong_cache_tokens=cache, threads_per_worker=cfg.cluster.threads_per_slot,
         sft_steps=sft_steps, critic_roles=critics, use_teacher=a.uses_teacher,
-        notes=notes)
+        notes=notes, rollout_tp=cfg.rollout.tensor_parallel_size)
 
 
 def critic_role_names(num_critics: int) -> tuple[str, ...]:
@@ -292,28 +300,6 @@ def _note_judge_budgets(cfg: RLVRConfig, notes: list[str]) -> None:
             notes.append(f"reward.domains.{name}.timeout_s={domain.sample_timeout_s:g} is below the judge's "
                          f"{j.retries + 1} attempts x request_timeout_s={j.request_timeout_s:g}: a slow endpoint "
                          "becomes a reward timeout before its retries run out")
-
-
-def _check_devices_exist(roles: dict[str, tuple[int, ...]], kind: str, num_devices: int) -> None:
-    what = "GPU" if kind == "cuda" else "CPU slot"
-    for role, devices in roles.items():
-        missing = [d for d in devices if d >= num_devices]
-        if missing:
-            fix = ("set cluster.cpu_slots to create more CPU slots, or " if kind == "cpu" else "")
-            raise ConfigError(
-                f"impossible placement: {role}.devices={list(devices)} names {what} {missing} but only "
-                f"{num_devices} exist (indices 0-{num_devices - 1}); {fix}use devices below {num_devices}")
-
-
-def _shared_devices(roles: dict[str, tuple[int, ...]]) -> dict[tuple[str, str], tuple[int, ...]]:
-    names = list(roles)
-    shared = {}
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            common = tuple(sorted(set(roles[a]) & set(roles[b])))
-            if common:
-                shared[(a, b)] = common
-    return shared
 
 
 def _old_source(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> OldSource:
@@ -502,13 +488,6 @@ def _note_rollout_logprobs(cfg: RLVRConfig, source: OldSource, notes: list[str],
                      "carries the precision gap between sampler and trainer")
 
 
-def _check_attention(cfg: RLVRConfig, device_kind: str) -> None:
-    kind = cfg.model.attn_implementation
-    if kind is not None and kind.startswith("flash_attention") and device_kind != "cuda":
-        raise ConfigError(f"model.attn_implementation={kind} runs only on CUDA GPUs, and this run's devices are CPU "
-                          "slots: set it to sdpa or eager, or leave it unset (transformers' choice)")
-
-
 def _check_sft(cfg: RLVRConfig, dp: int) -> int:
     sft = cfg.sft_warmup
     if sft is None:
@@ -548,6 +527,10 @@ class SFTPlan:
     def roles_on_device(self, device: int) -> int:
         # gyre dpo's reference role is gone before the policy starts: each holds a whole device in turn.
         return 1
+
+    def worker_devices(self, role: str) -> tuple[tuple[int, ...], ...]:
+        """One device per worker."""
+        return worker_devices(self.roles[role])
 
     def describe(self) -> str:
         kind = "GPU" if self.device_kind == "cuda" else "CPU slot"
@@ -589,8 +572,8 @@ def make_dpo_plan(cfg, device_kind: DeviceKind, num_devices: int | None, pairs: 
 
 def _check_standalone(cfg, device_kind: DeviceKind, num_devices: int | None) -> None:
     if num_devices is not None:
-        _check_devices_exist({"policy": cfg.policy.devices}, device_kind, num_devices)
-    _check_attention(cfg, device_kind)
+        check_devices_exist({"policy": cfg.policy.devices}, device_kind, num_devices)
+    check_attention(cfg.model.attn_implementation, device_kind)
 
 
 def _divisors(total: int, multiple_of: int) -> list[int]:

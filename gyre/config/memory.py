@@ -13,12 +13,17 @@ vocabulary V, T tokens in one micro-batch):
   that never hold the [T, T] scores); with gradient checkpointing only each layer's input (h values a
   token a layer) plus one layer recomputed. Log-prob logits in float32, twice (logits and their
   gradient): T x V x 8, or a chunk of ``logprob_chunk_tokens`` at a time. The policy's rank 0 also
-  stages the weights for a weight channel in ``model.dtype``. Hybrid ranks add an engine's KV cache.
+  stages the weights for a weight channel in ``model.dtype``. Hybrid ranks add an engine's KV cache
+  (and under FSDP2 the full copy they sample from, in the compute dtype).
 - **rollout engine** (hf): its weights in ``model.dtype``, the KV cache of every row it decodes at once
   (``rollout.max_batch_size``, else every sample a step may give it: the step's samples over the
   engines, times 1 + ceil(alpha) batches in flight) padded to the widest row (prompt + answer), or its
-  ``rollout.max_batch_tokens`` budget when smaller, and one step's logits. vLLM reserves ``VLLM_SHARE``
-  of the device whatever the model.
+  ``rollout.max_batch_tokens`` budget when smaller, or what ``rollout.gpu_memory_utilization`` of the
+  device leaves beside the weights (and a hybrid rank's training state) when smaller, and one step's
+  logits. vLLM reserves ``rollout.gpu_memory_utilization`` (``VLLM_SHARE`` when unset)
+  of each of its devices whatever the model, unless the weights alone pass it (or the device size is
+  unknown): then its weights, split over the ``rollout.tensor_parallel_size`` devices of a
+  tensor-parallel engine.
 - **reference**, **teacher**: weights in ``model.dtype``, a forward pass's activations (one layer) and the
   log-prob logits.
 
@@ -91,7 +96,10 @@ def estimate(cfg, plan, shape: ModelShape, device_gb: float | None) -> MemoryPla
     if not plan.hybrid_rollout:
         roles["rollout"] = engine(cfg, shape, dtype, device_gb)
     else:
-        roles["policy"].terms.update(_kv(cfg, shape, compute, len(cfg.policy.devices)))
+        if cfg.policy.strategy == "fsdp2":  # FSDP2 ranks sample from a gathered copy in the compute dtype
+            roles["policy"].terms["sampling copy"] = shape.params * compute
+        room = _share_room(cfg, device_gb, roles["policy"].total)
+        roles["policy"].terms.update(_kv(cfg, shape, compute, len(cfg.policy.devices), room))
     for name in plan.roles:
         if name in ("reference", "teacher"):
             section = cfg.reference if name == "reference" else cfg.teacher
@@ -161,23 +169,40 @@ def _rows(cfg, engines: int) -> int:
     return math.ceil(r.prompts_per_step * r.samples_per_prompt / engines) * in_flight
 
 
-def _kv(cfg, shape: ModelShape, dtype: int, engines: int) -> dict[str, float]:
+def _share_room(cfg, device_gb: float | None, held: float) -> float | None:
+    """Bytes of KV cache the HF engine's gpu_memory_utilization leaves beside ``held`` (None: no such budget)."""
+    share = cfg.rollout.gpu_memory_utilization
+    return None if share is None or not device_gb else max(0.0, share * device_gb * GB - held)
+
+
+def _kv(cfg, shape: ModelShape, dtype: int, engines: int, room: float | None = None) -> dict[str, float]:
     rows = _rows(cfg, engines)
     tokens = rows * _context(cfg)
-    if cfg.rollout.max_batch_tokens:  # the engine admits rows within its KV budget (one row always runs)
-        tokens = min(tokens, max(cfg.rollout.max_batch_tokens, _context(cfg)))
-    kv = tokens * shape.kv_bytes_per_token / 2 * dtype
+    per_token = shape.kv_bytes_per_token / 2 * dtype
+    budgets = [cfg.rollout.max_batch_tokens or tokens, room // per_token if room is not None else tokens]
+    # The engine admits rows within its KV budget (a row alone always runs).
+    tokens = min(tokens, max(min(budgets), _context(cfg)))
+    kv = tokens * per_token
     return {"KV cache": kv, "decode logits": rows * shape.vocab * 4}
 
 
 def engine(cfg, shape: ModelShape, dtype: int, device_gb: float | None) -> RoleMemory:
     """A rollout engine: vLLM's reservation, or the HF engine's weights, KV cache and logits."""
-    if cfg.rollout.backend == "vllm":
-        share = VLLM_SHARE
-        reserved = share * device_gb * GB if device_gb else shape.params * dtype
-        return RoleMemory("rollout", {f"vLLM reservation ({share:.0%})": reserved})
-    return RoleMemory("rollout", {"weights": shape.params * dtype,
-                                  **_kv(cfg, shape, dtype, len(cfg.rollout.devices))})
+    r = cfg.rollout
+    if r.backend == "vllm":
+        # A tensor-parallel engine splits its weights (and its KV cache) over its tp devices.
+        tp = r.tensor_parallel_size
+        weights = shape.params * dtype / tp
+        share = r.gpu_memory_utilization or VLLM_SHARE
+        reserved = share * device_gb * GB if device_gb else 0.0
+        if weights <= reserved:
+            return RoleMemory("rollout", {f"vLLM reservation ({share:.0%})": reserved})
+        # Unknown device size, or weights that overflow vLLM's share (vLLM would fail to start): the weights.
+        return RoleMemory("rollout", {"weights" + (f" (1/{tp} per device)" if tp > 1 else ""): weights})
+    # The HF engine holds one device (tensor parallelism is vLLM's: the config refuses it here).
+    weights = shape.params * dtype
+    room = _share_room(cfg, device_gb, weights)
+    return RoleMemory("rollout", {"weights": weights, **_kv(cfg, shape, dtype, len(r.devices), room)})
 
 
 def scorer(role: str, section, cfg, shape: ModelShape, dtype: int, compute: int) -> RoleMemory:

@@ -23,9 +23,13 @@ def resolved_yaml(cfg: RLVRConfig) -> str:
 
 def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
     kind = "GPU" if plan.device_kind == "cuda" else "CPU slot"
-    lines = [f"placement: {plan.num_devices} {kind}(s) available, layout {plan.layout}"]
+    if plan.num_devices is None:  # planned without counting them (gyre check --plan-only)
+        named = len(set().union(*plan.roles.values()))
+        lines = [f"placement: {named} {kind}(s) named by the device lists (not counted here), layout {plan.layout}"]
+    else:
+        lines = [f"placement: {plan.num_devices} {kind}(s) available, layout {plan.layout}"]
     for role, devices in plan.roles.items():
-        lines.append(f"  {role:<10} devices {list(devices)}  ({len(devices)} worker(s))")
+        lines.append(f"  {role:<10} devices {list(devices)}  ({_workers(plan, role)})")
     if plan.hybrid_rollout:
         lines.append("  rollout    inside the policy workers (hybrid)")
     if cfg.env is not None:
@@ -77,6 +81,14 @@ def format_plan(cfg: RLVRConfig, plan: RunPlan) -> str:
     return "\n".join(lines)
 
 
+def _workers(plan: RunPlan, role: str) -> str:
+    """How many workers a role has: one per device, or the rollout's tensor-parallel engines."""
+    if role == "rollout" and plan.rollout_tp > 1:
+        groups = ", ".join(str(list(d)) for d in plan.worker_devices(role))
+        return f"{plan.rollout_workers} engines x TP {plan.rollout_tp}: {groups}"
+    return f"{len(plan.roles[role])} worker(s)"
+
+
 def _algorithm_lines(cfg: RLVRConfig, plan: RunPlan) -> list[str]:
     """The estimator, the policy loss with the knobs its variant reads, the KL loss and the mismatch correction."""
     a = cfg.algorithm
@@ -121,7 +133,8 @@ def _model_line(cfg: RLVRConfig) -> str:
     cached = cached_repo_of(m.path)
     source = f"{cached[0]} at commit {cached[1][:12]} (Hugging Face cache: {m.path})" if cached else m.path
     attention = f", attention {m.attn_implementation}" if m.attn_implementation else ""
-    return f"  model                {source}; computes in {m.dtype}{attention}, final model saved in {m.save_dtype}"
+    saved = "the dtype it is stored in" if m.save_dtype == "auto" else m.save_dtype  # auto: a model not here
+    return f"  model                {source}; computes in {m.dtype}{attention}, final model saved in {saved}"
 
 
 def _critic_line(cfg: RLVRConfig, plan: RunPlan) -> str:

@@ -109,8 +109,11 @@ class ModelConfig(StrictModel):
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3",
                                  "flex_attention"] | None = None
     """The attention kernel of the policy, rollout, reference and critic models (transformers'
-    attn_implementation); None lets transformers choose (sdpa where the model supports it). The
-    flash_attention kinds need CUDA GPUs and the flash-attn package."""
+    attn_implementation); None lets transformers choose (sdpa where the model supports it), except for the
+    trainers and reference models whose micro-batches are packed on GPUs (remove_padding: pack), which
+    get flash_attention_2 where flash-attn imports, else flex_attention (a hybrid rollout's policy: sdpa),
+    so packing never pays sdpa's dense N x N mask. The flash_attention kinds need CUDA GPUs and the
+    flash-attn package; flex_attention trains only on CUDA GPUs."""
     trust_remote_code: bool = False
     """Run the modelling and tokenizer code shipped with the model (transformers' trust_remote_code)."""
     gradient_checkpointing: bool = False
@@ -156,7 +159,14 @@ class TailBatchingConfig(StrictModel):
 
 class RolloutConfig(StrictModel):
     devices: DeviceList = (0,)
-    """Devices (GPU indices, or CPU slots) of the rollout engines: one engine per device."""
+    """Devices (GPU indices, or CPU slots) of the rollout engines: one engine per device, or per
+    tensor_parallel_size consecutive devices."""
+    tensor_parallel_size: PositiveInt = 1
+    """GPUs one rollout engine spans (vLLM tensor parallelism: each layer's weights and KV cache split over
+    them), for a model one GPU cannot hold or serve fast enough: rollout.devices then form
+    len(devices) / tensor_parallel_size engines of consecutive devices (``gyre check`` prints them).
+    Above 1 it needs rollout.backend=vllm, GPUs, and rollout devices no other role uses (colocated
+    tensor parallelism is not supported)."""
     backend: Literal["hf", "vllm"] = "hf"
     """The inference engine of the rollout actors: hf, gyre's continuously batching Hugging Face engine
     (built in); vllm, vLLM 0.32 in each rollout actor's own process (install: docs/guides/engines.md;
@@ -173,8 +183,9 @@ class RolloutConfig(StrictModel):
     mode: Literal["separate", "hybrid"] = "separate"
     """separate: rollout engines are actors of their own holding a copy of the weights, synced after every
     step (what disaggregation needs). hybrid: every policy rank also samples, with its own training
-    weights: nothing to transfer, one copy of the model per device. Hybrid needs rollout.devices equal to
-    policy.devices and policy.strategy ddp (sampling from FSDP2 shards would gather weights every token)."""
+    weights: nothing to transfer between roles. Hybrid needs rollout.devices equal to policy.devices. DDP
+    ranks sample from their replica; FSDP2 ranks gather a full copy in the compute dtype after each step
+    (on their own device, over the policy's process group) and sample from it."""
     prompts_per_step: PositiveInt = 8
     """Groups (prompts) in each training batch (P)."""
     samples_per_prompt: PositiveInt = 8
@@ -191,6 +202,11 @@ class RolloutConfig(StrictModel):
     """Tokens one prefill pass may hold (the HF engine: distinct prompts x the longest; vLLM:
     max_num_batched_tokens): rows joining at once, and every row after a weight update, are prefilled in
     chunks of it, so a prefill's activations stay bounded. None: all at once (vLLM: its default)."""
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
+    """On GPUs, the share of its device's memory a rollout engine's process may fill with weights and KV
+    cache. vLLM: its gpu_memory_utilization (None: 0.9); the HF engine: its KV budget is what the share
+    leaves beside the weights already there (and a hybrid rank's training state), in tokens, or
+    max_batch_tokens where smaller (None: no budget from memory). Ignored on CPU."""
     emit_every: PositiveInt = 8
     """Finished samples an engine hands back together (or 50 ms after the first), so rewards start on
     early finishers while the rest decode, in calls big enough to be cheap."""

@@ -85,8 +85,8 @@ class SimulateConfig(StrictModel):
     model: str = "7b"
     """The policy's size: 0.5b, 1.5b, 3b, 7b, 8b, 14b, 32b (Qwen2.5/Qwen3 shapes), or "config" for the
     config's own model.path (its config.json is read; nothing is loaded)."""
-    rollout_tp: PositiveInt = 1
-    """Devices per rollout engine (tensor parallelism)."""
+    rollout_tp: PositiveInt | None = None
+    """Devices per rollout engine (tensor parallelism). None: rollout.tensor_parallel_size, the run's own."""
     rollout_share: Fraction | None = None
     """Share of the devices that run rollout when rollout and training are disaggregated. None: as in
     the config's device lists (rollout.devices against policy.devices), or 0.6 when they overlap but

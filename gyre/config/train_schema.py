@@ -42,10 +42,12 @@ class ForwardLevers(StrictModel):
     """none: micro-batches of consecutive rows, right-padded to the longest. sort: rows ordered longest
     first before cutting, so each micro-batch holds rows of similar length and little padding. pack: rows
     ordered so too, and each micro-batch's rows concatenated into one sequence with no padding at all
-    (position ids restart per row; attention stays within a row through a block-diagonal mask under eager
-    and sdpa, flash-attention's variable-length path under flash_attention_2/3). That mask grows with the
-    square of the packed length, so under eager and sdpa a packed micro-batch also stays within 4096
-    tokens when micro_batch_tokens is unset."""
+    (position ids restart per row). Attention stays within a row through a dense block-diagonal mask
+    under eager and sdpa, which grows with the square of the packed length, so there a packed micro-batch
+    also stays within 4096 tokens when micro_batch_tokens is unset; a block-sparse mask under
+    flex_attention and flash-attention's variable-length path under flash_attention_2/3 cost about what
+    the rows alone cost, with no such cap. model.attn_implementation unset on GPUs picks one of those two
+    (gyre check prints the path)."""
     logprob_chunk_tokens: PositiveInt | None = None
     """Compute log-probs (and entropies) from the final hidden states this many tokens at a time, so the
     full [tokens, vocabulary] float32 logits never exist at once; in training each chunk's logits are

@@ -50,6 +50,12 @@ def load_split(source: DatasetSource):
         return _guarded(source, lambda: _load_dataset(source.dataset, source))
 
 
+def cached_here(source: DatasetSource) -> bool:
+    """Whether ``source`` is on this machine: a local path, or a Hub id in the hub cache (an id only in the
+    datasets cache counts as absent: finding it there means preparing the split)."""
+    return Path(source.dataset).expanduser().exists() or _hub_snapshot(source) is not None
+
+
 def _load_local(path: Path, source: DatasetSource):
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         from datasets import DatasetDict, load_from_disk

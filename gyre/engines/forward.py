@@ -15,7 +15,7 @@ import torch
 from gyre.engines import memory
 from gyre.engines.logit_head import ChunkedLogprobHead, check_chunkable, output_layer, swapped_output_layer
 from gyre.engines.microbatch import plan_micro_batches
-from gyre.engines.packing import RowLayout, attn_implementation_of, takes_pack_mask
+from gyre.engines.packing import RowLayout, attn_implementation_of, takes_dense_pack_mask
 from gyre.engines.specs import MemoryLevers
 from gyre.models.logprobs import entropy_from_logits, token_logprobs
 from gyre.types import TrainBatch, select_rows, trim_to_length
@@ -116,13 +116,15 @@ class ReferenceModel:
     def __init__(self, model_path: str, dtype: str, device: torch.device, trust_remote_code: bool = False,
                  micro_batch_size: int = 16, start_offloaded: bool = False, attn_implementation: str | None = None,
                  levers: MemoryLevers | None = None):
+        from gyre.engines.pack_attention import role_attention
         from gyre.models.loading import load_causal_lm
 
+        levers = levers or MemoryLevers()
         self.model = load_causal_lm(model_path, dtype, trust_remote_code, "cpu" if start_offloaded else str(device),
-                                    attn_implementation)
+                                    role_attention(attn_implementation, device.type, levers.pack))
         self.model.requires_grad_(False)
         self.micro_batch_size = micro_batch_size
-        self.fwd = ForwardContext(device, levers=levers or MemoryLevers())
+        self.fwd = ForwardContext(device, levers=levers)
         if self.fwd.levers.logprob_chunk_tokens:
             check_chunkable(self.model, next(self.model.parameters()).device, "reference.logprob_chunk_tokens")
 
@@ -132,7 +134,7 @@ class ReferenceModel:
 
     def compute_logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
         groups = plan_micro_batches(batch.attention_mask.sum(dim=1), self.micro_batch_size, self.fwd.levers,
-                                    takes_pack_mask(self.model))
+                                    takes_dense_pack_mask(self.model))
         return batch_logprobs(self.model, batch, self.fwd, temperature, groups)
 
     def offload(self) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from gyre.engines import memory
 from gyre.engines.base import SampleProgress, StepwiseGenerate
-from gyre.engines.kv_batch import KVBatch
+from gyre.engines.kv_batch import KVBatch, roomy_cache
 from gyre.engines.sampling import StopChecker, position_noise, sample_tokens
 from gyre.models.loading import eos_token_ids
 from gyre.models.lora import AdapterMerger, AdapterWeights
@@ -33,7 +33,7 @@ class HFRolloutEngine(StepwiseGenerate):
 
     def __init__(self, model, tokenizer, device: str | torch.device = "cpu", max_batch_size: int | None = None,
                  max_batch_tokens: int | None = None, max_prefill_tokens: int | None = None,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, memory_share: float | None = None):
         self.model = model.eval()
         self._cache_key = cache_keyword(model)
         self.tokenizer = tokenizer
@@ -44,11 +44,17 @@ class HFRolloutEngine(StepwiseGenerate):
         and what it may still sample: the cache is padded to the widest row) stays within it; a row alone
         always runs. None: no budget."""
         self.max_prefill_tokens = max_prefill_tokens
+        """Tokens one prefill pass may hold (distinct contexts x the longest of them, padded): rows joining at
+        once, and every row after a weight update, are prefilled in chunks of it. None: all at once."""
         self.autocast_dtype = autocast_dtype
         """Forward passes under autocast to this dtype: a hybrid policy rank samples in the compute dtype its
         trainer computes in, not with its float32 master weights. None: the model's own dtype."""
-        """Tokens one prefill pass may hold (distinct contexts x the longest of them, padded): rows joining at
-        once, and every row after a weight update, are prefilled in chunks of it. None: all at once."""
+        self.memory_share = memory_share
+        """On a GPU, the share of its memory this process may fill (rollout.gpu_memory_utilization): the KV
+        budget becomes what is left of it once the weights are there (``memory.kv_token_budget``), or
+        ``max_batch_tokens`` where smaller. Ignored on CPU."""
+        self._share_budget: int | None = None
+        """That budget in tokens, measured at the first admission after the weights reached the device."""
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._version: WeightVersion = 0
@@ -102,9 +108,20 @@ class HFRolloutEngine(StepwiseGenerate):
 
     def offload(self) -> None:
         memory.offload(self.model, self.device)
+        self._share_budget = None
 
     def reload(self) -> None:
         memory.reload(self.model, self.device)
+
+    def kv_budget(self) -> int | None:
+        """The KV-cache budget in tokens rows are admitted under: ``max_batch_tokens``, and on a GPU with a
+        ``memory_share`` what that share leaves (None: no budget)."""
+        if self.memory_share is None or self.device.type != "cuda":
+            return self.max_batch_tokens
+        if self._share_budget is None:
+            dtype = self.autocast_dtype or next(self.model.parameters()).dtype
+            self._share_budget = memory.kv_token_budget(self.model, self.device, self.memory_share, dtype)
+        return min(self._share_budget, self.max_batch_tokens or self._share_budget)
 
     # ---- per-request control ----------------------------------------------------------------
     def add(self, requests: Sequence[GenerationRequest]) -> None:
@@ -185,6 +202,7 @@ class HFRolloutEngine(StepwiseGenerate):
         live = [row for row in self._batch.rows if row.finish is None] if self._batch else []
         room = (self.max_batch_size or 1 << 30) - len(live)
         width = max(map(_final_length, live), default=0)
+        budget = self.kv_budget() if self._waiting else None
         joining, done = [], []
         while self._waiting and len(joining) < room:
             row = self._waiting[0]
@@ -195,7 +213,7 @@ class HFRolloutEngine(StepwiseGenerate):
                 continue
             wider = max(width, _final_length(row))
             rows = len(live) + len(joining)
-            if self.max_batch_tokens is not None and rows and (rows + 1) * wider > self.max_batch_tokens:
+            if budget is not None and rows and (rows + 1) * wider > budget:
                 break  # waits for rows to finish
             joining.append(self._waiting.popleft())
             width = wider
@@ -232,8 +250,6 @@ class HFRolloutEngine(StepwiseGenerate):
     @torch.inference_mode()
     def _prefill(self, rows: list[SampleProgress]) -> KVBatch:
         """Run each distinct context once, then give each row sharing it its own copy of the cache."""
-        from transformers import DynamicCache
-
         contexts: dict[tuple[int, ...], int] = {}
         owner = [contexts.setdefault(tuple(row.context), len(contexts)) for row in rows]
         input_ids, attention = self._left_pad([list(c) for c in contexts])
@@ -243,7 +259,7 @@ class HFRolloutEngine(StepwiseGenerate):
         with self._autocast():
             out = self.model(input_ids=input_ids, attention_mask=attention if padded else None,
                              position_ids=positions, use_cache=True, logits_to_keep=1,
-                             **{self._cache_key: DynamicCache(config=self.model.config)})
+                             **{self._cache_key: roomy_cache(self.model.config)})
         expand = torch.tensor(owner, device=self.device)
         cache = out[self._cache_key]
         cache.batch_select_indices(expand)
@@ -258,6 +274,9 @@ class HFRolloutEngine(StepwiseGenerate):
             tokens = tokens[torch.tensor(keep, dtype=torch.long, device=self.device)]
         if self._drop_if_empty():
             return
+        if batch.needs_room():  # rows joined or left since the room was made: room for the longest still to go
+            batch.reserve(max(1, *(row.request.params.max_new_tokens - len(row.response)
+                                   for row in batch.rows if row.finish is None)))
         batch.attention = torch.cat([batch.attention, batch.attention.new_ones(len(batch), 1)], dim=1)
         mask = None if bool(batch.attention.all()) else batch.attention
         with self._autocast():

@@ -10,31 +10,59 @@ import torch
 
 
 def offload(module: torch.nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Move parameters, buffers and optimizer state to host memory, drop gradients, release the cache."""
+    """Move parameters, buffers and optimizer state to host memory, drop gradients, release the cache.
+    Plain tensors land in pinned (page-locked) host memory, from which ``reload`` copies back
+    asynchronously at full bus speed; pageable memory would stage every copy through a bounce buffer."""
     if device.type != "cuda":
         return
-    module.to("cpu")
+    module._apply(to_host)  # what module.to("cpu") does, with pinned destinations
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
-    _move_optimizer_state(optimizer, torch.device("cpu"))
+    _move_optimizer_state(optimizer, to_host)
+    torch.cuda.current_stream(device).synchronize()  # the host copies are complete before anything reads them
     torch.cuda.empty_cache()
 
 
 def reload(module: torch.nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Undo ``offload``."""
+    """Undo ``offload`` (copies from pinned memory run asynchronously, in stream order before any use)."""
     if device.type != "cuda":
         return
-    module.to(device)
-    _move_optimizer_state(optimizer, device)
+    module.to(device, non_blocking=True)
+    _move_optimizer_state(optimizer, lambda t: t.to(device, non_blocking=True))
 
 
-def _move_optimizer_state(optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in host memory: pinned for a plain device tensor (asynchronous copy), else as ``t.to("cpu")``
+    (a sharded DTensor moves its own shard; pinning can fail where page-locked memory is limited)."""
+    if t.device.type == "cpu" or type(t) not in (torch.Tensor, torch.nn.Parameter):
+        return t.to("cpu")
+    try:
+        host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+    except RuntimeError:
+        return t.to("cpu")
+    return host.copy_(t, non_blocking=True)
+
+
+def kv_token_budget(model: torch.nn.Module, device: torch.device, share: float, dtype: torch.dtype) -> int:
+    """KV-cache tokens that fit in ``share`` of ``device``'s memory beside what this process already holds
+    (the engine's weights, and a hybrid rank's training state): what ``rollout.gpu_memory_utilization``
+    means for the HF engine, as it does for vLLM's paged cache. At least 1 (a row alone always runs)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    free = share * torch.cuda.get_device_properties(device).total_memory - torch.cuda.memory_allocated(device)
+    return max(1, int(free // per_token))
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer | None, move) -> None:
     if optimizer is None:
         return
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step":
-                state[key] = value.to(device, non_blocking=True)
+                state[key] = move(value)
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

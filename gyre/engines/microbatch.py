@@ -11,32 +11,29 @@ from __future__ import annotations
 
 import torch
 
+from gyre.engines.pack_attention import DENSE_MASK_PACK_TOKENS
 from gyre.engines.specs import MemoryLevers
-
-MASKED_PACK_TOKENS = 4096
-"""Tokens of a packed micro-batch when no budget is set (``micro_batch_tokens``) and the attention kernel
-takes the block-diagonal mask itself (eager, sdpa): the mask and the attention over it grow with the
-square of the packed length. Cut by rows alone, 128 rows of up to 512 tokens made one 65k-token sequence;
-a step of 40k such tokens trained in 93 s, in 9 s within this budget (tiny model, 2-core CPU)."""
 
 
 def plan_micro_batches(lengths: torch.Tensor, rows: int, levers: MemoryLevers,
-                       masked: bool = False) -> list[torch.Tensor]:
+                       dense_mask: bool = False) -> list[torch.Tensor]:
     """Row indices of each micro-batch, covering every row once.
 
     Args:
         lengths: [B] tokens of each row (its attention-mask sum).
         rows: most rows per micro-batch when ``levers.micro_batch_tokens`` is None.
         levers: the budget and the padding mode; a row longer than the budget goes alone.
-        masked: the attention kernel takes a packed micro-batch's mask itself (``packing``'s eager and
-            sdpa): without a budget, packed micro-batches then also stay within ``MASKED_PACK_TOKENS``.
+        dense_mask: the attention kernel takes a packed micro-batch's mask as a dense [N, N] tensor (eager,
+            sdpa; ``gyre.engines.pack_attention``): without a budget, packed micro-batches then also stay
+            within ``DENSE_MASK_PACK_TOKENS``. Flex attention's block-sparse mask and flash-attention's
+            variable-length kernel cost about what the rows alone cost, so they keep the row cut alone.
     """
     n = len(lengths)
     order = torch.arange(n) if levers.remove_padding == "none" else _longest_first(lengths)
     if levers.micro_batch_tokens is not None:
         return _by_budget(order, lengths.tolist(), levers.micro_batch_tokens, levers.pack)
-    if levers.pack and masked:
-        groups = _by_budget(order, lengths.tolist(), MASKED_PACK_TOKENS, pack=True)
+    if levers.pack and dense_mask:
+        groups = _by_budget(order, lengths.tolist(), DENSE_MASK_PACK_TOKENS, pack=True)
         return [g[i:i + rows] for g in groups for i in range(0, len(g), rows)]
     return [order[i:i + rows] for i in range(0, n, rows)]
 

@@ -2,9 +2,18 @@
 
 A packed micro-batch is the concatenation of its rows' real tokens, [1, N], with position ids that
 restart at 0 on every row, so each row gets the rotary positions it has alone. Attention must not cross
-rows: eager and sdpa get a block-diagonal causal mask [1, 1, N, N]; flash-attention and flex-attention
-get the position ids alone, from which transformers finds the row boundaries (flash-attention's
-variable-length kernel; a block mask for flex). Results come back to the padded [B, L] layout.
+rows, and each kernel gets that in its own form (``gyre.engines.pack_attention`` says which and what it
+costs): eager and sdpa a dense block-diagonal causal mask [1, 1, N, N]; flex-attention a ``BlockMask``
+over the same pattern that lists only the tiles a row covers; flash-attention the position ids alone,
+from which transformers finds the row boundaries (its variable-length kernel). Results come back to the
+padded [B, L] layout.
+
+Why gyre builds flex-attention's mask itself: transformers 5.x would derive one from the position ids
+too (``masking_utils.find_packed_sequence_indices``, when no attention mask and no cache is given), but
+by evaluating the mask on all N x N pairs in a ``torch.compile``d ``create_block_mask`` at every
+forward pass, and only for models that build their masks through ``masking_utils``. A 4-D mask (dense or
+``BlockMask``) is passed through by transformers unchanged, to every layer: sliding-window layers (Gemma,
+gpt-oss) then attend to their whole row, a limit the dense mask shares.
 """
 
 from __future__ import annotations
@@ -13,10 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
+from gyre.engines.pack_attention import BLOCK_MASK_KINDS, DENSE_MASK_KINDS
 from gyre.types import TrainBatch
 
-_MASKED_KINDS = ("eager", "sdpa")
-"""Attention kernels that take the block-diagonal mask itself; the others find rows from position ids."""
+FLEX_BLOCK = 128
+"""Tile size of flex-attention's block mask (torch's default, which its kernels are tuned for)."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +88,10 @@ class RowLayout:
             return {"input_ids": input_ids}
         device = input_ids.device
         inputs = {"input_ids": self.to_model(input_ids), "position_ids": self.position_ids(device)}
-        if attn_implementation in _MASKED_KINDS:
+        if attn_implementation in DENSE_MASK_KINDS:
             inputs["attention_mask"] = block_causal_mask(self.lengths, device, attn_implementation)
+        elif attn_implementation in BLOCK_MASK_KINDS:
+            inputs["attention_mask"] = flex_block_mask(self.lengths, device)
         return inputs
 
     def _real(self, device: torch.device) -> torch.Tensor:
@@ -98,10 +110,50 @@ def block_causal_mask(lengths: torch.Tensor, device: torch.device, kind: str) ->
     return mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
 
 
-def takes_pack_mask(model: torch.nn.Module) -> bool:
-    """A packed micro-batch gets the block-diagonal mask itself (its cost grows with the square of the
-    packed length), rather than row boundaries from position ids."""
-    return attn_implementation_of(model) in _MASKED_KINDS
+def flex_block_mask(lengths: torch.Tensor, device: torch.device, block: int = FLEX_BLOCK):
+    """flex-attention's ``BlockMask`` [1, 1, N, N] of packed rows of ``lengths`` tokens: token q attends to
+    token kv iff both are in one row and kv <= q (``block_causal_mask``'s pattern).
+
+    The tiles are found from the row boundaries, O((N / block)^2), where ``create_block_mask`` would
+    evaluate the mask on all N^2 pairs (it gives the same tiles; tested). For q-tile i and kv-tile j
+    (``first``/``last``: the row of a tile's first/last token; rows are contiguous and in order):
+    some pair is allowed iff j == i (the diagonal), or j < i and tile j's last row reaches tile i's first
+    (``last[j] >= first[i]``); every pair is allowed iff both tiles lie in one row (``first[j] == last[i]``),
+    kv-tile j ends no later than q-tile i starts, and both are whole (torch counts the padding past N as
+    masked). The kernel skips tiles with no allowed pair and applies the mask inside partial ones only."""
+    from torch.nn.attention.flex_attention import BlockMask  # imported here: flex is optional and slow to import
+
+    lengths = lengths.to(device)
+    row = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    n = len(row)
+
+    def same_row_causal(b, h, q, kv):
+        return (row[q] == row[kv]) & (q >= kv)
+
+    starts = torch.arange(0, n, block, device=device)
+    ends = torch.clamp(starts + block, max=n) - 1
+    first, last = row[starts][:, None], row[ends][:, None]  # [tiles, 1]: as q-tiles; .T: as kv-tiles
+    whole = (starts + block <= n)[:, None]
+    tile = torch.arange(len(starts), device=device)[:, None]
+    some = ((tile.T < tile) & (last.T >= first)) | (tile.T == tile)
+    full = (first.T == last) & (ends[None, :] <= starts[:, None]) & whole & whole.T
+    partial = some & ~full
+    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=block,
+                                    mask_mod=same_row_causal, seq_lengths=(n, n))
+
+
+def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[q-tiles, kv-tiles] bool -> (count [1, 1, q], kv-tile indices [1, 1, q, kv], the allowed ones first in
+    ascending order), as ``create_block_mask`` lists them."""
+    dense = tiles.to(torch.int32)[None, None]
+    order = torch.argsort(dense, dim=-1, descending=True, stable=True)
+    return dense.sum(dim=-1, dtype=torch.int32), order.to(torch.int32)
+
+
+def takes_dense_pack_mask(model: torch.nn.Module) -> bool:
+    """A packed micro-batch gets the dense [N, N] mask (eager, sdpa: memory and work grow with the square of
+    the packed length), not a block-sparse mask (flex) or row boundaries from position ids (flash)."""
+    return attn_implementation_of(model) in DENSE_MASK_KINDS
 
 
 def attn_implementation_of(model: torch.nn.Module) -> str | None:

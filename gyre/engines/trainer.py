@@ -20,7 +20,8 @@ from gyre.engines import memory
 from gyre.engines.forward import ForwardContext, batch_logprobs, batch_values, micro_batches
 from gyre.engines.logit_head import check_chunkable
 from gyre.engines.microbatch import plan_micro_batches, split_to_count
-from gyre.engines.packing import takes_pack_mask
+from gyre.engines.pack_attention import role_attention
+from gyre.engines.packing import takes_dense_pack_mask
 from gyre.engines.specs import MemoryLevers, OptimizerSpec, SchedulerSpec
 from gyre.models.loading import load_causal_lm, load_value_model
 from gyre.models.specs import LoraSpec
@@ -38,13 +39,16 @@ class TrainerSpec:
     head: Literal["lm", "value"] = "lm"
     """lm: the policy (a causal LM); value: a critic (the backbone with a scalar value head)."""
     attn_implementation: str | None = None
-    """transformers' attention kernel (model.attn_implementation); None: transformers' choice."""
+    """transformers' attention kernel (model.attn_implementation); None: gyre's choice for packed
+    micro-batches on GPUs, else transformers' (``gyre.engines.pack_attention.packing_attention``)."""
     lora: LoraSpec | None = None
     """Train LoRA adapters only (policy.lora; ``gyre.models.lora``); None trains every weight."""
     seed: int = 0
     """The run's seed: the LoRA adapters' initial values (the same on every rank)."""
     levers: MemoryLevers = MemoryLevers()
     """Micro-batches by token budget, padding removal or packing, chunked log-probs (the role's config)."""
+    samples: bool = False
+    """The model also generates (the policy under a hybrid rollout): it weighs in the attention choice."""
 
 
 def lr_lambda(spec: SchedulerSpec, total_steps: int) -> Callable[[int], float]:
@@ -94,8 +98,9 @@ class TrainerBackend:
         self.built_on = load_on
         """Where this rank built the model: its device or cpu (the weights read), or meta (FSDP2's other ranks)."""
         load = load_causal_lm if self.spec.head == "lm" else load_value_model
-        model = load(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on,
-                     self.spec.attn_implementation)
+        attention = role_attention(self.spec.attn_implementation, self.device.type, self.spec.levers.pack,
+                                   self.spec.samples)
+        model = load(self.spec.model_path, "float32", self.spec.trust_remote_code, load_on, attention)
         if self.spec.gradient_checkpointing:
             memory.enable_activation_checkpointing(model)
         if self.spec.lora is not None:
@@ -251,7 +256,7 @@ class TrainerBackend:
 
     def _plan(self, batch: TrainBatch, size: int | None = None) -> list[torch.Tensor]:
         groups = plan_micro_batches(batch.attention_mask.sum(dim=1), size or self.spec.micro_batch_size,
-                                    self.spec.levers, takes_pack_mask(self.model))
+                                    self.spec.levers, takes_dense_pack_mask(self.model))
         if self.spec.strategy == "fsdp2" and dist.get_world_size() > 1:
             # FSDP2 gathers each layer's shards in every forward pass: all ranks must run as many passes,
             # whatever their token counts. (DDP only synchronises once per optimizer step.)
@@ -288,6 +293,30 @@ class TrainerBackend:
                     t = t.full_tensor()
                 if rank0:
                     yield name, t.to(dtype) if t.is_floating_point() else t
+
+    def sampling_copy(self) -> torch.nn.Module:
+        """An unsharded copy of the model in the compute dtype on this rank's device, for a hybrid FSDP2
+        rank to sample from: decoding from the shards would all-gather every layer for every token, and
+        the ranks decode different requests at their own pace. Built empty (no file read) and filled by
+        ``refresh_sampling_copy``: a collective every rank calls together."""
+        dtype = self.compute_dtype or torch.float32
+        copy = load_causal_lm(self.spec.model_path, str(dtype).removeprefix("torch."), self.spec.trust_remote_code,
+                              "meta", role_attention(self.spec.attn_implementation, self.device.type, False, True))
+        copy = copy.to_empty(device=self.device).eval()
+        self.refresh_sampling_copy(copy)
+        return copy
+
+    def refresh_sampling_copy(self, copy: torch.nn.Module) -> None:
+        """``copy`` takes the current weights, each tensor gathered from its shards as it is reached (the whole
+        float32 model is never gathered at once), and the buffers (rotary tables, which no state dict holds)."""
+        target = copy.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, t in self.hf_model.state_dict().items():  # the same order on every rank
+                t = t.detach()
+                target[name].copy_(t.full_tensor() if hasattr(t, "full_tensor") else t)
+            buffers = dict(copy.named_buffers())
+            for name, b in self.hf_model.named_buffers():
+                buffers[name].copy_(b)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The trainable parameters alone (with LoRA: the adapters and modules_to_save), unsharded on CPU,

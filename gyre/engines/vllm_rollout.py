@@ -69,6 +69,10 @@ class VLLMRolloutEngine(StepwiseGenerate):
         gpu = {"gpu_memory_utilization": gpu_memory_utilization} if self.device.type == "cuda" else {}
         if max_prefill_tokens is not None:  # chunked prefill: at most this many tokens a step
             gpu["max_num_batched_tokens"] = max_prefill_tokens
+        if tensor_parallel_size > 1:
+            # In a Ray actor vLLM would choose its Ray executor and ask the cluster for GPUs again; the actor
+            # holds its engine's GPUs already, and child processes ("mp") inherit them (CUDA_VISIBLE_DEVICES).
+            gpu["distributed_executor_backend"] = "mp"
         self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
                             max_model_len=max_model_len, max_num_seqs=max_batch_size or 256,
                             enforce_eager=enforce_eager, enable_prefix_caching=True,

@@ -1,13 +1,28 @@
 """What a step costs on a device: a roofline of FLOPs and memory traffic, with efficiency factors.
 
 A decoding step of ``B`` rows whose contexts sum to ``C`` tokens reads the weights once and every row's
-KV cache, and does ``2 P B`` FLOPs (P parameters): its time is ``overhead + max(compute, memory)``
+KV cache, and does ``2 P B`` FLOPs (P parameters): its time is ``overhead + max(compute, launch, memory)``
 (``additive`` devices, such as a CPU running a small model from Python, pay the sum instead: nothing
-overlaps there). Prefill is compute-bound (``2 P T`` FLOPs for T tokens). Training a batch of T tokens
-costs ``6 P T`` FLOPs at the device's training MFU, each extra forward pass (old and reference
-log-probs) ``2 P T``. Weight sync moves ``P x bytes`` over the link between trainer and engines.
+overlaps there). ``launch`` is the host's time launching an eager engine's kernels (``EngineClass``),
+which the device's work hides when longer; an engine whose cache is padded to the widest row reads
+``B x widest`` tokens of KV instead of ``C`` (the simulated engine passes that as the context). Prefill is
+compute-bound (``2 P T`` FLOPs for T tokens). Training a batch of T tokens costs ``6 P T`` FLOPs at the
+device's training MFU, each extra forward pass (old and reference log-probs) ``2 P T``.
 
-Device classes and model shapes are data (``gyre.config.catalog``).
+A weight update follows the transport the config selects (``transport``; W the weights' bytes):
+
+* ``none``: hybrid engines are the policy ranks: a round of calls (the version stamp). ``gather``: hybrid
+  FSDP2 ranks also all-gather a full copy, ~W over the link.
+* ``channel``: rank 0 stages the weights on its device (cast, bucket copy, checksum: ~3 passes over W at
+  memory bandwidth), broadcasts them (W over NVLink within a node, the network across nodes, plus a
+  per-bucket cost); its host copy for replacement engines (into pinned memory) runs asynchronously
+  after the broadcast, off the publish's path. The engines pause only for the broadcast.
+* ``object_store``: rank 0 copies W to pageable host buckets, checksums them and puts them in Ray's store
+  (2 host passes); each engine, in parallel, pulls them (across nodes: over TCP), checksums them and
+  copies them to its device (pageable). The engines pause for their part.
+* None: the generic model, for systems other than gyre: ``sync_overhead_s + W / link_gbps`` for both.
+
+Device classes, engine classes and model shapes are data (``gyre.config.catalog``).
 """
 
 from __future__ import annotations
@@ -15,7 +30,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gyre.config.catalog import DeviceClass, ModelShape
+from gyre.config.catalog import GENERIC_ENGINE, DeviceClass, EngineClass, ModelShape
+
+TRANSPORTS = ("none", "gather", "channel", "object_store")
+"""What ``CostModel.transport`` may name (None: the generic model)."""
+BUCKET_S = 5e-4
+"""Cost of one bucket on the weight channel (a broadcast's launch, the receiver's sync and checksum; a gloo
+message's latency is about this on this machine's CPU, reference/platform.md). An estimate on GPUs."""
 
 
 @dataclass(frozen=True)
@@ -25,11 +46,22 @@ class CostModel:
     device: DeviceClass
     model: ModelShape
     tp: int = 1
+    engine: EngineClass = GENERIC_ENGINE
+    """The rollout backend's way of decoding (``gyre.config.catalog.engine_class``)."""
+    transport: str | None = None
+    """How weights reach the engines: none, gather, channel, object_store; None: the generic model."""
+    same_node: bool = True
+    """The trainer and every engine share a node (else the weights cross the network)."""
 
     def __post_init__(self) -> None:
+        if self.transport is not None and self.transport not in TRANSPORTS:
+            raise ValueError(f"unknown weight transport {self.transport!r}: one of {TRANSPORTS}, or None")
         # The roofline's coefficients, once: a simulation asks for spans hundreds of thousands of times.
-        flops = self.device.peak_tflops * 1e12 * self.device.compute_eff * self.tp
-        bandwidth = self.device.mem_gbps * 1e9 * self.device.mem_eff * self.tp
+        e = self.engine
+        flops = self.device.peak_tflops * 1e12 * self.device.compute_eff * e.compute_scale * self.tp
+        bandwidth = self.device.mem_gbps * 1e9 * self.device.mem_eff * e.mem_scale * self.tp
+        object.__setattr__(self, "_overhead", self.device.step_overhead_s * e.overhead_scale)
+        object.__setattr__(self, "_launch", e.layer_launch_s * self.model.layers)
         object.__setattr__(self, "_flops", flops)
         object.__setattr__(self, "_bandwidth", bandwidth)
         object.__setattr__(self, "_row_s", 2 * self.model.params / flops)
@@ -47,8 +79,10 @@ class CostModel:
         return self.decode_span_s(rows, context, 1)
 
     def _terms(self, rows: int, context: float) -> tuple[float, float, float]:
-        """Per step: compute x (constant), memory y + z j at step j."""
-        return self._row_s * rows, self._weights_s + self._kv_s * context, self._kv_s * rows
+        """Per step: compute (or the kernels' launch, if longer) x, constant; memory y + z j at step j."""
+        compute = self._row_s * rows
+        x = compute + self._launch if self.device.additive else max(compute, self._launch)
+        return x, self._weights_s + self._kv_s * context, self._kv_s * rows
 
     def _compute_bound_steps(self, x: float, y: float, z: float, steps: int) -> int:
         """Steps (from the first) during which compute exceeds memory time."""
@@ -62,7 +96,7 @@ class CostModel:
         if steps <= 0 or rows <= 0:
             return 0.0
         x, y, z = self._terms(rows, context)
-        total = steps * self.device.step_overhead_s
+        total = steps * self._overhead
         if self.device.additive:
             return total + steps * (x + y) + z * steps * (steps - 1) / 2
         j0 = self._compute_bound_steps(x, y, z, steps)  # max(x, y + z j): compute-bound before j0
@@ -77,7 +111,7 @@ class CostModel:
         if self.decode_span_s(rows, context, most) <= budget_s:
             return most
         x, y, z = self._terms(rows, context)
-        o = self.device.step_overhead_s
+        o = self._overhead
         j0 = self._compute_bound_steps(x, y, z, most)
         flat = o + x
         if j0 and budget_s <= j0 * flat:
@@ -106,7 +140,7 @@ class CostModel:
         if free <= 0:
             raise ValueError(f"a {self.model.name} model ({self.model.weight_bytes / 1e9:.0f} GB of weights) does not "
                              f"fit on {self.tp} x {self.device.name} ({self.device.mem_gb:.0f} GB each): raise the "
-                             f"rollout tensor parallelism (simulate.rollout_tp)")
+                             f"rollout tensor parallelism (rollout.tensor_parallel_size, or simulate.rollout_tp)")
         return free * self.device.kv_fraction / self.model.kv_bytes_per_token
 
     # ---- training --------------------------------------------------------------------------------
@@ -116,9 +150,54 @@ class CostModel:
         flops = (6 + 2 * forward_passes) * self.model.params * tokens
         return self.device.train_overhead_s + flops / (devices * self.device.peak_tflops * 1e12 * self.device.train_mfu)
 
+    # ---- weight updates ------------------------------------------------------------------------------
     def sync_s(self) -> float:
-        """A weight update: the weights over the trainer-to-engine link, plus a fixed cost."""
-        return self.device.sync_overhead_s + self.model.weight_bytes / (self.device.link_gbps * 1e9)
+        """A weight update as the trainer waits for it: publish until every engine holds the version."""
+        return self._update()[0]
+
+    def load_s(self) -> float:
+        """The part of a weight update an engine spends suspended (its clock's share)."""
+        return self._update()[1]
+
+    def join_s(self) -> float:
+        """A joining engine loads the current version through the object store, as a replacement does (a
+        fresh engine is not in the channel's group); in the generic model, a sync."""
+        if self.transport is None:
+            return self.sync_s()
+        return self._object_store(self.model.weight_bytes / 1e9)[1]
+
+    def _update(self) -> tuple[float, float]:
+        """(trainer's wait, an engine's pause) of one update over ``transport`` (module docstring)."""
+        d, w = self.device, self.model.weight_bytes / 1e9
+        if self.transport is None:
+            s = d.sync_overhead_s + w / d.link_gbps
+            return s, s
+        if self.transport in ("none", "gather"):
+            s = d.call_s + (w / self._link_gbps() if self.transport == "gather" else 0.0)
+            return s, s
+        if self.transport == "channel":
+            cpu = d.kind == "cpu"
+            memory = d.host_gbps if cpu else d.mem_gbps * d.mem_eff  # the sender's device memory
+            stage = (2 if cpu else 3) * w / memory  # cast (none on CPU: float32 throughout), bucket copy, checksum
+            wire = w / self._link_gbps() + self._buckets() * BUCKET_S
+            return d.call_s + stage + wire, d.call_s + wire
+        return self._object_store(w)
+
+    def _object_store(self, w: float) -> tuple[float, float]:
+        d = self.device
+        sender = w / d.pageable_gbps + 2 * w / d.host_gbps  # to host buckets, adler32, ray.put
+        # Engines in parallel, each at one process's host bandwidth (8 of them stay within a socket's);
+        # on the trainer's node ray.get maps the shared memory, on another it pulls the object first.
+        engine = (0.0 if self.same_node else w / d.tcp_gbps) + w / d.host_gbps + w / d.pageable_gbps
+        return d.call_s + sender + engine, d.call_s + engine
+
+    def _link_gbps(self) -> float:
+        return self.device.peer_gbps if self.same_node else self.device.net_gbps
+
+    def _buckets(self) -> int:
+        """Broadcasts of one update: the headers, then tensors of 1 MiB or more alone (a decoder layer's seven
+        projection matrices, the embeddings and the head) and the small ones in a shared bucket."""
+        return 7 * self.model.layers + 3
 
     def swap_s(self, train_devices: int) -> float:
         """Time-sharing the devices (colocation), one way: the trainer's state (bf16 weights, fp32 master

@@ -39,7 +39,8 @@ class ElasticSpec:
     cut: aborted and re-routed) and other engines continue them. Above 0: for that long it gets no new
     work and decodes on, then hands back what is left."""
     join_s: float | None = None
-    """Seconds a joining engine takes to load the weights before it serves (None: the cost model's sync)."""
+    """Seconds a joining engine takes to load the weights before it serves (None: the cost model's
+    ``join_s``, through the object store as a replacement engine loads them)."""
     seed: int = 0
     """Seeds the on/off processes (each lent engine its own stream: the plan does not depend on the run)."""
 
@@ -104,7 +105,7 @@ class ElasticPool:
         """A lent engine joins holding the current weights (``warm``: it was there from the start)."""
         engine = self.run.new_engine()
         engine.load_weights(None, self.run.scheduler.version)
-        load_s = 0.0 if warm else (self.spec.join_s if self.spec.join_s is not None else self.run.spec.cost.sync_s())
+        load_s = 0.0 if warm else (self.spec.join_s if self.spec.join_s is not None else self.run.spec.cost.join_s())
         engine.now = self.cluster.now + load_s  # it serves once the weights are in
         self.ranks[slot] = self.cluster.join(engine)
         self.joins += 1

@@ -10,7 +10,9 @@ A sample's length comes from the workload (``lengths(request, sample)``), so no 
 two events (a row finishing, a request arriving, an abort, an update) the batch does not change, and
 ``advance`` jumps over all the steps in between at once, in closed form (``CostModel.decode_span_s``).
 ``step`` (one decoding step) implements the protocol's token-by-token contract and gives the same
-results; a test holds the two to each other.
+results; a test holds the two to each other. For an engine whose cache is padded to the widest row (the HF
+engine: ``EngineClass.padded_kv``) the cost model is given rows x the widest row's context instead of the
+contexts' sum: it grows by the rows each step too, so the closed form holds.
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ class SimEngine:
         self._seq = 0
         self._context = 0
         """Sum of the decoding rows' contexts (prompt + tokens so far)."""
+        self._padded = cost.engine.padded_kv
+        self._widest: list[tuple[int, int, _SimRow]] = []
+        """Padded engines: (-(context - steps) at join, seq, row), a max-heap of the decoding rows' contexts
+        (each grows by one a step, so their order holds); aborted and finished rows are skipped lazily."""
         self._kv = 0
         """KV cache the decoding rows will need at their end (sum of prompt + target)."""
         self._history: list[tuple[int, WeightVersion]] = [(0, 0)]
@@ -150,7 +156,7 @@ class SimEngine:
         loop aborts ``request_ids()``): the scheduler asks them again under the new weights."""
         self.suspend()
         dropped = [] if partial else self.abort(self.request_ids())
-        self.now += self.cost.sync_s()
+        self.now += self.cost.load_s()
         self.load_weights(None, version)
         self.resume()
         return dropped
@@ -181,7 +187,11 @@ class SimEngine:
             return float("inf")
         joining, admit_s = self._admission()
         rows = len(self.rows) + len(joining)
-        context = self._context + sum(len(r.request.prompt_ids) + r.done0 for r in joining)
+        contexts = [len(r.request.prompt_ids) + r.done0 for r in joining]
+        if self._padded:
+            context = rows * max([self._width(), *contexts])
+        else:
+            context = self._context + sum(contexts)
         left = min(([self._left()] if self.rows else []) + [r.target - r.done0 for r in joining])
         return self.now + admit_s + self.cost.decode_span_s(rows, context, left)
 
@@ -200,7 +210,7 @@ class SimEngine:
                 break
             left = self._left()
             # A hair of slack: the finish time ``next_event`` promised must not be missed by a rounding error.
-            steps = self.cost.steps_within(len(self.rows), self._context, until - self.now + slack, left)
+            steps = self.cost.steps_within(len(self.rows), self._kv_context(), until - self.now + slack, left)
             if steps == 0:
                 break
             self._decode(steps)
@@ -214,6 +224,16 @@ class SimEngine:
     # ---- internals ----------------------------------------------------------------------------------
     def _done(self, row: _SimRow) -> int:
         return row.done0 if row.joined < 0 else row.done0 + self.steps - row.joined
+
+    def _width(self) -> int:
+        """The widest decoding row's context (0 without rows)."""
+        while self._widest and self._widest[0][2].gone:
+            heapq.heappop(self._widest)
+        return -self._widest[0][0] + self.steps if self._widest else 0
+
+    def _kv_context(self) -> int:
+        """Context tokens a decoding step reads the KV cache of: the contexts' sum, or, padded, rows x the widest."""
+        return len(self.rows) * self._width() if self._padded else self._context
 
     def _left(self) -> int:
         while self._finish and self._finish[0][2].gone:
@@ -241,6 +261,8 @@ class SimEngine:
             self._seq += 1
             heapq.heappush(self._finish, (self.steps + row.target - row.done0, self._seq, row))
             self._context += len(row.request.prompt_ids) + row.done0
+            if self._padded:
+                heapq.heappush(self._widest, (self.steps - len(row.request.prompt_ids) - row.done0, self._seq, row))
             self._kv += row.base
         if joining:
             self._spend(seconds)
@@ -252,7 +274,7 @@ class SimEngine:
         self._kv -= row.base
 
     def _decode(self, steps: int) -> None:
-        self._spend(self.cost.decode_span_s(len(self.rows), self._context, steps))
+        self._spend(self.cost.decode_span_s(len(self.rows), self._kv_context(), steps))
         self.steps += steps
         self._context += steps * len(self.rows)
         self.tokens += steps * len(self.rows)

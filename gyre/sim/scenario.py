@@ -9,6 +9,10 @@ Placement follows the config: rollout and policy on overlapping devices time-sha
 disjoint lists run side by side with the same share of the devices. Asynchrony needs disjoint devices,
 so an asynchronous setting of a colocated config is simulated disaggregated (``simulate.rollout_share``),
 as a run would have to be placed; the table names each setting's layout.
+
+Decoding and weight updates cost what gyre's own engine and transport would (``engine_and_transport``):
+the config's rollout.backend (a hybrid layout samples with the policy's HF model), and the transport
+``gyre check`` resolves for the simulated placement (``gyre.config.backend.weight_transport``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from gyre.config.catalog import ModelShape, device_class, model_shape
+from gyre.config.backend import backend_notes, weight_transport
+from gyre.config.catalog import DeviceClass, ModelShape, device_class, engine_class, model_shape
 from gyre.config.schema import RLVRConfig
 from gyre.envs.episode import EpisodeLimits
 from gyre.rollout.schedule import sampling_params, schedule_spec
@@ -29,10 +34,15 @@ ASYNC_SHARE = 0.6
 """Rollout's share of the devices when asynchrony splits a colocated config (ROLL Flash: 24 of 40)."""
 
 
+def rollout_tp(cfg: RLVRConfig) -> int:
+    """Devices per simulated rollout engine: simulate.rollout_tp, else the run's rollout.tensor_parallel_size."""
+    return cfg.simulate.rollout_tp or cfg.rollout.tensor_parallel_size
+
+
 def layout(cfg: RLVRConfig, devices: int) -> Layout:
     """Where rollout and training run on ``devices`` devices, after the config's placement."""
     sim, r = cfg.simulate, cfg.rollout
-    tp = sim.rollout_tp
+    tp = rollout_tp(cfg)
     rollout, policy = set(r.devices), set(cfg.policy.devices)
     overlap = bool(rollout & policy) or r.mode == "hybrid"
     if overlap and r.async_ratio == 0:
@@ -49,13 +59,29 @@ def layout(cfg: RLVRConfig, devices: int) -> Layout:
     return Layout(devices, engines * tp, devices - engines * tp, False, tp)
 
 
+def engine_and_transport(cfg: RLVRConfig, placed: Layout, device: DeviceClass) -> tuple[str, str]:
+    """The rollout backend and weight transport a run of ``cfg`` placed as ``placed`` would use: hybrid
+    (rollout.mode, on a colocated layout) samples with the policy ranks' HF model and moves nothing (FSDP2
+    ranks gather a full copy); otherwise rollout.backend, and the transport auto picks where an engine does
+    or does not share the policy rank 0's device (raising as ``gyre check`` would)."""
+    hybrid = cfg.rollout.mode == "hybrid" and placed.colocated
+    backend_notes(cfg.rollout.backend, hybrid)  # refuses vLLM for hybrid rollout
+    if hybrid:
+        return "hf", "gather" if cfg.policy.strategy == "fsdp2" else "none"
+    return cfg.rollout.backend, weight_transport(cfg, False, device.kind, [], shared=placed.colocated)
+
+
 def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path | None = None) -> SimSpec:
     """The simulation of ``cfg`` on ``devices`` devices (default ``simulate.devices``); ``calibrate``: a
     real run's metrics.jsonl to fit the response lengths from."""
     sim = cfg.simulate
     sampling = sampling_params(cfg)
     model = ModelShape.from_hf_config(cfg.model.path) if sim.model == "config" else model_shape(sim.model)
-    cost = CostModel(device_class(sim.device), model, sim.rollout_tp)
+    placed = layout(cfg, devices or sim.devices)
+    device = device_class(sim.device)
+    backend, transport = engine_and_transport(cfg, placed, device)
+    cost = CostModel(device, model, rollout_tp(cfg), engine_class(backend, device), transport,
+                     same_node=placed.devices <= device.node_devices)
     w = sim.workload
     workload = WorkloadSpec(w.prompt_tokens, w.prompt_tokens_cv, w.response_tokens, w.length_sigma, w.prompt_share,
                             sampling.max_new_tokens, w.pass_rate, w.reward_latency_s, w.reward_latency_cv, w.turns,
@@ -78,7 +104,7 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
     max_rows = sim.max_rows or cfg.rollout.max_batch_size
     if schedule.async_ratio > 0 and not schedule.lockstep and max_rows:  # as training does (schedule_spec)
         schedule = replace(schedule, engine_slots=max_rows)
-    return SimSpec(schedule, layout(cfg, devices or sim.devices), cost, workload,
+    return SimSpec(schedule, placed, cost, workload,
                    steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,
                    max_rows=max_rows, reward_workers=sim.reward_workers,
                    forward_passes=2 if cfg.algorithm.uses_reference else 1, agentic=agentic, seed=sim.seed,
@@ -101,8 +127,8 @@ def describe(spec: SimSpec) -> str:
              f"device     {c.device.name}: {c.device.peak_tflops:g} TFLOP/s, {c.device.mem_gbps:g} GB/s, "
              f"{c.device.mem_gb:g} GB; rollout engines of {c.tp} device(s) hold {rows:.0f} full-length samples "
              f"(KV cache){f', at most {spec.max_rows} rows' if spec.max_rows else ''}",
-             f"step       decode {c.decode_step_s(1, w.prompt_tokens) * 1e3:.1f} ms for one row, "
-             f"weight sync {c.sync_s():.1f} s",
+             f"engine     {_engine_text(c)}: decode {c.decode_step_s(1, w.prompt_tokens) * 1e3:.1f} ms for one row",
+             f"weights    {_transport_text(c)}: sync {c.sync_s():.2f} s, engines paused {c.load_s():.2f} s",
              f"workload   prompts ~{w.prompt_tokens:.0f} tokens; responses mean {w.response_tokens:.0f} tokens before "
              f"the {w.max_tokens}-token cap, lognormal sigma {w.length_sigma:.2f}; reward {w.reward_latency_s:g} s"
              if spec.agentic is None else
@@ -115,3 +141,21 @@ def describe(spec: SimSpec) -> str:
              f"schedule   {spec.schedule.batch_groups} prompts x {spec.schedule.group_size} samples per step, "
              f"{spec.steps} steps ({spec.warmup} warm-up)"]
     return "\n".join(lines)
+
+
+def _engine_text(c: CostModel) -> str:
+    e = c.engine
+    parts = [f"eager, {c.model.layers * e.layer_launch_s * 1e3:.1f} ms of kernel launches a step"] \
+        if e.layer_launch_s else []
+    parts += ["KV read at the widest row's length"] if e.padded_kv else []
+    scales = {"bandwidth": e.mem_scale, "compute": e.compute_scale, "step overhead": e.overhead_scale}
+    parts += [f"{name} x{v:g}" for name, v in scales.items() if v != 1.0]
+    return e.name + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _transport_text(c: CostModel) -> str:
+    where = "within a node" if c.same_node else "across nodes"
+    return {None: "generic link", "none": "none (hybrid: the policy ranks sample)",
+            "gather": "gather (hybrid FSDP2: each rank gathers a full copy)",
+            "channel": f"channel (NCCL broadcast {where})" if c.device.kind == "cuda" else "channel (gloo)",
+            "object_store": f"object store (through host memory, {where})"}[c.transport]

@@ -92,8 +92,10 @@ def test_hybrid_rollout_runs_on_the_policy_ranks():
     assert plan.hybrid_rollout and set(plan.roles) == {"policy"} and not plan.shared_devices
     with pytest.raises(ConfigError, match="must equal policy.devices"):
         plan_for("rollout.mode=hybrid", "policy.devices=[0,1]", "rollout.devices=[2]")
-    with pytest.raises(ConfigError, match="needs policy.strategy=ddp"):
-        plan_for("rollout.mode=hybrid", "policy.strategy=fsdp2")
+    fsdp = plan_for("rollout.mode=hybrid", "policy.strategy=fsdp2", "policy.devices=[0,1]", "rollout.devices=[0,1]")
+    assert fsdp.hybrid_rollout and any("gathers a full copy" in note for note in fsdp.notes)
+    with pytest.raises(ConfigError, match="LoRA"):
+        plan_for("rollout.mode=hybrid", "policy.strategy=fsdp2", "policy.lora={}")
 
 
 def test_weight_transport_is_a_channel_unless_nccl_cannot_join_the_ranks():

@@ -165,7 +165,8 @@ def test_reward_config_errors(overrides, message):
     ("trainer.n_gpus_per_node=8", "trainer.n_gpus_per_node is 'policy.devices' (verl"),
     ("use_vllm=true", "did you mean 'rollout.backend'? (TRL: use_vllm"),
     ("vllm_mode=server", "did you mean 'rollout.mode'? (TRL: vllm_mode"),
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "'rollout.devices' (verl"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "'rollout.tensor_parallel_size' (verl"),
+    ("vllm_tensor_parallel_size=2", "did you mean 'rollout.tensor_parallel_size'? (OpenRLHF, TRL"),
 ])
 def test_other_frameworks_names_point_at_gyres_key(override, expected):
     with pytest.raises(ConfigError) as exc:

@@ -93,3 +93,16 @@ def test_an_engines_kv_budget_caps_its_cache_estimate():
     assert capped.roles[1].terms["KV cache"] == 1000 * 5120  # 8 rows x 256 tokens would be 2048
     _, tiny = memory("policy.devices=[0]", "rollout.devices=[1]", "rollout.max_batch_tokens=10")
     assert tiny.roles[1].terms["KV cache"] == 256 * 5120  # a row alone always runs
+
+
+def test_an_engines_memory_share_caps_its_cache_beside_its_weights():
+    # Half of 4.01048576 GB is 2 GB of bf16 weights plus 1024 x 5120 bytes: room for 1024 cached tokens,
+    # under the 8 rows x 256 tokens the row cap allows; half of 8 GB leaves room for all 2048.
+    _, tight = memory("policy.devices=[0]", "rollout.devices=[1]", "rollout.gpu_memory_utilization=0.5",
+                      device_gb=4.01048576)
+    assert tight.roles[1].terms["KV cache"] == pytest.approx(1024 * 5120)
+    _, loose = memory("policy.devices=[0]", "rollout.devices=[1]", "rollout.gpu_memory_utilization=0.5", device_gb=8)
+    assert loose.roles[1].terms["KV cache"] == 2048 * 5120
+    _, vllm = memory("policy.devices=[0]", "rollout.devices=[1]", "rollout.backend=vllm",
+                     "rollout.gpu_memory_utilization=0.5", device_gb=80)
+    assert vllm.roles[1].terms == {"vLLM reservation (50%)": 40e9}

@@ -46,24 +46,25 @@ def test_micro_batch_plans_hand_computed():
         split_to_count(groups, 6)
 
 
-def test_packing_under_a_masked_kernel_stays_within_a_token_budget():
-    """Packed rows under eager or sdpa attention get an [N, N] block mask: with no micro_batch_tokens,
-    micro-batches are cut at MASKED_PACK_TOKENS as well as at the row count, so N cannot reach rows x
-    the longest row. Flash-attention (row boundaries from position ids) keeps the row cut alone."""
-    from gyre.engines.microbatch import MASKED_PACK_TOKENS
+def test_packing_under_a_dense_mask_kernel_stays_within_a_token_budget():
+    """Packed rows under eager or sdpa attention get a dense [N, N] block mask: with no micro_batch_tokens,
+    micro-batches are cut at DENSE_MASK_PACK_TOKENS as well as at the row count, so N cannot reach rows x
+    the longest row. Flex (block-sparse mask) and flash-attention (row boundaries from position ids) keep
+    the row cut alone."""
+    from gyre.engines.microbatch import DENSE_MASK_PACK_TOKENS
 
-    assert MASKED_PACK_TOKENS == 4096
+    assert DENSE_MASK_PACK_TOKENS == 4096
     lengths = torch.tensor([100, 3000, 2000, 1500, 100])  # longest first: 1 (3000), 2, 3, 0, 4
     pack = MemoryLevers(remove_padding="pack")
 
-    def plan(rows, masked):
-        return [g.tolist() for g in plan_micro_batches(lengths, rows, pack, masked)]
+    def plan(rows, dense):
+        return [g.tolist() for g in plan_micro_batches(lengths, rows, pack, dense)]
 
-    assert plan(128, masked=False) == [[1, 2, 3, 0, 4]]  # 6700 tokens in one sequence
+    assert plan(128, dense=False) == [[1, 2, 3, 0, 4]]  # 6700 tokens in one sequence
     # 3000 + 2000 > 4096: row 1 alone; 2000 + 1500 + 100 + 100 = 3700 fits.
-    assert plan(128, masked=True) == [[1], [2, 3, 0, 4]]
-    assert plan(2, masked=True) == [[1], [2, 3], [0, 4]]  # and still at most `rows` rows
-    assert plan(2, masked=False) == [[1, 2], [3, 0], [4]]
+    assert plan(128, dense=True) == [[1], [2, 3, 0, 4]]
+    assert plan(2, dense=True) == [[1], [2, 3], [0, 4]]  # and still at most `rows` rows
+    assert plan(2, dense=False) == [[1, 2], [3, 0], [4]]
     sort = MemoryLevers(remove_padding="sort")  # padded rows: nothing changes
     assert [g.tolist() for g in plan_micro_batches(lengths, 128, sort, True)] == [[1, 2, 3, 0, 4]]
 

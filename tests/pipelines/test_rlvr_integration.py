@@ -93,6 +93,21 @@ def test_hybrid_rollout_samples_with_the_training_weights(ray_local, tiny_model_
     assert "time/weight_sync" in records[0] and records[0]["time/weight_sync"] < 0.5
 
 
+@pytest.mark.slow  # about 30 s; the DDP hybrid run above keeps hybrid sampling in the default run
+def test_hybrid_rollout_under_fsdp2_samples_from_a_gathered_copy(ray_local, tiny_model_dir, arithmetic_data, tmp_path):
+    """Two FSDP2 ranks sample from full copies gathered from their shards after each step: the samples'
+    log-probs are the trainer's (the copy holds the very weights that trained), the stamps advance."""
+    reward = Path(__file__).with_name("reward_fns.py")
+    cfg = quick_config(tmp_path, tiny_model_dir, arithmetic_data, "rollout.mode=hybrid", "policy.strategy=fsdp2",
+                       "validation.every=0", "reward.type=function", f"reward.function={reward}:digit_fraction")
+    lines = []
+    launch.train(cfg, echo=lines.append)
+    assert any("gathers a full copy" in line for line in lines)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["sample_weight_version"] for r in records] == [0, 1, 2]
+    assert all(r["logprob_mismatch"] < 1e-4 for r in records)
+
+
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
 def test_colocated_gpu_run_with_offload(tmp_path, tiny_model_dir, arithmetic_data):
     """On one GPU, policy, rollout and reference time-share it with offload (the auto choice on GPU)."""

@@ -101,3 +101,37 @@ def test_the_kv_cache_bounds_how_many_rows_decode_together():
     e.advance(e.now + 1e-9)
     e.step()
     assert (len(e.rows), len(e.waiting)) == (2, 1)
+
+
+def test_a_padded_engine_reads_every_rows_kv_at_the_widest_rows_length():
+    from gyre.config.catalog import EngineClass
+
+    padded = CostModel(DEVICE, ModelShape("toy", 1e8, 2, 1, 250), engine=EngineClass("hf", padded_kv=True))
+    prompts, lengths = {"s": 10, "l": 30}, {"s": 4, "l": 2}
+    requests = [GenerationRequest(rid, [1] * n, SamplingParams(max_new_tokens=100)) for rid, n in prompts.items()]
+    for cost, first_two in ((COST, 10 + 30), (padded, 2 * 30)):
+        e = SimEngine(cost, lambda r, i: lengths[r.request_id])
+        e.add(requests)
+        e.advance(float("inf"))
+        # both rows prefilled (40 tokens), two steps together (contexts 40 or 2 x 30, growing 2 a step), then
+        # "s" alone at 12 tokens for two steps: the widest row's length is its own once "l" has left
+        want = cost.prefill_s(40) + cost.decode_span_s(2, first_two, 2) + cost.decode_span_s(1, 12, 2)
+        assert e.busy_s == pytest.approx(want, rel=1e-12)
+
+
+def test_a_padded_engine_skips_events_as_it_decodes_token_by_token():
+    from gyre.config.catalog import EngineClass
+
+    padded = CostModel(DEVICE, ModelShape("toy", 1e8, 2, 1, 250), engine=EngineClass("hf", padded_kv=True))
+    by_step, by_event = (SimEngine(padded, lambda r, i: LENGTHS[(r.request_id, i)], 2) for _ in range(2))
+    for e in (by_step, by_event):
+        e.add([request("a", n=2), request("b"), request("c", budget=30)])
+    while by_step.busy:
+        by_step.step()
+    while by_event.busy:
+        by_event.advance(by_event.next_event())
+    assert by_event.busy_s == pytest.approx(by_step.busy_s, rel=1e-12)
+    plain = engine(2)  # rows that joined later are shorter than the widest: padding reads more
+    plain.add([request("a", n=2), request("b"), request("c", budget=30)])
+    plain.advance(float("inf"))
+    assert by_event.busy_s > plain.busy_s
