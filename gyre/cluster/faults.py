@@ -131,7 +131,11 @@ class Watchdog:
 def _classify_error(exc: BaseException) -> tuple[FaultKind, str]:
     exc = transport.translate(exc)  # e.g. the rollout coordinator's own ray.get
     if isinstance(exc, ActorLost):
-        return "died", _first_line(str(exc)) or exc.origin
+        first = _first_line(str(exc)) or exc.origin
+        raised = _raised(str(exc))
+        if "creation task" in first and raised and raised not in first:  # the constructor's own exception
+            first = f"{first} ... {raised}"
+        return "died", first
     if isinstance(exc, CallRaised) and exc.lost:
         return "died", exc.lost  # it raised because something it needed died (e.g. the weights' owner)
     text = str(exc)
@@ -143,6 +147,12 @@ def _classify_error(exc: BaseException) -> tuple[FaultKind, str]:
 def _first_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0][:300] if lines else ""
+
+
+def _raised(text: str) -> str:
+    """The last line of a traceback that is not one of Python's caret markers: the exception raised."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().strip("^~ ")]
+    return lines[-1][:300] if len(lines) > 1 else ""
 
 
 def _last_lines(text: str) -> str:

@@ -187,3 +187,18 @@ def test_a_ray_error_the_caller_caught_itself_is_classified_the_same(workers, ra
         ray_local.get(ref, timeout=30)
     fault = fault_from(info.value, "rollout", 1, "generate(train)")
     assert (fault.kind, fault.ranks) == ("died", (1,))
+
+
+def test_an_actor_whose_constructor_raised_names_the_exception():
+    """Ray's report of a failed creation task opens with its own framing; the exception comes last, after
+    the traceback's caret markers."""
+    from gyre.cluster.faults import _classify_error
+    from gyre.cluster.transport import ActorLost
+
+    text = ("The actor died because of an error raised in its creation task, ray::PolicyWorker.__init__() (pid=1)\n"
+            "  File \"workers.py\", line 189, in __init__\n    self.copy = self.backend.copy()\n"
+            "                ^^^^^^^^^^^^^^^^^^\nAttributeError: 'TrainerBackend' object has no attribute 'hf_model'")
+    kind, cause = _classify_error(ActorLost(text, "ActorDiedError"))
+    assert kind == "died" and cause.startswith("The actor died because of an error raised in its creation task")
+    assert cause.endswith("AttributeError: 'TrainerBackend' object has no attribute 'hf_model'")
+    assert _classify_error(ActorLost("The actor was killed", "ActorDiedError")) == ("died", "The actor was killed")
