@@ -22,7 +22,8 @@ class Offloadable(Protocol):
         """Move this worker's device state (weights, optimizer state, caches) to the host."""
 
     def reload(self) -> None:
-        """Bring it back onto the device."""
+        """Bring it back onto the device (rollout engines take ``values=False``: a whole new version loads
+        next, so the old weights need not come back)."""
 
 
 class _Group(Protocol):
@@ -45,7 +46,9 @@ class TimeShare:
                 out.append(other)
         return out
 
-    def activate(self, role: str) -> None:
+    def activate(self, role: str, values: bool = True) -> None:
+        """``role`` on its devices, the roles sharing them offloaded. ``values=False`` (rollout engines about to
+        load a whole new version): the role's weights get device memory without their old values."""
         if not self.plan.offload:
             return
         for other in self._sharing(role):
@@ -53,6 +56,6 @@ class TimeShare:
                 self.groups[other].call(Offloadable.offload)
                 self.resident.discard(other)
         if role not in self.resident:
-            self.groups[role].call(Offloadable.reload)
+            self.groups[role].call(Offloadable.reload, *(() if values else (False,)))
             self.resident.add(role)
             self.transitions += 1

@@ -54,6 +54,12 @@ class Roles:
         """The role to activate on the devices before sampling."""
         return "policy" if self.hybrid else "rollout"
 
+    def activate_rollout(self, fresh: bool = False, lora: bool = False) -> None:
+        """Give the rollout engines their devices (the time-share). ``fresh``: a whole new version loads next,
+        so separate engines skip bringing their old weights back (not with LoRA, whose updates merge into
+        them; hybrid engines are the policy, whose weights are the ones that trained)."""
+        self.timeshare.activate(self.rollout_role, values=not (fresh and not lora and not self.hybrid))
+
     def groups(self) -> list[RoleGroup]:
         """Every role group of the run, once each (a hybrid run's policy is its rollout too)."""
         groups = (self.policy, self.rollout, self.reference, *self.critics, self.teacher, *self.reward.values(),

@@ -447,8 +447,8 @@ class RolloutWorker(EngineHost):
     def offload(self) -> None:
         self.engine.offload()
 
-    def reload(self) -> None:
-        self.engine.reload()
+    def reload(self, values: bool = True) -> None:
+        self.engine.reload(values)
 
 
 class ReferenceWorker:

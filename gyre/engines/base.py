@@ -77,8 +77,9 @@ class RolloutEngine(Protocol):
         """Free device memory (weights to host, caches dropped) while another role uses the device."""
         ...
 
-    def reload(self) -> None:
-        """Undo ``offload``."""
+    def reload(self, values: bool = True) -> None:
+        """Undo ``offload``; ``values=False``: a whole new version loads next, so the old weights need not
+        come back (an engine may bring them anyway)."""
         ...
 
 

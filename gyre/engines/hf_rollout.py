@@ -110,8 +110,9 @@ class HFRolloutEngine(StepwiseGenerate):
         memory.offload(self.model, self.device)
         self._share_budget = None
 
-    def reload(self) -> None:
-        memory.reload(self.model, self.device)
+    def reload(self, values: bool = True) -> None:
+        """Undo ``offload``; ``values=False`` when a whole new version loads next (nothing old is copied)."""
+        memory.reload(self.model, self.device, values=values or self._merger is not None)
 
     def kv_budget(self) -> int | None:
         """The KV-cache budget in tokens rows are admitted under: ``max_batch_tokens``, and on a GPU with a

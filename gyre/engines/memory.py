@@ -23,12 +23,30 @@ def offload(module: torch.nn.Module, device: torch.device, optimizer: torch.opti
     torch.cuda.empty_cache()
 
 
-def reload(module: torch.nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Undo ``offload`` (copies from pinned memory run asynchronously, in stream order before any use)."""
+def reload(module: torch.nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None = None,
+           values: bool = True) -> None:
+    """Undo ``offload`` (copies from pinned memory run asynchronously, in stream order before any use).
+    ``values=False``: the parameters get device memory but not their old values (a rollout engine about to
+    load a whole new version: copying the old ones over first would move the model twice)."""
     if device.type != "cuda":
+        return
+    if not values:
+        allocate(module, device)
         return
     module.to(device, non_blocking=True)
     _move_optimizer_state(optimizer, lambda t: t.to(device, non_blocking=True))
+
+
+def allocate(module: torch.nn.Module, device: torch.device) -> None:
+    """Every parameter gets uninitialised memory on ``device`` (tied ones stay one parameter); buffers move
+    with their values (rotary tables and the like, which no weight update carries)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.data = torch.empty_like(p.data, device=device)
+        for m in module.modules():
+            for name, b in m._buffers.items():
+                if b is not None:
+                    m._buffers[name] = b.to(device, non_blocking=True)
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:

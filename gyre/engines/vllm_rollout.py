@@ -212,8 +212,8 @@ class VLLMRolloutEngine(StepwiseGenerate):
             self.llm.sleep(level=1)
             self._asleep = True
 
-    def reload(self) -> None:
-        if self._asleep:
+    def reload(self, values: bool = True) -> None:
+        if self._asleep:  # vLLM's level-1 sleep brings the old weights back either way
             self.llm.wake_up()
             self._asleep = False
 

@@ -67,7 +67,8 @@ class RLVRPipeline:
         driver = RolloutDriver(roles.rollout, self.rewards, cfg.rollout.emit_every, replaceable=not roles.hybrid,
                                envs=envs)
         self.rollout = RolloutMachine(driver, schedule_spec(cfg, self.sampling), data.next_train_prompts,
-                                      lambda: roles.timeshare.activate(roles.rollout_role), cfg.rollout.partial,
+                                      lambda fresh=False: roles.activate_rollout(fresh, cfg.policy.lora is not None),
+                                      cfg.rollout.partial,
                                       sources=episode_runners(cfg, data, envs))
         # With asynchrony the rollout goes on while the learner's calls run.
         overlap = lambda group, method, refs: self.rollout.wait_for(CallWait(tuple(refs), group, method))  # noqa: E731

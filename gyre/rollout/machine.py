@@ -44,15 +44,16 @@ class Batch:
 
 class RolloutMachine:
     def __init__(self, driver: RolloutPort, spec: ScheduleSpec, prompts: Callable[[int], list[PromptRecord]],
-                 activate: Callable[[], None] = lambda: None, partial: bool = True,
+                 activate: Callable[..., None] = lambda fresh=False: None, partial: bool = True,
                  sources: Callable[[SamplingParams], SampleSource] | None = None, live: bool = False):
         """``driver``: the port the machine drives (``RolloutDriver``, or the simulator's ``SimCluster``).
         ``prompts(k)`` draws the next k training prompts; ``activate()`` gives the engines the devices
-        (time-shared roles); ``partial``: requests in flight at a weight update continue under the new
-        weights (else they are regenerated). Multi-turn runs: ``sources(sampling)`` makes the episode runner
-        of a scheduler (else each sample is one request). ``live``: the engines already hold version 0 (a
-        simulated cluster's are built with it); else lockstep admits nothing before the first ``publish``
-        (the pipeline publishes version 0 before it asks for a batch)."""
+        (time-shared roles; ``activate(fresh=True)`` before a whole new version loads); ``partial``: requests
+        in flight at a weight update continue under the new weights (else they are regenerated). Multi-turn
+        runs: ``sources(sampling)`` makes the episode runner of a scheduler (else each sample is one request).
+        ``live``: the engines already hold version 0 (a simulated cluster's are built with it); else lockstep
+        admits nothing before the first ``publish`` (the pipeline publishes version 0 before it asks for a
+        batch)."""
         self.driver = driver
         self.spec = spec
         self.prompts = prompts
@@ -157,7 +158,7 @@ class RolloutMachine:
 
     def _load(self, version: WeightVersion, weights) -> None:
         """Give every engine ``version``; groups too stale to ever train are then aborted."""
-        self.activate()
+        self.activate(fresh=weights is not None)  # a whole version arrives: an offloaded engine need not reload
         self.driver.load_weights(version, weights, self.partial)
         self._live = True
         self.scheduler.on_published(version)
