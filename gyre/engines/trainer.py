@@ -278,20 +278,20 @@ class TrainerBackend:
             return None
         return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
 
-    def stream_state_dict(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def stream_state_dict(self, dtype: torch.dtype, every_rank: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Unsharded HF-named weights on this rank's device, floating ones cast to ``dtype``, one tensor at a
         time (a weight channel stages them into buckets as they come, so the whole model is never gathered
-        at once). Only rank 0 yields; under FSDP2 every rank must exhaust the iterator (each tensor is
-        gathered as it is reached)."""
-        rank0 = dist.get_rank() == 0
-        if self.spec.strategy != "fsdp2" and not rank0:
+        at once). Only rank 0 yields, unless ``every_rank``; under FSDP2 every rank must exhaust the iterator
+        (each tensor is gathered as it is reached)."""
+        yields = every_rank or dist.get_rank() == 0
+        if self.spec.strategy != "fsdp2" and not yields:
             return
         with torch.no_grad():
             for name, t in self.hf_model.state_dict().items():
                 t = t.detach()
                 if hasattr(t, "full_tensor"):
                     t = t.full_tensor()
-                if rank0:
+                if yields:
                     yield name, t.to(dtype) if t.is_floating_point() else t
 
     def sampling_copy(self) -> torch.nn.Module:
@@ -311,9 +311,8 @@ class TrainerBackend:
         float32 model is never gathered at once), and the buffers (rotary tables, which no state dict holds)."""
         target = copy.state_dict(keep_vars=True)
         with torch.no_grad():
-            for name, t in self.hf_model.state_dict().items():  # the same order on every rank
-                t = t.detach()
-                target[name].copy_(t.full_tensor() if hasattr(t, "full_tensor") else t)
+            for name, t in self.stream_state_dict(self.compute_dtype or torch.float32, every_rank=True):
+                target[name].copy_(t)
             buffers = dict(copy.named_buffers())
             for name, b in self.hf_model.named_buffers():
                 buffers[name].copy_(b)

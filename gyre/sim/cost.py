@@ -69,6 +69,8 @@ class CostModel:
         object.__setattr__(self, "_weights_s", self.model.weight_bytes / bandwidth)
         object.__setattr__(self, "_kv_s", self.model.kv_bytes_per_token / bandwidth)
         """Memory seconds per context token per step."""
+        object.__setattr__(self, "_sync", self._update())
+        """(trainer's wait, an engine's pause) of a weight update: every engine asks at every update."""
 
     def _combine(self, compute: float, memory: float) -> float:
         return compute + memory if self.device.additive else max(compute, memory)
@@ -153,11 +155,11 @@ class CostModel:
     # ---- weight updates ------------------------------------------------------------------------------
     def sync_s(self) -> float:
         """A weight update as the trainer waits for it: publish until every engine holds the version."""
-        return self._update()[0]
+        return self._sync[0]
 
     def load_s(self) -> float:
         """The part of a weight update an engine spends suspended (its clock's share)."""
-        return self._update()[1]
+        return self._sync[1]
 
     def join_s(self) -> float:
         """A joining engine loads the current version through the object store, as a replacement does (a
