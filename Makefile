@@ -74,6 +74,7 @@ bench: $(VENV)/.gyre-bench
 	$(BIN)/python bench/code_sandbox.py
 	$(BIN)/python bench/rollout_schedules.py
 	$(BIN)/python bench/agentic_async.py
+	$(BIN)/python bench/elastic_pool.py --seeds 0 1
 	$(BIN)/python bench/memory_levers.py
 	$(BIN)/python bench/attention_credit.py
 	$(BIN)/python bench/sim_scale.py

@@ -8,6 +8,10 @@ worker class's method itself (``group.call(PolicyWorker.save_checkpoint, path)``
 reader jumps to the definition, and a renamed method fails where it is called, not in a remote worker.
 A call every role answers alike names the ``Protocol`` that declares it (``Offloadable.offload``).
 
+A group may have vacant ranks (``vacate``: a lent rollout engine taken back) and grow (``attach``): calls
+go to the live ranks (``live``), in rank order, and ``len`` counts every rank the group has had, so a rank
+names one actor for the whole run.
+
 The actors are Ray actors (``create``, ``create_unplaced``) or in-process ones (``local``,
 ``local_unplaced``: ``gyre.cluster.local``, for tests without Ray); the group waits on both through
 ``gyre.cluster.transport``, so everything built on it runs the same over either.
@@ -97,6 +101,22 @@ class RoleGroup:
 
         return cls(name, [spawn(rank) for rank in range(count)], (), spawn, args, worker_cls=worker_cls)
 
+    @property
+    def live(self) -> list[int]:
+        """The ranks that hold an actor (all of them, unless some were vacated)."""
+        return [rank for rank, actor in enumerate(self.actors) if actor is not None]
+
+    def attach(self, actor) -> int:
+        """Add ``actor`` (started elsewhere: a lent engine) as the next rank; returns its rank."""
+        self.actors.append(actor)
+        return len(self.actors) - 1
+
+    def vacate(self, rank: int) -> None:
+        """Kill actor ``rank`` for good and leave its rank empty (calls skip it from now on)."""
+        actor, self.actors[rank] = self.actors[rank], None
+        if actor is not None:
+            transport.kill(actor, no_restart=True)
+
     def respawn(self, rank: int) -> None:
         """Kill actor ``rank`` for good (Ray kills even a stopped process within seconds) and put a fresh
         one in its place."""
@@ -119,14 +139,21 @@ class RoleGroup:
         return name
 
     def submit(self, method: Method[T], *args: Any, **kwargs: Any) -> list:
+        """One call per live rank, in rank order."""
         name = self.method_name(method)
-        return [getattr(a, name).remote(*args, **kwargs) for a in self.actors]
+        return [getattr(a, name).remote(*args, **kwargs) for a in self.actors if a is not None]
 
     def submit_each(self, method: Method[T], per_worker: Sequence[tuple]) -> list:
-        if len(per_worker) != len(self.actors):
-            raise ValueError(f"{self.name}: {len(per_worker)} argument sets for {len(self.actors)} workers")
+        """One call per live rank with its own arguments, in rank order."""
+        actors = [a for a in self.actors if a is not None]
+        if len(per_worker) != len(actors):
+            raise ValueError(f"{self.name}: {len(per_worker)} argument sets for {len(actors)} workers")
         name = self.method_name(method)
-        return [getattr(a, name).remote(*args) for a, args in zip(self.actors, per_worker)]
+        return [getattr(a, name).remote(*args) for a, args in zip(actors, per_worker)]
+
+    def submit_detached(self, actor, method: Method[T], *args: Any, **kwargs: Any):
+        """A call to ``actor``, one of this group's kind not (yet) in it: an engine still joining."""
+        return getattr(actor, self.method_name(method)).remote(*args, **kwargs)
 
     def submit_to(self, rank: int, method: Method[T], *args: Any, probe: bool = False, lane: str | None = None,
                   **kwargs: Any):
@@ -143,13 +170,25 @@ class RoleGroup:
         return self.gather(self.submit_each(method, per_worker), method)
 
     def gather(self, refs: Sequence, method: Method, ranks: Sequence[int] | None = None) -> list:
-        """Results of one ref per worker (or per rank of ``ranks``), in order, within the watchdog's deadline."""
+        """Results of one ref per live worker (or per rank of ``ranks``), in order, within the watchdog's deadline."""
+        if ranks is None and None in self.actors and len(refs) == len(self.live):  # one per live rank
+            ranks = self.live
         return gather(refs, self.name, transport.method_name(method), self.actors, self.watchdog, ranks)
 
     def kill(self) -> None:
         for actor in self.actors:
-            transport.kill(actor)
+            if actor is not None:
+                transport.kill(actor)
         self.actors = []
+
+
+def starter(worker_cls: type, options: dict, args_for: Callable[[int], tuple]) -> Callable[[int], Any]:
+    """``start(rank)`` starts a ``worker_cls`` actor outside the run's placement group, where Ray finds the
+    resources of ``options`` free (lent rollout engines); a group takes it in with ``attach``."""
+    import ray
+
+    remote_cls = ray.remote(concurrency_groups=_groups(worker_cls))(worker_cls).options(**options)
+    return lambda rank: remote_cls.remote(*args_for(rank))
 
 
 def _declared_by_protocol(method: Callable) -> bool:

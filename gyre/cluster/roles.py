@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gyre.cluster.colocation import TimeShare
 from gyre.cluster.faults import Watchdog
-from gyre.cluster.group import RoleGroup
+from gyre.cluster.group import RoleGroup, starter
 from gyre.cluster.placement import Placement, create_placement
 from gyre.cluster.workers import (
     CriticWorker,
@@ -43,6 +46,8 @@ class Roles:
     """Environment workers of an agentic run (CPU-only, placed anywhere)."""
     teacher: RoleGroup | None = None
     """The on-policy distillation teacher (reference workers on teacher.model_path)."""
+    lend_rollout: Callable[[], Any] | None = None
+    """Starts one lent rollout engine outside the run's devices (rollout.elastic), else None."""
 
     @property
     def hybrid(self) -> bool:
@@ -135,8 +140,29 @@ def _build(cfg: RLVRConfig, plan: RunPlan, placement: Placement, made: list[Role
         groups["teacher"] = teacher
     # Trainer roles load onto their devices at setup; the others start offloaded when the plan offloads.
     resident = {"policy", *plan.critic_roles} & set(groups) if off else set(groups)
+    lend = _lend_rollout(cfg, plan, len(rollout)) if cfg.rollout.elastic is not None else None
     return Roles(policy, rollout, reward, reference, critics, TimeShare(plan, groups, resident), placement, watchdog,
-                 envs, teacher)
+                 envs, teacher, lend)
+
+
+def lent_engine_resources(cfg: RLVRConfig, device_kind: str) -> dict:
+    """The Ray options of one lent rollout engine: its device (tensor_parallel_size GPUs, or a CPU slot) and
+    rollout.elastic.resources."""
+    r = cfg.rollout
+    options: dict = {"num_cpus": 1}
+    if device_kind == "cuda":
+        options["num_gpus"] = r.tensor_parallel_size
+    if r.elastic.resources:
+        options["resources"] = dict(r.elastic.resources)
+    return options
+
+
+def _lend_rollout(cfg: RLVRConfig, plan: RunPlan, base: int) -> Callable[[], Any]:
+    """Lent engines are numbered after the base pool (their sampling seeds differ from every other's)."""
+    start = starter(RolloutWorker, lent_engine_resources(cfg, plan.device_kind), lambda rank: rollout_worker_args(
+        cfg, rank, cfg.model.path, plan.device_kind, plan.threads_per_worker, False))
+    numbers = itertools.count(base)
+    return lambda: start(next(numbers))
 
 
 def policy_trainer_spec(m: ModelConfig, strategy: str, micro_batch_size: int, lora=None, seed: int = 0,

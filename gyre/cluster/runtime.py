@@ -98,15 +98,26 @@ def start_ray(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int, addres
     if address:
         _join(address, env, cfg.cluster.connect_timeout_s)
         return _describe_existing(cfg, owned=True, address=address)
+    lent = _lent_engines(cfg)
     if device_kind == "cuda":
-        resources = {"num_gpus": num_devices,
-                     "num_cpus": max(os.cpu_count() or 1, num_devices + 1 + reward_workers)}
+        resources = {"num_gpus": num_devices + lent * cfg.rollout.tensor_parallel_size,
+                     "num_cpus": max(os.cpu_count() or 1, num_devices + 1 + reward_workers + lent)}
     else:
-        # One logical CPU per device slot, plus one per reward worker (outside the slots).
-        resources = {"num_cpus": num_devices + reward_workers}
+        # One logical CPU per device slot, plus one per reward worker (outside the slots) and lent engine.
+        resources = {"num_cpus": num_devices + reward_workers + lent}
+    if lent and cfg.rollout.elastic.resources:  # the custom resources lent engines ask for, enough for each
+        resources["resources"] = {k: v * lent for k, v in cfg.rollout.elastic.resources.items()}
     with _private_start():
         ray.init(address="local", include_dashboard=False, runtime_env=env, **resources)
     return RayRuntime(None, device_kind, num_devices, owned=True)
+
+
+def _lent_engines(cfg) -> int:
+    """Most lent rollout engines a run may hold at once (rollout.elastic), for a private Ray to declare."""
+    r = getattr(cfg, "rollout", None)
+    if r is None or r.elastic is None:
+        return 0
+    return max(0, r.elastic.max_engines - len(r.devices) // r.tensor_parallel_size)
 
 
 @contextmanager

@@ -26,7 +26,28 @@ def rollout_engines(cfg, roles: dict[str, tuple[int, ...]], device_kind: str, no
         _check_tensor_parallel(cfg, roles, device_kind)
     if engines > r.prompts_per_step:
         notes.append(f"{engines} rollout engines for {r.prompts_per_step} prompts: some engines will idle")
+    if r.elastic is not None:
+        notes.append(_check_elastic(cfg, engines))
     return engines
+
+
+def _check_elastic(cfg, base: int) -> str:
+    """rollout.elastic against the base pool; the note ``gyre check`` prints."""
+    r, e = cfg.rollout, cfg.rollout.elastic
+    if r.mode == "hybrid":
+        raise ConfigError("rollout.elastic lends rollout engines of their own, but rollout.mode=hybrid samples on the "
+                          "policy ranks: set rollout.mode=separate, or drop rollout.elastic")
+    if e.max_engines < base:
+        raise ConfigError(f"rollout.elastic.max_engines={e.max_engines} is below the base pool's {base} engines "
+                          f"(rollout.devices): set max_engines >= {base}")
+    low = [c for c in e.schedule if c.engines < base]
+    if low:
+        raise ConfigError(f"rollout.elastic.schedule asks for {low[0].engines} engines at step {low[0].step}, below "
+                          f"the base pool's {base} (lent engines come and go; the base pool stays): ask for >= {base}")
+    notice = "no notice (samples regenerated)" if e.notice_s is None else f"{e.notice_s:g} s notice"
+    sizes = ", ".join(f"step {c.step}: {c.engines}" for c in e.schedule) or "as the controller asks"
+    return (f"rollout.elastic: {base} base engine(s) + up to {e.max_engines - base} lent, started outside the run's "
+            f"devices (resources {dict(e.resources) or 'a device each'}); pool sizes {sizes}; reclaim with {notice}")
 
 
 def _check_tensor_parallel(cfg, roles: dict[str, tuple[int, ...]], device_kind: str) -> None:

@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 from gyre.config.algorithm_schema import AlgorithmConfig
 from gyre.config.base import DeviceList, NonNegInt, PositiveFloat, PositiveInt, StrictModel
 from gyre.config.data_schema import DataConfig
+from gyre.config.elastic_schema import ElasticConfig
 from gyre.config.env_schema import EnvConfig
 from gyre.config.logging_schema import LoggingConfig
 from gyre.config.presets import expand_preset_sections
@@ -246,6 +247,9 @@ class RolloutConfig(StrictModel):
     turns it on with eta 1.25 for both."""
     sampling: SamplingConfig = SamplingConfig()
     """Temperature, top-p/top-k, length and stop strings of training samples."""
+    elastic: ElasticConfig | None = None
+    """Rollout engines lent to the run and taken back while it trains, on top of rollout.devices' base pool
+    (a schedule by step, or an operator's controller: ``gyre.config.elastic_schema``); None: a fixed pool."""
 
     @property
     def replicate(self) -> bool:

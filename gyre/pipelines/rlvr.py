@@ -25,6 +25,7 @@ from gyre.data.batching import collate_groups
 from gyre.envs.episode import EpisodeLimits
 from gyre.rewards.checks import check_reward_failures
 from gyre.rollout.driver import CallWait, RolloutDriver
+from gyre.rollout.elastic import lent_engines, start_controller
 from gyre.rollout.episodes import EpisodeRunner
 from gyre.rollout.ledger import step_line
 from gyre.rollout.machine import RolloutMachine
@@ -64,8 +65,11 @@ class RLVRPipeline:
         self.rewards = RewardPool(reward_scorers(cfg, roles.reward))
         envs = EnvPool(roles.envs, cfg.env.slots_per_worker, max(cfg.env.reset_timeout_s, cfg.env.step_timeout_s)) \
             if cfg.env is not None else None
+        elastic = lent_engines(cfg, len(roles.rollout), roles.lend_rollout) if roles.lend_rollout else None
+        self.capacity = elastic.capacity if elastic is not None else None
+        """How many rollout engines the run should have (rollout.elastic), else None: a fixed pool."""
         driver = RolloutDriver(roles.rollout, self.rewards, cfg.rollout.emit_every, replaceable=not roles.hybrid,
-                               envs=envs)
+                               envs=envs, elastic=elastic)
         self.rollout = RolloutMachine(driver, schedule_spec(cfg, self.sampling), data.next_train_prompts,
                                       lambda fresh=False: roles.activate_rollout(fresh, cfg.policy.lora is not None),
                                       cfg.rollout.partial,
@@ -85,6 +89,8 @@ class RLVRPipeline:
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, resume_from: Path | None = None, echo=print) -> RunSummary:
         t0 = time.perf_counter()
+        if self.capacity is not None and self.cfg.rollout.elastic.controller:
+            start_controller(self.cfg.rollout.elastic.controller, self.capacity)
         start = self.restore(resume_from, echo) if resume_from else self.begin()
         self.timeline.collect(self.roles.groups(), start)
         name = (self.cfg.algorithm.preset or "RL").upper()
@@ -144,6 +150,8 @@ class RLVRPipeline:
     def train_step(self, step: int) -> dict:
         timer: dict[str, float] = {}
         t_start = time.perf_counter()
+        if self.capacity is not None and self.capacity.at_step(step) and self.cfg.rollout.elastic.wait_for_joins:
+            self.rollout.driver.await_joins()  # the schedule's pool size for this step, there before it starts
         rollout = self.rollout.next_batch(step)  # rewards start on each sample as soon as it is generated
         self.logger.ledger(step_line(step, rollout.ledger))
         timer.update(generate=rollout.times.generate, reward=rollout.times.reward)
@@ -175,6 +183,8 @@ class RLVRPipeline:
             faults["fault/env_worker_restarts"] = self.rollout.driver.envs.worker_restarts
         if self.learner.channel is not None:
             faults["fault/weight_channel_fallbacks"] = self.rollout.driver.channel_fallbacks
+        if self.rollout.driver.elastic is not None:
+            faults.update(self.rollout.driver.elastic.metrics())
         return {**sample_metrics(trajectories), **domain_metrics(trajectories, self.cfg.reward), **reward_stats,
                 **algo_metrics, **train_metrics, **versions, **rollout.stats, **idle, **faults,
                 **{f"time/{k}": v for k, v in timer.items()}}

@@ -11,6 +11,10 @@ also wait on other refs meanwhile (a training call), so rollout goes on while th
 A dead engine, or one that hands back nothing for longer than the watchdog's deadline while it owes
 samples, is replaced in place when the driver has a ``restore`` (its samples asked of the others);
 without one (hybrid engines are policy ranks) it raises ``RoleFault`` (role, rank, cause).
+
+With elastic capacity (``gyre.rollout.elastic``) lent engines join and leave between events: a joining
+one becomes the group's next rank and every scheduler's (``on_engine_joined``); a leaving one drains,
+hands back what it holds and leaves its rank vacant (``on_engine_draining``, ``on_engine_lost``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from gyre.cluster.faults import CallClock, RoleFault, fault_from
 from gyre.cluster.group import Method, RoleGroup
 from gyre.cluster.workers import SERVE, EngineHost, RolloutWorker
 from gyre.envs.calls import EnvCall
+from gyre.rollout.elastic import POLL_S, LentEngines
 from gyre.rollout.port import PhaseTimes
 from gyre.rollout.requests import Abort, Generate
 from gyre.rollout.scheduler import RolloutScheduler, Score
@@ -49,12 +54,12 @@ class CallWait:
 
 class RolloutDriver:
     def __init__(self, engines: RoleGroup, rewards, emit_every: int = 1, emit_after_s: float = 0.05,
-                 replaceable: bool = False, envs=None):
+                 replaceable: bool = False, envs=None, elastic: LentEngines | None = None):
         """``rewards``: the reward pool (``gyre.cluster.reward_pool.RewardPool``). Engines hand finished
         samples back ``emit_every`` at a time or ``emit_after_s`` after the first (fewer, larger reward calls).
         ``replaceable``: a dead or hung engine is replaced in place by a fresh one holding the current
         weights (not hybrid engines, which are policy ranks: their death is the run's fault, recovered from
-        a checkpoint); else an engine fault is raised."""
+        a checkpoint); else an engine fault is raised. ``elastic``: lent engines that come and go."""
         self.engines = engines
         self.restore = self._restore if replaceable and engines.spawn else None
         self.engine_deaths = 0
@@ -76,6 +81,11 @@ class RolloutDriver:
         self._partial = True
         self.channel_fallbacks = 0
         """Weight versions sent through the object store because their weight channel lost a member."""
+        self.elastic = elastic
+        self.base = len(engines)
+        """The base pool's engines (ranks 0..base-1): the weight channel's members; lent ones come after."""
+        if elastic is not None:
+            elastic.driver = self
 
     @property
     def engine_count(self) -> int:
@@ -91,7 +101,7 @@ class RolloutDriver:
         if until is not None and not until.refs:  # nothing to wait for: no event could end the loop
             return times
         self._open()
-        self.schedulers[scheduler.spec.stream] = scheduler
+        self.enlist(scheduler)
         t0 = time.perf_counter()
         self.send(scheduler.drain())
         clock = CallClock(self.engines.watchdog, self.engines.name, f"generate({label})")
@@ -109,7 +119,9 @@ class RolloutDriver:
                 self._replace_silent(busy, clock.deadline_s)
             elif busy and clock.expired() and not refs:
                 raise clock.hung(self.engines.actors, busy)
-            self._events(clock.slice(), refs)
+            if self.elastic is not None:
+                self.elastic.tick()
+            self._events(min(clock.slice(), POLL_S) if self.elastic is not None else clock.slice(), refs)
             if refill is not None:
                 refill()
             for s in self.schedulers.values():
@@ -158,15 +170,27 @@ class RolloutDriver:
             if self._load_from_channel(version, weights, partial):
                 return
             weights = weights.store_refs()
+        if self.elastic is not None:
+            self.elastic.tick()
         try:
-            versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
+            versions = self._update(weights, version, partial)
         except RoleFault as fault:
             if fault.kind == "error" or self.restore is None:
                 raise
             for rank in fault.ranks:
                 self.replace(rank, fault)
-            versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
+            versions = self._update(weights, version, partial)
         _check_versions(versions, version)
+
+    def _update(self, weights, version: WeightVersion, partial: bool, lent_weights=None) -> list:
+        """Every live engine takes ``version``: the base pool from ``weights``, lent engines from
+        ``lent_weights`` (they are not in the weight channel; default: ``weights``)."""
+        group = self.engines
+        ranks = group.live
+        refs = [group.submit_to(rank, EngineHost.update_weights,
+                                weights if rank < self.base or lent_weights is None else lent_weights, version, partial)
+                for rank in ranks]
+        return group.gather(refs, EngineHost.update_weights, ranks=ranks)
 
     def _load_from_channel(self, version: WeightVersion, publication: ChannelPublication, partial: bool) -> bool:
         """``version`` over the weight channel. A member that fails (an engine dies, hangs or refuses a bucket;
@@ -174,8 +198,9 @@ class RolloutDriver:
         sends the version through the object store (replacing a lost engine); the next publication builds
         a new generation, with every engine."""
         weights, sender = publication.start()
+        lent = publication.store_refs() if any(rank >= self.base for rank in self.engines.live) else None
         try:
-            versions = self.engines.call(EngineHost.update_weights, weights, version, partial)
+            versions = self._update(weights, version, partial, lent)
             publication.sent(sender)
         except RoleFault as fault:
             if fault.role != self.engines.name and fault.kind == "died":
@@ -184,7 +209,7 @@ class RolloutDriver:
             log.warning("%s; weight version %d goes through the object store instead, and the next one over a "
                         "new weight channel", fault, version)
             publication.failed(weights)
-            for rank in range(len(self.engines)):  # free engines still waiting for a bucket
+            for rank in [r for r in self.engines.live if r < self.base]:  # free engines still waiting for a bucket
                 self.engines.submit_to(rank, RolloutWorker.abort_weights, weights.spec.generation, probe=True)
             return False
         _check_versions(versions, version)
@@ -196,11 +221,13 @@ class RolloutDriver:
     def busy_seconds(self) -> list[float]:
         """Seconds each engine spent decoding since the last call."""
         group = self.engines
-        refs = [group.submit_to(rank, EngineHost.busy_seconds, probe=True) for rank in range(len(group))]
-        return group.gather(refs, EngineHost.busy_seconds)
+        refs = [group.submit_to(rank, EngineHost.busy_seconds, probe=True) for rank in group.live]
+        return group.gather(refs, EngineHost.busy_seconds, ranks=group.live)
 
     def close(self) -> None:
-        """End the serve streams (the actors live on)."""
+        """End the serve streams (the actors live on; lent engines still starting are stopped)."""
+        if self.elastic is not None:
+            self.elastic.close()
         if self._streams:
             self.engines.call(EngineHost.stop_serving)
             self._streams.clear()
@@ -208,8 +235,7 @@ class RolloutDriver:
     def _restore(self, rank: int) -> None:
         """A fresh engine for ``rank``, loaded (it may start offloaded) and given the current weights."""
         group, (version, weights) = self.engines, self._held
-        if isinstance(weights, ChannelPublication):  # a fresh engine is not in the channel's generation
-            weights = weights.store_refs()
+        weights = self.store_weights(weights)  # a fresh engine is not in the channel's generation
         group.respawn(rank)
         group.gather([group.submit_to(rank, RolloutWorker.reload)], RolloutWorker.reload, ranks=[rank])
         if weights is None:  # nothing published yet: a fresh engine holds the initial weights, as its peers do
@@ -221,36 +247,107 @@ class RolloutDriver:
         if held != [version]:
             raise RuntimeError(f"a replacement {group.name} engine reports version {held}, expected {version}")
 
+    # ---- what elastic capacity asks ---------------------------------------------------------------
+    @property
+    def held(self) -> tuple[WeightVersion, object]:
+        """The version and weights the engines hold: what a joining engine takes first."""
+        return self._held
+
+    @property
+    def partial(self) -> bool:
+        return self._partial
+
+    @staticmethod
+    def store_weights(weights):
+        """``weights`` as object-store refs (a publication over the channel is fetched from the sender)."""
+        return weights.store_refs() if isinstance(weights, ChannelPublication) else weights
+
+    def serving(self, rank: int) -> bool:
+        return rank in self._streams.values()
+
+    def joined(self, rank: int) -> None:
+        """Engine ``rank`` joined the group: it serves, and every scheduler may send it requests."""
+        if self._streams:
+            self._streams[self._serve(rank)] = rank
+        for s in self.schedulers.values():
+            s.on_engine_joined(rank)
+
+    def draining(self, rank: int) -> None:
+        for s in self.schedulers.values():
+            s.on_engine_draining(rank)
+
+    def lost(self, rank: int, handed_back: list) -> None:
+        """Engine ``rank`` left the group (its rank stays vacant): each scheduler asks what it owed of the
+        others, continuing the samples among ``handed_back`` from their tokens."""
+        for stream in [s for s, r in self._streams.items() if r == rank]:
+            del self._streams[stream]
+        self._heard.pop(rank, None)
+        for s in self.schedulers.values():
+            s.on_engine_lost(rank, [r for r in handed_back if r.request_id.split("-")[0] == s.spec.stream])
+        self.engines.vacate(rank)
+
+    def await_joins(self) -> None:
+        """Carry the rollout on until no lent engine is starting (each start has its deadline)."""
+        if self.elastic is None:
+            return
+        self._open()
+        self.elastic.tick()  # starts what the capacity now asks for
+        while self.elastic.joining:
+            self._events(POLL_S, [])
+            for s in self.schedulers.values():
+                self.send(s.drain())
+            self.elastic.tick()
+
     # ---- internals ------------------------------------------------------------------------------
+    def enlist(self, scheduler: RolloutScheduler) -> None:
+        """Register ``scheduler``, telling it of engines that joined or left since it was made."""
+        self.schedulers[scheduler.spec.stream] = scheduler
+        while scheduler.engines < len(self.engines):
+            scheduler.on_engine_joined(scheduler.engines)
+        leaving = self.elastic.leaving if self.elastic is not None else {}
+        for rank in range(len(self.engines)):
+            if (self.engines.actors[rank] is None or rank in leaving) and rank not in scheduler.requests.down:
+                scheduler.on_engine_lost(rank)
+
     def _open(self) -> None:
         if not self._streams:
-            for rank in range(len(self.engines)):
+            for rank in self.engines.live:
                 self._streams[self._serve(rank)] = rank
 
     def _events(self, timeout: float, until: list) -> None:
         """Wait up to ``timeout`` for samples, rewards or ``until``; feed what arrived to the schedulers."""
         env_refs = self.envs.refs() if self.envs is not None else []
-        watched = [*self._streams, *self.rewards.refs(), *env_refs, *until]
+        joining = self.elastic.refs() if self.elastic is not None else []
+        watched = [*self._streams, *self.rewards.refs(), *env_refs, *joining, *until]
         ready, _ = transport.wait(watched, num_returns=1, timeout=timeout)
         rest = [r for r in watched if r not in ready]
         if ready and rest:  # everything else that is in as well, before judging any deadline
             ready += transport.wait(rest, num_returns=len(rest), timeout=0)[0]
         for stream in [r for r in ready if r in self._streams]:
-            if self._streams[stream] in self._heard:
-                self._heard[self._streams[stream]] = time.monotonic()
+            rank = self._streams[stream]
+            if rank in self._heard:
+                self._heard[rank] = time.monotonic()
+            leaving = self.elastic is not None and rank in self.elastic.leaving
             try:
                 part = self._next(stream)
             except RoleFault as fault:
-                if fault.kind != "died" or self.restore is None:
+                if leaving:  # its stream ended as asked (or it died on its way out)
+                    self.elastic.ended(rank)
+                elif fault.kind != "died" or self.restore is None:
                     raise
-                self.replace(self._streams[stream], fault)
+                else:
+                    self.replace(rank, fault)
                 continue
+            if leaving:
+                part = self.elastic.sort(rank, part)
             by_stream: dict[str, list] = {}
             for result in part:
                 by_stream.setdefault(result.request_id.split("-")[0], []).append(result)
             for name, results in by_stream.items():
                 if name in self.schedulers:  # a finished scheduler's late samples are dropped
                     self.schedulers[name].on_generated(results)
+        for ref in [r for r in ready if r in set(joining)]:
+            self.elastic.on_ready(ref)
         if self.envs is not None:
             asked = set(env_refs)
             self._env_answers([r for r in ready if r in asked])
@@ -284,7 +381,11 @@ class RolloutDriver:
 
     def replace(self, rank: int, fault: RoleFault) -> None:
         """Engine ``rank`` is lost: the schedulers ask its samples of the others, a fresh engine with the
-        current weights takes its place (and serves again, when the streams are open)."""
+        current weights takes its place (and serves again, when the streams are open). A lent engine is
+        not replaced: its capacity is gone."""
+        if self.elastic is not None and rank in self.elastic.lent:
+            self.elastic.died(rank, str(fault))
+            return
         stream = next((s for s, r in self._streams.items() if r == rank), None)
         serving = bool(self._streams)
         if stream is not None:

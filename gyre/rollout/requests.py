@@ -181,6 +181,10 @@ class RequestBook:
             out.append((rid, self.owner.pop(rid, None), sorted(samples)))
         return out
 
+    def owed(self, engine: int) -> int:
+        """Samples engine ``engine`` still owes."""
+        return sum(len(samples) for e, samples in self.live.values() if e == engine)
+
     def back(self, engine: int) -> None:
         self.down.discard(engine)
         self._recount(engine, 0)

@@ -67,7 +67,8 @@ def lanes(groups: Iterable) -> list[tuple[str, int, object]]:
         for actor in group.actors:
             rank = next_rank.get(role, 0)
             next_rank[role] = rank + 1
-            out.append((role, rank, actor))
+            if actor is not None:  # a vacated rank (a lent engine taken back) keeps its number
+                out.append((role, rank, actor))
     return out
 
 

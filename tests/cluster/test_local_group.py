@@ -80,6 +80,23 @@ def test_calls_by_method_reference_return_results_in_rank_order():
     group.kill()
 
 
+def test_a_vacated_rank_stays_out_of_calls_and_an_attached_actor_is_the_next_rank():
+    """A lent engine taken back leaves its rank empty; one that joins later gets a new rank."""
+    from gyre.cluster.local import LocalActor
+
+    group = RoleGroup.local("g", Gate, [(), (), ()])
+    group.vacate(1)
+    assert group.live == [0, 2] and len(group) == 3
+    assert group.call(Gate.echo, 5) == [5, 5]
+    assert group.call_each(Gate.echo, [("a",), ("c",)]) == ["a", "c"]
+    assert group.attach(LocalActor(Gate)) == 3
+    assert group.live == [0, 2, 3] and group.call(Gate.echo, 1) == [1, 1, 1]
+    with pytest.raises(RoleFault) as info:  # a fault names the actor's own rank, not its place among the live
+        group.gather([group.submit_to(3, Gate.fail), group.submit_to(0, Gate.echo, 0)], Gate.fail, ranks=[3, 0])
+    assert info.value.ranks == (3,)
+    group.kill()
+
+
 class Echoes(Protocol):
     def echo(self, value): ...
 
