@@ -56,6 +56,13 @@ class SimWorkloadConfig(StrictModel):
     """Environment runs: coefficient of variation of step latency (ROLL Flash's gain grows with it)."""
     reset_latency_s: NonNegFloat = 1.0
     """Environment runs: mean seconds of an environment reset."""
+    env_failure_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Environment runs: chance an environment call fails (raises, its process dies) after its latency; the
+    episode is replaced, its group given up after env.max_failures (as in a run)."""
+    env_hang_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Environment runs: chance an environment call never answers: its slot is held until
+    env.step_timeout_s (env.reset_timeout_s for a reset), then it fails (ROLL Flash's redundant environments
+    are for these)."""
 
 
 class SimElasticConfig(StrictModel):

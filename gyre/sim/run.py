@@ -61,6 +61,10 @@ class Agentic:
     latency_scale: float = 1.0
     """Environment latency multiplier (environments on the GPU hosts' busy CPUs are slower)."""
     turn_sync: bool = False
+    max_failures: int = 3
+    """env.max_failures: failed episodes a group replaces before it is given up."""
+    reset_timeout_s: float = 60.0
+    step_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -194,10 +198,11 @@ class SimRun:
         envs, episodes = None, None
         if spec.agentic is not None:
             a = spec.agentic
-            envs = SimEnvs(self.workload, latency_scale=a.latency_scale)
+            envs = SimEnvs(self.workload, a.latency_scale, a.reset_timeout_s, a.step_timeout_s)
             builder = ContextBuilder(WordTokenizer(), use_template=False)
             episodes = EpisodeRunner(SlotPool(a.slots), builder, a.limits, spec.schedule.sampling,
-                                     env_seed=lambda g: int(g.prompt.columns["index"]), turn_sync=a.turn_sync)
+                                     env_seed=lambda g: int(g.prompt.columns["index"]), max_failures=a.max_failures,
+                                     turn_sync=a.turn_sync)
         self.cluster = SimCluster(engines, SimRewards(self.workload, spec.reward_workers), envs)
         # The engines are built holding version 0 (live): nothing to publish before the first step.
         self.machine = RolloutMachine(self.cluster, spec.schedule, self.draw, partial=spec.partial,

@@ -86,7 +86,7 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
     workload = WorkloadSpec(w.prompt_tokens, w.prompt_tokens_cv, w.response_tokens, w.length_sigma, w.prompt_share,
                             sampling.max_new_tokens, w.pass_rate, w.reward_latency_s, w.reward_latency_cv, w.turns,
                             w.turns_cv, w.turn_tokens, w.observation_tokens, w.env_latency_s, w.env_latency_cv,
-                            w.reset_latency_s)
+                            w.reset_latency_s, w.env_failure_rate, w.env_hang_rate)
     recorded = None
     if calibrate is not None:  # a run's metrics.jsonl, or its directory (whole recorded groups replayed)
         run_dir = Path(calibrate) if Path(calibrate).is_dir() else None
@@ -98,7 +98,8 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
     if cfg.env is not None:
         e = cfg.env
         limits = EpisodeLimits(e.max_turns, e.turn_tokens, e.context_tokens, e.observation_tokens, e.window)
-        agentic = Agentic(limits, sim.env_slots or e.workers * e.slots_per_worker, sim.env_latency_scale, e.turn_sync)
+        agentic = Agentic(limits, sim.env_slots or e.workers * e.slots_per_worker, sim.env_latency_scale, e.turn_sync,
+                          e.max_failures, e.reset_timeout_s, e.step_timeout_s)
         workload = replace(workload, max_tokens=e.turn_tokens)
     schedule = schedule_spec(cfg, sampling)
     max_rows = sim.max_rows or cfg.rollout.max_batch_size

@@ -3,8 +3,11 @@
 ``SimRewards`` scores trajectories on ``workers`` workers, first come first served (a trajectory waits
 for a free worker, then takes its drawn latency); ``SimEnvs`` answers the episode runner's ``EnvCall``
 commands with resets and steps of a simulated environment (turn count, observation length and latency
-from the workload), on ``slots`` environments that each take one call at a time. Both hand back what is
-due by a time (``due(now)``) and say when their next answer is (``next_event``).
+from the workload), on ``slots`` environments that each take one call at a time. An environment call
+may fail after its latency, or hang and fail at its deadline (the real pool kills the child then), as
+the workload's failure and hang rates say; the episode runner replaces the episode, or gives its group up
+after ``env.max_failures``, exactly as in a real run. Both hand back what is due by a time (``due(now)``)
+and say when their next answer is (``next_event``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gyre.envs.calls import EnvCall, EnvResult
-from gyre.envs.protocol import EnvReset, EnvStep
+from gyre.envs.protocol import EnvFailure, EnvReset, EnvStep
 from gyre.sim.workload import Workload
 from gyre.types import RewardResult, Trajectory
 
@@ -81,6 +84,11 @@ class SimEnvs:
     workload: Workload
     latency_scale: float = 1.0
     """Multiplies every latency (environments sharing the GPU hosts' CPUs run slower)."""
+    reset_timeout_s: float = 60.0
+    step_timeout_s: float = 30.0
+    """Deadlines of a reset and a step (env.reset_timeout_s, env.step_timeout_s): when a hung call fails."""
+    failures: int = 0
+    hangs: int = 0
     _heap: list = field(default_factory=list)
     _turns: dict[int, int] = field(default_factory=dict)
     """Slot -> turns taken in its current episode."""
@@ -108,7 +116,14 @@ class SimEnvs:
                             {"success": success} if done else {})
         # Keyed by the episode's identity (seed, index in its group, call number), not by arrival order: every
         # schedule sees the same latency for the same call, so comparisons between schedules are paired.
-        latency = self.workload.env_latency((self._seed[call.slot], index, int(n)), call.op) * self.latency_scale
+        key = (self._seed[call.slot], index, int(n))
+        latency = self.workload.env_latency(key, call.op) * self.latency_scale
+        fault = self.workload.env_fault(key)
+        if fault == "hang":  # the slot is held until the deadline, then the call fails
+            latency = self.reset_timeout_s if call.op == "reset" else self.step_timeout_s
+            value, self.hangs = EnvFailure("timeout", f"simulated hang past {latency:g} s"), self.hangs + 1
+        elif fault == "error":
+            value, self.failures = EnvFailure("error", "simulated environment error"), self.failures + 1
         self.busy_s += latency
         heapq.heappush(self._heap, (now + latency, self._seq, EnvResult(call.call_id, value)))
 

@@ -86,6 +86,10 @@ class WorkloadSpec:
     """Agentic: mean seconds of an environment step."""
     env_latency_cv: float = 1.0
     reset_latency_s: float = 1.0
+    env_failure_rate: float = 0.0
+    """Agentic: chance an environment call fails (raises, crashes) after its latency."""
+    env_hang_rate: float = 0.0
+    """Agentic: chance an environment call never answers (it fails at its deadline)."""
 
 
 @dataclass
@@ -139,6 +143,13 @@ class Workload:
         """Tokens the model writes in turn ``turn`` of episode ``episode`` (its index in the group) of a prompt."""
         s = self.spec
         return max(1, round(lognormal(s.turn_tokens, s.length_sigma, self.seed, 8, prompt_index, episode, turn)))
+
+    def env_fault(self, call: tuple[int, ...]) -> str | None:
+        """How environment call ``call`` goes wrong: "hang", "error", or None (it answers)."""
+        s, u = self.spec, uniform(self.seed, 12, *call)
+        if u < s.env_hang_rate:
+            return "hang"
+        return "error" if u < s.env_hang_rate + s.env_failure_rate else None
 
     def env_latency(self, call: tuple[int, ...], op: str) -> float:
         """Seconds of an environment call; ``call`` names it (env seed, episode index, call number)."""

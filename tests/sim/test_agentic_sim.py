@@ -15,15 +15,17 @@ from gyre.types import SamplingParams
 LIMITS = EpisodeLimits(max_turns=6, turn_tokens=128, context_tokens=8192, observation_tokens=256)
 
 
-def agentic_run(alpha: float = 0.0, turn_sync: bool = False, cv: float = 1.0, steps: int = 4) -> tuple[SimRun, list]:
-    """A small agentic simulation; returns it and the groups every step trained (in order)."""
+def agentic_run(alpha: float = 0.0, turn_sync: bool = False, cv: float = 1.0, steps: int = 4,
+                **faults) -> tuple[SimRun, list]:
+    """A small agentic simulation; returns it and the groups every step trained (in order). ``faults``:
+    env_failure_rate / env_hang_rate of the workload."""
     sched = ScheduleSpec(4, 4, SamplingParams(1.0, 1.0, 0, LIMITS.turn_tokens, ()), 0, async_ratio=alpha,
                          replicate=True)
     layout = Layout(4, 4, 4, True) if alpha == 0 else Layout(4, 2, 2, False)
     workload = WorkloadSpec(turns=3.0, turns_cv=0.5, turn_tokens=64, observation_tokens=32, env_latency_s=5.0,
-                            env_latency_cv=cv, max_tokens=LIMITS.turn_tokens)
+                            env_latency_cv=cv, max_tokens=LIMITS.turn_tokens, **faults)
     spec = SimSpec(sched, layout, CostModel(device_class("h100"), MODELS["0.5b"]), workload, steps=steps, warmup=1,
-                   agentic=Agentic(LIMITS, slots=16, turn_sync=turn_sync))
+                   agentic=Agentic(LIMITS, slots=16, turn_sync=turn_sync, max_failures=50, step_timeout_s=40.0))
     run, trained = SimRun(spec), []
     take = run.scheduler.take
 
@@ -90,3 +92,30 @@ def test_a_groups_episodes_succeed_or_fail_each_on_its_own():
             [float(run.workload.env_success(index, t)) for t in range(4)]
     # so groups have reward variance (all-equal groups would all be dropped by dynamic sampling)
     assert any(len({t.reward.score for t in g.trajectories}) > 1 for g in groups)
+
+
+def test_failed_and_hung_environments_replace_their_episodes_and_cost_their_deadline():
+    """A hung call holds its slot until env.step_timeout_s, then fails; a failed one fails after its latency;
+    the runner replaces the episode (as in a real run) and every group still trains whole."""
+    clean = agentic_run()[0].run()
+    run, trained = agentic_run(env_failure_rate=0.05, env_hang_rate=0.05)
+    faulty = run.run()
+    envs = run.cluster.envs
+    assert envs.failures > 0 and envs.hangs > 0
+    stats = [s.stats for s in faulty.steps]
+    assert sum(s.get("env/failures_error", 0) for s in stats) == envs.failures
+    assert sum(s.get("env/failures_timeout", 0) for s in stats) == envs.hangs
+    assert [len(groups) for groups in trained] == [4] * 4
+    for group in [g for gs in trained for g in gs]:  # a replacement episode takes a new index in its group
+        indices = [t.sample_index for t in group.trajectories]
+        assert len(indices) == len(set(indices)) == 4
+    assert faulty.step_s > clean.step_s  # the deadline (40 s) and the replayed episodes cost time
+
+
+def test_fault_draws_follow_the_rates_and_the_calls_identity():
+    w = Workload(WorkloadSpec(env_failure_rate=0.1, env_hang_rate=0.05), seed=3)
+    faults = [w.env_fault((seed, episode, n)) for seed in range(50) for episode in range(4) for n in range(10)]
+    assert abs(faults.count("hang") / len(faults) - 0.05) < 0.02
+    assert abs(faults.count("error") / len(faults) - 0.1) < 0.03
+    assert w.env_fault((7, 1, 2)) == Workload(WorkloadSpec(env_failure_rate=0.1, env_hang_rate=0.05), 3).env_fault(
+        (7, 1, 2))
