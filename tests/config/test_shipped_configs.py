@@ -1,4 +1,4 @@
-"""Every config gyre ships (examples/ and the packaged recipes) loads and plans."""
+"""Every config gyre ships (examples/, the packaged recipes, the papers' claims in bench/claims/) loads and plans."""
 
 from pathlib import Path
 
@@ -8,7 +8,9 @@ from gyre.config import load_config, make_plan
 from gyre.config.report import format_plan, resolved_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "gyre" / "recipes").glob("*.yaml"))
+CLAIMS = [p for p in sorted((ROOT / "bench" / "claims").glob("*.yaml")) if p.name != "claims.yaml"]
+"""Cluster configs of the papers' claims (``bench/paper_claims.py``; claims.yaml lists them)."""
+SHIPPED = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "gyre" / "recipes").glob("*.yaml")) + CLAIMS
 
 
 def test_there_are_shipped_configs():
@@ -35,7 +37,8 @@ def test_shipped_config_loads_and_plans(path):
     cfg = load_config(path)
     devices = 1 + max(max(d) for d in (cfg.policy.devices, cfg.rollout.devices, cfg.reference.devices,
                                           cfg.critic.devices))
-    plan = make_plan(cfg, "cuda" if "gpu" in path.name or "ppo" in path.name else "cpu", devices)
+    gpus = "gpu" in path.name or "ppo" in path.name or path in CLAIMS
+    plan = make_plan(cfg, "cuda" if gpus else "cpu", devices)
     assert "placement:" in format_plan(cfg, plan)
     # The resolved YAML round-trips to the same config.
     import yaml
