@@ -6,7 +6,7 @@ compares, the paper's gain beside the simulated one, and a verdict on its size, 
 generate_s: gain = baseline time / setting time), the baseline's overrides, and each setting's overrides
 and paper gain. A verdict is "matches" when the simulated gain is within 25% of the paper's (0.8-1.25x of
 it), else "smaller" or "larger" by how much, or "opposite direction". Any config here can be run by hand,
-e.g. ``gyre simulate bench/claims/roll_flash_queue.yaml --sweep rollout.schedule=sync,queue``.
+e.g. ``gyre simulate bench/claims/roll_flash_queue.yaml --set rollout.schedule=sync,queue``.
 
 ``bench/sim_claims.py`` keeps the longer studies (device-count sweeps, eta sweeps, placements) whose
 specs are built in code; this script is the claims table of the README.

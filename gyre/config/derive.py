@@ -188,7 +188,7 @@ def make_plan(cfg: RLVRConfig, device_kind: DeviceKind, num_devices: int | None)
             raise ConfigError(
                 f"policy.mini_batch_size={mini} must be divisible by the {ranks} {role} devices (data-parallel "
                 f"ranks); try one of {_divisors(rollout_batch, ranks)}")
-    steps_per_batch = cfg.policy.epochs * rollout_batch // mini
+    steps_per_batch = optimizer_steps_per_batch(cfg)
     per_rank = mini // dp
     old_source = _old_source(cfg, steps_per_batch, notes)
     _note_rollout_logprobs(cfg, old_source, notes, device_kind)
@@ -300,6 +300,18 @@ def _note_judge_budgets(cfg: RLVRConfig, notes: list[str]) -> None:
             notes.append(f"reward.domains.{name}.timeout_s={domain.sample_timeout_s:g} is below the judge's "
                          f"{j.retries + 1} attempts x request_timeout_s={j.request_timeout_s:g}: a slow endpoint "
                          "becomes a reward timeout before its retries run out")
+
+
+def optimizer_steps_per_batch(cfg: RLVRConfig) -> int:
+    """Optimizer steps one rollout batch gives: policy.epochs x its mini-batches (``make_plan`` checks that
+    they divide it)."""
+    rollout_batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    return cfg.policy.epochs * rollout_batch // (cfg.policy.mini_batch_size or rollout_batch)
+
+
+def old_source(cfg: RLVRConfig) -> OldSource:
+    """Where pi_old comes from, as ``make_plan`` decides it (without its notes or placement checks)."""
+    return _old_source(cfg, optimizer_steps_per_batch(cfg), [])
 
 
 def _old_source(cfg: RLVRConfig, steps_per_batch: int, notes: list[str]) -> OldSource:

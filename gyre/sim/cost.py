@@ -146,10 +146,11 @@ class CostModel:
         return free * self.device.kv_fraction / self.model.kv_bytes_per_token
 
     # ---- training --------------------------------------------------------------------------------
-    def train_s(self, tokens: float, devices: int, forward_passes: int = 1) -> float:
-        """A policy update over ``tokens`` tokens on ``devices`` devices (6 P T FLOPs), plus
-        ``forward_passes`` forward passes (2 P T each: old and reference log-probs)."""
-        flops = (6 + 2 * forward_passes) * self.model.params * tokens
+    def train_s(self, tokens: float, devices: int, passes: float = 4.0) -> float:
+        """A step's training over ``tokens`` tokens on ``devices`` devices: ``passes`` forward passes' worth of
+        compute, 2 P T FLOPs each (``gyre.training.plan.StepPasses.forward_equivalents``: a policy update is
+        3, a scoring pass 1; the default, 4, is one update and one scoring pass)."""
+        flops = 2 * passes * self.model.params * tokens
         return self.device.train_overhead_s + flops / (devices * self.device.peak_tflops * 1e12 * self.device.train_mfu)
 
     # ---- weight updates ------------------------------------------------------------------------------

@@ -81,8 +81,9 @@ class SimSpec:
     partial: bool = True
     max_rows: int | None = None
     reward_workers: int = 0
-    forward_passes: int = 1
-    """Forward passes besides the update (old log-probs; 2 with a KL reference)."""
+    passes: float = 4.0
+    """A training step's compute in forward passes over the batch (``gyre.training.plan.StepPasses``: what
+    the real learner runs: scoring passes, updates per epoch, critics, gradient checkpointing)."""
     agentic: Agentic | None = None
     seed: int = 0
     recorded: tuple | None = None
@@ -252,7 +253,7 @@ class SimRun:
         responses = [sum(len(s.token_ids) for s in t.segments) for t in trajectories]
         rows = [len(t.prompt.prompt_ids) + n for t, n in zip(trajectories, responses, strict=True)]
         trained = train_tokens(rows, spec.padding, spec.micro_batch)
-        train_s = spec.cost.train_s(trained, spec.layout.train_devices, spec.forward_passes)
+        train_s = spec.cost.train_s(trained, spec.layout.train_devices, spec.passes)
         if spec.layout.colocated:
             cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s(spec.layout.train_devices))
         elif spec.schedule.async_ratio > 0:  # the rollout goes on while the learner's calls run

@@ -29,6 +29,7 @@ from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticSpec
 from gyre.sim.run import Agentic, Layout, SimSpec
 from gyre.sim.workload import WorkloadSpec, fit_lengths, recorded_groups
+from gyre.training.plan import step_passes
 
 ASYNC_SHARE = 0.6
 """Rollout's share of the devices when asynchrony splits a colocated config (ROLL Flash: 24 of 40)."""
@@ -108,7 +109,7 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
     return SimSpec(schedule, placed, cost, workload,
                    steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,
                    max_rows=max_rows, reward_workers=sim.reward_workers,
-                   forward_passes=2 if cfg.algorithm.uses_reference else 1, agentic=agentic, seed=sim.seed,
+                   passes=step_passes(cfg).forward_equivalents(), agentic=agentic, seed=sim.seed,
                    padding=cfg.policy.remove_padding, micro_batch=cfg.policy.micro_batch_size,
                    elastic=elastic_spec(cfg), recorded=recorded)
 

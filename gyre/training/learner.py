@@ -24,6 +24,7 @@ from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, split_for_ranks
 from gyre.seeding import derive_seed
+from gyre.training.plan import step_passes
 from gyre.types import TrainBatch, TrainStepResult, select_rows
 
 
@@ -33,6 +34,8 @@ class Learner:
         ``wait(group, method, refs)``, when given, is called while each call runs (the asynchronous
         pipeline carries the rollout on meanwhile); the results are then gathered with their deadline."""
         self.cfg, self.plan = cfg, plan
+        self.passes = step_passes(cfg)
+        """The passes each step runs (``gyre.training.plan``; the simulator charges the same)."""
         self.wait = wait
         self.policy, self.reference = roles.policy, roles.reference
         self.critics = dict(zip(plan.critic_roles, roles.critics, strict=True))
@@ -53,20 +56,21 @@ class Learner:
     def score(self, batch: TrainBatch) -> None:
         """What the advantage stage and the losses need besides the samples: pi_old, pi_ref, the teacher's
         log-probs, values."""
-        if self.plan.recompute_old_logprobs:
+        passes = self.passes
+        if passes.old_logprobs:
             self.timeshare.activate("policy")
             batch.old_logprobs = self._forward(self.policy, PolicyWorker.compute_logprobs, batch, self.temperature)
-        if self.plan.reference_on_policy:  # LoRA: the base model is the policy's, adapters switched off
+        if passes.reference and self.plan.reference_on_policy:  # LoRA: the policy's base, adapters switched off
             self.timeshare.activate("policy")
             batch.ref_logprobs = self._forward(self.policy, PolicyWorker.compute_ref_logprobs, batch, self.temperature)
-        elif self.reference is not None:
+        elif passes.reference:
             self.timeshare.activate("reference")
             batch.ref_logprobs = self._forward(self.reference, ReferenceWorker.compute_logprobs, batch,
                                                self.temperature)
         credit = self.cfg.algorithm.credit_spec
         if credit.strategy != "none":
             batch.credit_scales = self._credit_scales(batch, credit)
-        if self.teacher is not None:  # on-policy distillation: the teacher scores the student's tokens
+        if passes.teacher:  # on-policy distillation: the teacher scores the student's tokens
             self.timeshare.activate("teacher")
             batch.teacher_logprobs = self._forward(self.teacher, ReferenceWorker.compute_logprobs, batch,
                                                    self.temperature)

@@ -54,7 +54,7 @@ def test_fit_recovers_the_synthetic_costs():
     # the class's decode step is the in-run cost: 2 x (1 ms + 30 us per row + 0.6 us per context token)
     assert cost.decode_step_s(10, 100) == pytest.approx(2 * (1e-3 + 10 * 3e-5 + 100 * 6e-7), rel=1e-6)
     # training (one forward pass besides the update) on 2 devices: 0.05 s + 6e-5 s per token per rank
-    assert cost.train_s(2000, 2, 1) == pytest.approx(0.05 + 6e-5 * 1000, rel=1e-6)
+    assert cost.train_s(2000, 2, 4) == pytest.approx(0.05 + 6e-5 * 1000, rel=1e-6)
     assert cost.sync_s() == pytest.approx(0.003, rel=1e-6)
     assert fit.workload.prompt_tokens == pytest.approx(4.25)
 
@@ -66,4 +66,4 @@ def test_fit_scales_the_training_microbenchmark():
     fit = fit_cpu(synthetic_run(), ENGINE, MODEL, [4, 4, 5, 4], bench)
     assert fit.train["in_run_scale"] == pytest.approx(2.0, rel=1e-6)
     assert fit.device.train_overhead_s == pytest.approx(0.05, rel=1e-6)
-    assert CostModel(fit.device, MODEL).train_s(2000, 2, 1) == pytest.approx(0.05 + 6e-5 * 1000, rel=1e-6)
+    assert CostModel(fit.device, MODEL).train_s(2000, 2, 4) == pytest.approx(0.05 + 6e-5 * 1000, rel=1e-6)

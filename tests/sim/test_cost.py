@@ -40,7 +40,7 @@ def test_steps_within_inverts_the_span(rows, context):
 def test_training_and_prefill_follow_their_flop_counts():
     cost = CostModel(DeviceClass(**{**DEVICE.__dict__, "train_mfu": 0.5, "train_overhead_s": 0.25}), MODEL)
     # (6 + 2 x 1) x 1e8 x 1e4 tokens = 8e12 FLOPs on 2 devices at 0.5 x 1e12: 8 s, plus the step's 0.25 s
-    assert cost.train_s(1e4, devices=2, forward_passes=1) == pytest.approx(8.25)
+    assert cost.train_s(1e4, devices=2, passes=4) == pytest.approx(8.25)
     # 5e4 tokens: 2 x 1e8 x 5e4 = 1e13 FLOPs = 10 s (above the 0.2 s weight read)
     assert cost.prefill_s(5e4) == pytest.approx(10.0)
 

@@ -68,7 +68,7 @@ def test_a_seed_gives_the_same_numbers_and_a_small_sweep_is_pinned():
     assert summary == PINNED
 
 
-PINNED = [(134.56, 1.9, 0.0), (42.18, 6.07, 1.719), (135.61, 1.89, 0.0), (35.73, 7.17, 1.656)]
+PINNED = [(132.69, 1.93, 0.0), (40.25, 6.36, 1.703), (135.14, 1.89, 0.0), (35.31, 7.25, 1.656)]
 
 
 @pytest.mark.parametrize("alpha", [0, 0.5, 1.5, 4])
