@@ -1,6 +1,8 @@
 """``gyre simulate``'s sweeps: every combination of device counts and ``--set key=v1,v2`` values, one
 simulation each, as a table (printed, and ``sweep.csv`` / ``sweep.json``) and a figure (``sweep.png``:
-throughput, step time, rollout idleness and staleness against device count, one line per setting).
+throughput, step time, rollout idleness and staleness against device count, one line per setting). Each
+setting's memory per device is estimated on its simulated layout (``gyre.sim.memory``): one that does not
+fit is refused with the numbers, as ``gyre check`` refuses the run.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.config.load import load_config
+from gyre.sim.memory import MemoryFit, memory_fit
 from gyre.sim.run import SimResult, simulate
 from gyre.sim.scenario import scenario
 
@@ -47,7 +50,9 @@ class SweepRow:
     devices: int
     result: SimResult | None
     error: str | None = None
-    """Why the setting could not be simulated (e.g. tail batching with asynchrony)."""
+    """Why the setting could not be simulated (e.g. tail batching with asynchrony, or it does not fit)."""
+    memory: MemoryFit | None = None
+    """Its memory estimate on the simulated layout (None on CPU slots)."""
 
     @property
     def label(self) -> str:
@@ -56,6 +61,8 @@ class SweepRow:
     def record(self) -> dict:
         out = {"setting": self.label, "devices": self.devices, **{f"set:{k}": v for k, v in self.setting.items()}}
         r = self.result
+        if self.memory is not None:
+            out.update(mem_gb=self.memory.peak_gb, **{f"mem:{role}": text for role, text in self.memory.roles.items()})
         if r is None:
             return {**out, "error": self.error}
         violations = sum(s.stats.get("staleness/violations", 0) for s in r.steps)
@@ -79,8 +86,12 @@ def run_sweep(config: str | Path, overrides: list[str], devices: list[int], sets
         cfg = load_config(config, [*overrides, *(f"{k}={v}" for k, v in setting.items())])
         for n in devices:
             try:
-                result = simulate(scenario(cfg, n, calibrate))
-                rows.append(SweepRow(setting, n, result))
+                spec = scenario(cfg, n, calibrate)
+                fit = memory_fit(cfg, spec.layout, spec.cost.model, spec.cost.device, spec.cost.transport)
+                if fit is not None and not fit.fits:  # gyre check would refuse the run: so does the sweep
+                    rows.append(SweepRow(setting, n, None, fit.refusal(spec.cost.device.name), fit))
+                else:
+                    rows.append(SweepRow(setting, n, simulate(spec), memory=fit))
             except ValueError as exc:  # a setting the scheduler or the placement rejects
                 rows.append(SweepRow(setting, n, None, str(exc)))
             echo(format_row(rows[-1], rows))
@@ -88,12 +99,14 @@ def run_sweep(config: str | Path, overrides: list[str], devices: list[int], sets
 
 
 HEADER = (f"{'setting':<28}{'devices':>8}  {'layout':<22}{'step s':>9}{'samples/s':>11}{'tokens/s':>10}{'vs first':>9}"
-          f"{'wasted':>8}{'device idle':>12}{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'$/1k':>8}{'sim s':>7}")
+          f"{'wasted':>8}{'device idle':>12}{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'mem GB':>8}{'$/1k':>8}"
+          f"{'sim s':>7}")
 """Columns: tokens/s are response tokens trained on per second, and vs first compares them with the first
 setting's (samples/s flatter a schedule that trains short answers and wastes long ones); wasted is the
 share of generated tokens that never trained; idle is the share of the step's time a role (or, device
 idle, all devices together) does no work: on shared devices rollout is idle while the policy trains and
-the reverse."""
+the reverse; mem GB is the estimate on the most loaded device (gyre check's, on the simulated layout; -
+on CPU slots)."""
 
 
 def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
@@ -104,8 +117,12 @@ def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
     ratio = r["trained_tokens_per_s"] / first.result.trained_tokens_per_s
     return (f"{row.label:<28}{row.devices:>8}  {r['layout']:<22}{r['step_s']:>9.1f}{r['samples_per_s']:>11.1f}"
             f"{r['trained_tokens_per_s']:>10.0f}{ratio:>8.2f}x{r['wasted_share']:>8.0%}{r['device_idle']:>12.0%}{r['rollout_idle']:>13.0%}{r['trainer_idle']:>11.0%}"
-            f"{r['staleness_mean']:>7.2f}"
+            f"{r['staleness_mean']:>7.2f}{_gb(row.memory):>8}"
             f"{r['cost_per_1k']:>8.2f}{r['sim_wall_s']:>7.2f}")
+
+
+def _gb(fit: MemoryFit | None) -> str:
+    return f"{fit.peak_gb:.1f}" if fit is not None else "-"
 
 
 def write_outputs(rows: list[SweepRow], out: Path) -> list[Path]:

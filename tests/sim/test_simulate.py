@@ -21,7 +21,8 @@ from gyre.sim.sweep import settings, split_values
 
 CONFIG = "examples/math_boxed.yaml"
 SMALL = ["rollout.prompts_per_step=32", "rollout.samples_per_prompt=8", "rollout.sampling.max_new_tokens=4096",
-         "simulate.steps=5", "simulate.warmup_steps=1"]
+         "simulate.steps=5", "simulate.warmup_steps=1", "policy.strategy=fsdp2"]
+"""A small sweep of the 7B default: FSDP2, so the policy's state fits an H100 (the sweep refuses what does not)."""
 
 
 def spec(devices: int, *overrides: str):
@@ -199,7 +200,7 @@ def test_the_simulator_charges_the_engine_and_weight_transport_the_run_would_use
     assert (split.cost.transport, split.cost.same_node) == ("channel", True)
     assert spec(64, "rollout.async_ratio=1").cost.same_node is False  # 64 devices span 8 nodes
     assert spec(8, "rollout.async_ratio=1", "rollout.weight_transport=object_store").cost.transport == "object_store"
-    hybrid = spec(8, "rollout.mode=hybrid")
+    hybrid = spec(8, "rollout.mode=hybrid", "policy.strategy=ddp")
     assert (hybrid.cost.engine.name, hybrid.cost.transport) == ("hf", "none")
     assert spec(8, "rollout.mode=hybrid", "policy.strategy=fsdp2").cost.transport == "gather"
     assert spec(8, "rollout.backend=vllm", "rollout.async_ratio=1").cost.engine.name == "vllm"
@@ -210,3 +211,22 @@ def test_the_simulator_charges_the_engine_and_weight_transport_the_run_would_use
     text = describe(split)
     assert "engine     hf (eager, 22.4 ms of kernel launches a step, KV read at the widest row's length" in text
     assert "weights    channel (NCCL broadcast within a node): sync 0.21 s, engines paused 0.19 s" in text
+
+
+def test_the_sweep_refuses_a_setting_that_does_not_fit_and_prints_the_memory_of_one_that_does(tmp_path):
+    """A 32B policy on 8 L40S (48 GB) cannot hold its optimizer state; 7B sharded over 16 H100 can."""
+    from gyre.sim.sweep import format_row, run_sweep
+
+    config = Path(__file__).parents[2] / "examples" / "math_boxed.yaml"
+    rows = run_sweep(config, ["policy.strategy=fsdp2", "simulate.steps=3", "simulate.warmup_steps=1"], [8],
+                     ["simulate.model=32b", "simulate.device=l40s"], echo=lambda s: None)
+    (big,) = rows
+    assert big.result is None and big.memory is not None and not big.memory.fits
+    assert big.error.startswith("does not fit l40s (48 GB a device, 90% usable)")
+    assert "optimizer" in big.error and "policy" in big.error
+    rows = run_sweep(config, ["policy.strategy=fsdp2", "simulate.steps=3", "simulate.warmup_steps=1"], [16],
+                     ["simulate.model=7b"], echo=lambda s: None)
+    (fits,) = rows
+    assert fits.result is not None and fits.memory.fits and 0 < fits.memory.peak_gb < 0.9 * 80
+    assert f"{fits.memory.peak_gb:.1f}" in format_row(fits, rows)
+    assert fits.record()["mem_gb"] == fits.memory.peak_gb

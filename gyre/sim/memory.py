@@ -1,0 +1,91 @@
+"""Whether a simulated setting fits its devices: ``gyre check``'s memory estimate on the simulated layout.
+
+The simulator places a config on its own number of devices (``scenario.layout``: colocated on all of them,
+or rollout and training side by side), so the estimate (``gyre.config.memory.estimate``: weights, gradients,
+optimizer state sharded over the trainer's ranks, activations, logits, the engines' KV cache, the weight
+channel's staging) is taken on the config with its device lists rewritten to that layout, for the
+simulated model shape and the device class's memory. A setting past the estimate's headroom is refused
+with the numbers, as ``gyre check`` would refuse the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gyre.config.catalog import DeviceClass, ModelShape
+from gyre.config.memory import GB, HEADROOM, estimate
+from gyre.config.schema import RLVRConfig
+from gyre.sim.run import Layout
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    roles: dict[str, str]
+    """Each model role's estimate per device, with its terms (``RoleMemory.describe``)."""
+    peak_gb: float
+    """The most loaded device's estimate."""
+    device_gb: float
+    problems: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def refusal(self, device: str) -> str:
+        roles = "; ".join(f"{role} {text}" for role, text in self.roles.items())
+        return (f"does not fit {device} ({self.device_gb:.0f} GB a device, {HEADROOM:.0%} usable): about "
+                f"{self.peak_gb:.1f} GB on its most loaded device ({roles}); shard the policy over more devices, "
+                "lower policy.micro_batch_tokens or rollout.max_batch_size, turn on model.gradient_checkpointing, "
+                "or simulate more devices or a larger device class")
+
+
+def placed_config(cfg: RLVRConfig, placed: Layout) -> RLVRConfig:
+    """``cfg`` with its device lists as ``placed`` puts them: every role on all devices (colocated), or the
+    rollout engines first and the trainer's roles (reference, critic) on the rest."""
+    n = placed.devices
+    rollout = tuple(range(n)) if placed.colocated else tuple(range(placed.rollout_devices))
+    train = tuple(range(n)) if placed.colocated else tuple(range(placed.rollout_devices, n))
+    mode = cfg.rollout.mode if placed.colocated else "separate"
+    return cfg.model_copy(update={
+        "rollout": cfg.rollout.model_copy(update={"devices": rollout, "mode": mode}),
+        "policy": cfg.policy.model_copy(update={"devices": train}),
+        "reference": cfg.reference.model_copy(update={"devices": train}),
+        "critic": cfg.critic.model_copy(update={"devices": train}),
+        "teacher": cfg.teacher.model_copy(update={"devices": train}),
+    })
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """What the estimate reads of a run plan (``RunPlan``), for the simulated layout: the simulator picks
+    layouts (an asynchronous split of a colocated config) whose batch a run would have to fit to its ranks
+    first, so ``make_plan``'s checks do not apply; the memory does."""
+
+    roles: dict[str, tuple[int, ...]]
+    hybrid_rollout: bool
+    weight_transport: str
+    offload: bool
+    device_kind: str = "cuda"
+
+
+def memory_fit(cfg: RLVRConfig, placed: Layout, shape: ModelShape, device: DeviceClass,
+               transport: str | None) -> MemoryFit | None:
+    """The estimate of ``cfg`` placed as ``placed`` with ``shape`` on ``device``s, the weights moving by
+    ``transport``; None on CPU slots (host memory, no verdict)."""
+    if device.kind != "cuda":
+        return None
+    c = placed_config(cfg, placed)
+    a, hybrid = c.algorithm, c.rollout.mode == "hybrid"
+    roles = {"policy": c.policy.devices} if hybrid else {"policy": c.policy.devices, "rollout": c.rollout.devices}
+    if a.uses_reference and c.policy.lora is None:
+        roles["reference"] = c.reference.devices
+    if a.uses_teacher:
+        roles["teacher"] = c.teacher.devices
+    if a.uses_critic:
+        roles.update({f"critic.{m}" if c.critic.num_critics > 1 else "critic": c.critic.devices
+                      for m in range(c.critic.num_critics)})
+    plan = _Placement(roles, hybrid, transport or "object_store", offload=placed.colocated)
+    memory = estimate(c, plan, shape, device.mem_gb)
+    peak = max(memory.devices.values(), default=0.0)
+    return MemoryFit({m.role: m.describe() for m in memory.roles}, peak / GB, device.mem_gb,
+                     tuple(memory.problems()))
