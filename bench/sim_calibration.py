@@ -1,28 +1,27 @@
-"""The measured side of the simulator's cost-model calibration (issue 14): real runs and microbenchmarks
-of the tiny model on this machine's CPU, and the linear cost fits the simulator is calibrated from.
+"""The simulator's calibration on this machine's CPU (issues 14, 27): real runs of the tiny model, the
+simulator calibrated from one of them, and its predictions of the others.
 
-``measure`` builds the warm start of ``bench/rollout_schedules.py`` once, trains four schedules with the
-real ``launch.train`` (validation off, every trained sample's generation written), microbenchmarks the HF
-rollout engine directly (decode-step and prefill seconds against rows and context, at the torch thread
-count a run's workers use) and fits
+``both`` (what the README's table comes from) trains the synchronous setting (sync-hybrid) and two
+others (default: async-2, window asynchrony, and lockstep-2) with the real ``launch.train`` from one warm
+start, in one sitting (the machine's speed drifts between sittings); calibrates the simulator from the
+sync run's *directory alone* (``gyre.sim.calibrate``: the device's decode, training and weight-sync
+speed from its timeline's spans, prompt lengths, reward latency, its trained groups' lengths), exactly as
+``gyre simulate --calibrate RUN_DIR`` does; predicts every setting with ``gyre simulate``'s own path
+(``scenario(cfg, calibrate=sync_dir)`` of each run's resolved config, averaged over workload seeds) and
+prints measured against predicted with the 25% target. A diagnostic column replays each run's *own*
+trained lengths on the same fitted device (how much of the error is the machine, how much the lengths a
+schedule's learning produces, which no calibration run can know). ``--repeats`` passes, each calibrated
+from its own sync run; ``--md PATH`` also writes the table.
 
-    decode step s  ~= overhead_s + per_row_s * rows + per_ctx_token_s * context tokens over the rows
-    prefill s      ~= prefill_overhead_s + per_prefill_token_s * prompt tokens
-    train (logprobs) s per step ~= overhead_s + per_train_token_s * tokens per policy rank
+``measure`` / ``report`` / ``predict`` are the older microbenchmark path (issue 14): four schedules, the HF
+engine and trainer measured alone, linear fits, and ``bench/sim_predict.py``'s hand-fitted CPU class,
+stored in ``bench/results/sim_calibration_real.json``.
 
-writing everything to ``bench/results/sim_calibration_real.json`` and printing a summary table.
-
-``predict`` fits the simulator's CPU ``DeviceClass`` and workload from each pass's sync-hybrid run alone
-(``bench/sim_predict.py``: the in-run generate time, the trainer side, the weight sync, the lengths),
-simulates every setting of the pass from its own config and writes measured against predicted to
-``bench/results/sim_calibration.md``; ``both`` measures and predicts in one sitting (the machine's speed
-drifts between sittings), ``--repeats`` passes over the settings interleaved.
-
+    python bench/sim_calibration.py both [--steps 12] [--repeats 1] [--only sync-hybrid async-2 lockstep-2]
     python bench/sim_calibration.py measure [--steps 12] [--repeats 1] [--out DIR] [--json PATH]
     python bench/sim_calibration.py report [--json PATH]    # re-fit and re-print a stored JSON
     python bench/sim_calibration.py predict [--json PATH] [--md PATH]
-    python bench/sim_calibration.py both [--steps 12] [--repeats 2]
-    python bench/sim_calibration.py --smoke    # `both` at its smallest (SMOKE), in a temporary directory
+    python bench/sim_calibration.py --smoke    # `both` at its smallest (BOTH_SMOKE), in a temporary directory
 """
 
 from __future__ import annotations
@@ -34,11 +33,11 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout_schedules import COMMON, SCHEDULES, warm_start  # noqa: E402
+from rollout_schedules import COMMON, SCHEDULES, shared_keys, warm_start  # noqa: E402
 from sim_predict import SIM_SEEDS, TRAIN_SHAPES, fit_cpu, train_microbench  # noqa: E402
 
 SETTINGS = ("sync-hybrid", "queue-hybrid", "tail-hybrid", "async-2")
@@ -64,13 +63,6 @@ class Sizes:
     train_repeats: int = 3
     shape_repeats: int = 6
     sft_steps: int = 40
-
-
-SMOKE = {"steps": 4, "repeats": 1, "seed": 0, "only": ["sync-hybrid"], "out": None,
-         "sizes": Sizes((1, 8), (8, 32), 4, 2, TRAIN_SHAPES[::5], 1, 1, 0)}
-"""--smoke: `both` with the setting ``predict`` fits from (the others planned, not trained: each run starts
-its own workers, 20-40 s on 2 cores), no SFT warm start (another such run; rollout_schedules.py's smoke
-runs it), the fewest points each fit takes (4 steps: 3 past the first) and one workload seed to predict."""
 
 
 @dataclass
@@ -157,8 +149,8 @@ def run_config(name: str, model: str, data: dict, out: Path, steps: int, seed: i
     return load_config(None, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}",
                               f"model.path={model}", f"data.train_files=[{data['train']}]",
                               f"data.val_files=[{data['val']}]", "validation.every=0", "logging.generations_every=1",
-                              "logging.generations_samples=100000", "logging.report=false", *COMMON, *SCHEDULES[name],
-                              *extra])
+                              "logging.generations_samples=100000", "logging.report=false", *COMMON,
+                              *shared_keys("short"), *SCHEDULES[name], *extra])
 
 
 def facts_of(cfg) -> dict:
@@ -552,6 +544,119 @@ def predict(raw: dict, md: Path | None, seeds: tuple[int, ...] = SIM_SEEDS, pass
     print(f"\nwrote {md}")
 
 
+# ---- both: calibrate from the sync run's directory, predict every setting with gyre simulate's path ----------
+BOTH_SETTINGS = ("sync-hybrid", "async-2", "lockstep-2")
+"""The synchronous setting the simulator is calibrated from, and two it predicts: window and lockstep asynchrony."""
+TARGET_PCT = 25.0
+"""A prediction is within target when its seconds per step are within this share of the measured."""
+BOTH_SMOKE = {"steps": 4, "repeats": 1, "seed": 0, "only": ["sync-hybrid"], "out": None, "sft_steps": 0,
+              "seeds": SIM_SEEDS[:1]}
+"""--smoke: the sync run alone (4 steps: 3 past the first, which every fit leaves out), no SFT warm start, one
+workload seed; the other settings are planned (config and placement checked), not trained."""
+
+
+def sim_keys(steps: int, seed: int) -> list[str]:
+    """The simulate section of a prediction: this CPU's class (replaced by the fitted one), the run's own
+    model, its 2 slots, the run's steps with the first two left out as the measured means leave them out."""
+    return ["simulate.model=config", "simulate.device=cpu", "simulate.devices=2", f"simulate.steps={steps}",
+            "simulate.warmup_steps=2", f"simulate.seed={seed}"]
+
+
+def measured_steps(run_dir: Path) -> dict:
+    """Means over steps 3..N of a real run: s/step (and its std over steps), generate, and the trainer side
+    (step - generate - weight sync)."""
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    timed = [r for r in steps if "time/step" in r][2:]
+    step = [r["time/step"] for r in timed]
+    return {"step_s": statistics.mean(step), "step_std": statistics.pstdev(step), "steps": len(timed) + 2,
+            "generate_s": statistics.mean(r["time/generate"] for r in timed),
+            "train_s": statistics.mean(r["time/step"] - r["time/generate"] - r.get("time/weight_sync", 0.0)
+                                       for r in timed)}
+
+
+def predict_run(run_dir: Path, calibrate: Path, seeds: tuple[int, ...], own: bool = False) -> dict:
+    """``gyre simulate``'s path on the run's resolved config: ``scenario(cfg, 2, calibrate)`` simulated per
+    workload seed, means of s/step, generate and train over the measured steps; ``own``: the run's own trained
+    groups replayed instead of the calibration run's (a diagnostic: the lengths right, the device fitted)."""
+    from gyre.config import load_config
+    from gyre.sim.calibrate import RunRecords, replayed_groups
+    from gyre.sim.run import simulate
+    from gyre.sim.scenario import scenario
+
+    steps = measured_steps(run_dir)["steps"]
+    groups = replayed_groups(RunRecords.read(run_dir)) if own else None
+    out: dict[str, list] = {"step_s": [], "generate_s": [], "train_s": []}
+    for seed in seeds:
+        spec = scenario(load_config(run_dir / "resolved_config.yaml", sim_keys(steps, seed)), 2, calibrate)
+        res = simulate(replace(spec, recorded=groups) if own else spec)
+        out["step_s"].append(res.step_s)
+        out["generate_s"].append(res.mean("generate_s"))
+        out["train_s"].append(res.mean("train_s"))
+    return {k: statistics.mean(v) for k, v in out.items()} | {"layout": spec.layout.describe()}
+
+
+def verdict(error_pct: float) -> str:
+    miss = abs(error_pct) - TARGET_PCT
+    return "within" if miss <= 0 else f"misses by {miss:.1f} pts"
+
+
+def both_table(rows: list[dict]) -> str:
+    lines = [f"| setting | pass | layout (sim) | measured s/step (± std over steps) | predicted | error | "
+             f"target {TARGET_PCT:g}% | generate meas / pred | trainer side meas / pred | own lengths (diagnostic) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m, p, o = r["measured"], r["predicted"], r["own"]
+        lines.append(f"| {r['setting']} | {r['repeat']} | {p['layout']} | {m['step_s']:.3f} ± {m['step_std']:.3f} | "
+                     f"{p['step_s']:.3f} | {r['error_pct']:+.1f}% | {verdict(r['error_pct'])} | "
+                     f"{m['generate_s']:.3f} / {p['generate_s']:.3f} | {m['train_s']:.3f} / {p['train_s']:.3f} | "
+                     f"{o['step_s']:.3f} ({(o['step_s'] - m['step_s']) / m['step_s'] * 100:+.1f}%) |")
+    return "\n".join(lines)
+
+
+def both(args: argparse.Namespace) -> list[dict]:
+    """Train ``args.only`` (sync-hybrid, the calibration run, first) per pass, calibrate from the sync run's
+    directory, predict every run of the pass, print (and with ``args.md`` write) the comparison."""
+    from gyre.app.launch import train
+    from gyre.app.preflight import preflight
+    from gyre.config import load_config
+    from gyre.sim.scenario import calibration
+
+    settings = ["sync-hybrid", *(n for n in args.only if n != "sync-hybrid")]
+    rows, reports, t_all = [], [], time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(args.out or tmp_dir)
+        tmp.mkdir(parents=True, exist_ok=True)
+        model, data = warm_start(tmp, args.sft_steps)
+        for name in BOTH_SETTINGS if args.smoke else ():  # planned (config, placement), not trained
+            if name not in settings:
+                preflight(run_config(name, model, data, tmp / "plan", args.steps, args.seed), None)
+        for rep in range(args.repeats):
+            dirs = {}
+            for name in settings:  # interleaved within a pass: the machine's drift hits the settings alike
+                dirs[name] = tmp / f"{name}-r{rep}"
+                t0 = time.perf_counter()
+                train(run_config(name, model, data, dirs[name], args.steps, args.seed + rep), echo=lambda s: None)
+                print(f"  {name:<13} pass {rep}: {time.perf_counter() - t0:.1f} s for {args.steps} steps", flush=True)
+            sync = dirs["sync-hybrid"]
+            cfg = load_config(sync / "resolved_config.yaml", sim_keys(args.steps, 0))
+            reports.append(calibration(cfg, sync).report())  # what every prediction of the pass is fitted to
+            print(reports[-1], flush=True)
+            for name, run_dir in dirs.items():
+                m, p = measured_steps(run_dir), predict_run(run_dir, sync, args.seeds)
+                rows.append({"setting": name, "repeat": rep, "measured": m, "predicted": p,
+                             "own": predict_run(run_dir, sync, args.seeds, own=True),
+                             "error_pct": (p["step_s"] - m["step_s"]) / m["step_s"] * 100})
+    head = (f"`python bench/sim_calibration.py both --steps {args.steps} --repeats {args.repeats}` "
+            f"({time.perf_counter() - t_all:.0f} s; {machine()['cpus']} cores)")
+    text = "\n\n".join([head, *reports, both_table(rows)])
+    print("\n" + text)
+    if args.md:
+        Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.md).write_text(text + "\n")
+        print(f"\nwrote {args.md}")
+    return rows
+
+
 def machine() -> dict:
     import platform
 
@@ -562,16 +667,13 @@ def machine() -> dict:
 
 
 def smoke() -> None:
-    """`both` at its smallest (SMOKE), its JSON and table in a temporary directory, not bench/results."""
-    with tempfile.TemporaryDirectory() as tmp:
-        args = argparse.Namespace(**SMOKE, smoke=True, json=str(Path(tmp) / "real.json"))
-        measure(args)
-        predict(json.loads(Path(args.json).read_text()), Path(tmp) / "sim_calibration.md", SIM_SEEDS[:1])
+    """`both` at its smallest (BOTH_SMOKE), in a temporary directory: nothing written to bench/results."""
+    both(argparse.Namespace(**BOTH_SMOKE, smoke=True, md=None))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="`both` at its smallest (SMOKE), in a temporary directory")
+    ap.add_argument("--smoke", action="store_true", help="`both` at its smallest (BOTH_SMOKE), in a temp directory")
     sub = ap.add_subparsers(dest="command")
     m = sub.add_parser("measure", help="real runs + engine microbenchmarks + fits -> JSON")
     m.add_argument("--steps", type=int, default=12)
@@ -585,15 +687,16 @@ def main() -> None:
                                        "every run's setting, compare")
     p.add_argument("--json", default=str(DEFAULT_JSON))
     p.add_argument("--md", default=str(DEFAULT_MD))
-    b = sub.add_parser("both", help="measure, then predict, in one sitting")
+    b = sub.add_parser("both", help="train sync-hybrid and two other settings, calibrate from the sync run's "
+                                    "directory, predict all with gyre simulate's path, compare")
     for sp in (m, b):
         sp.add_argument("--repeats", type=int, default=1, help="passes over the settings (interleaved)")
     b.add_argument("--steps", type=int, default=12)
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--only", nargs="+", choices=list(SCHEDULES), default=list(SETTINGS))
-    b.add_argument("--out", default=None)
-    b.add_argument("--json", default=str(DEFAULT_JSON))
-    b.add_argument("--md", default=str(DEFAULT_MD))
+    b.add_argument("--only", nargs="+", choices=list(SCHEDULES), default=list(BOTH_SETTINGS),
+                   help="settings to train and predict (sync-hybrid, the calibration run, always trains)")
+    b.add_argument("--out", default=None, help="keep the warm start and run dirs here (default: a temp dir)")
+    b.add_argument("--md", default=None, help="also write the comparison here")
     args = ap.parse_args()
     if args.smoke:
         return smoke()
@@ -607,8 +710,7 @@ def main() -> None:
     elif args.command == "predict":
         predict(json.loads(Path(args.json).read_text()), Path(args.md))
     else:
-        measure(args)
-        predict(json.loads(Path(args.json).read_text()), Path(args.md))
+        both(argparse.Namespace(**vars(args), sft_steps=args.sizes.sft_steps, seeds=SIM_SEEDS))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ Modelling assumptions (what the simulator does and does not capture):
   Each turn re-prefills the whole context (no prefix cache across turns).
 - Failures and hung environments: the redundant-environment claim runs once without and once with 1 % of
   environment calls hanging until a 60 s deadline (then failing: the episode is replaced, as a real run's
-  episode runner does). Not modelled: KV-cache preemption, network contention, reward models on GPUs,
+  episode runner does). Not modelled: network contention, reward models on GPUs,
   learning dynamics (a run's accuracy under staleness).
 """
 

@@ -201,8 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="sweep", action="append", default=[], metavar="KEY=V1,V2",
                    help="sweep a key over values, e.g. --set rollout.async_ratio=0,1,2 (repeat for a grid)")
     p.add_argument("--calibrate", default=None, metavar="RUN",
-                   help="a real run's metrics.jsonl (response lengths fitted to it) or its directory (its recorded "
-                        "groups' lengths replayed when its generation files hold whole groups)")
+                   help="a real run's directory: the device's decode, training and weight-sync speed, prompt "
+                        "lengths, reward latency and response lengths fitted to it (its trained groups replayed); "
+                        "or its metrics.jsonl: the response lengths alone")
     p.add_argument("--out", default=None, help="where sweep.csv/json/png go (default: runs/simulate/<config>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files in --out")
 
@@ -491,7 +492,7 @@ def _simulate(args) -> int:
     from pathlib import Path
 
     from gyre.config.load import ConfigError, load_config
-    from gyre.sim.scenario import describe, scenario
+    from gyre.sim.scenario import calibration, describe, scenario
     from gyre.sim.sweep import HEADER, run_sweep, write_outputs
 
     base = load_config(args.config, args.overrides)  # a bad config fails here, once, before any sweep
@@ -510,6 +511,8 @@ def _simulate(args) -> int:
     if (out / "sweep.csv").exists() and not args.overwrite:
         raise ConfigError(f"{out} holds an earlier sweep (sweep.csv): pass --overwrite to replace it, or another --out")
     try:  # what the simulation cannot take (an unknown model, a bad --set) is the user's to change
+        if calibrate is not None:
+            print(calibration(base, calibrate).report() + "\n")
         print(describe(scenario(base, devices[0], args.calibrate)) + "\n")
         print(HEADER)
         rows = run_sweep(args.config, args.overrides, devices, args.sweep, args.calibrate)

@@ -117,6 +117,11 @@ class EngineClass:
     """Multiplies the device's mem_eff."""
     padded_kv: bool = False
     """Every row's KV read spans the batch's widest row (one cache left-padded to a width), not its own length."""
+    admission: str = "paged"
+    """How a request joins the running batch, knowing nothing of its final length: paged (vLLM, and the papers'
+    engines): while the tokens the rows hold now fit the KV cache, the newest row preempted (recomputed later)
+    when the growing rows no longer fit; reserve (gyre's HF engine, ``KVBatch.reserve``): while rows x the
+    widest row's final length (prompt + the token budget) fits, so no row is ever preempted."""
 
 
 GENERIC_ENGINE = EngineClass("generic")
@@ -131,10 +136,10 @@ ENGINES: dict[tuple[str, str], EngineClass] = {
     # A100, ~1 ms a layer above the weight read). Its masked SDPA and unfused element-wise ops reach less
     # bandwidth (0.8x, a guess), and its cache is left-padded to the widest row (gyre/engines/kv_batch.py).
     ("vllm", "cuda"): EngineClass("vllm", layer_launch_s=1e-4),
-    ("hf", "cuda"): EngineClass("hf", layer_launch_s=8e-4, mem_scale=0.8, padded_kv=True),
+    ("hf", "cuda"): EngineClass("hf", layer_launch_s=8e-4, mem_scale=0.8, padded_kv=True, admission="reserve"),
     # The cpu class is fitted to the HF engine's in-run decoding, padding included; vLLM decoded the same
     # samples 1.5-2.6x faster on this CPU (reference/platform.md): 2x.
-    ("hf", "cpu"): EngineClass("hf"),
+    ("hf", "cpu"): EngineClass("hf", admission="reserve"),
     ("vllm", "cpu"): EngineClass("vllm", overhead_scale=0.5, compute_scale=2.0, mem_scale=2.0),
 }
 

@@ -99,9 +99,10 @@ class SimulateConfig(StrictModel):
     the config's device lists (rollout.devices against policy.devices), or 0.6 when they overlap but
     asynchrony asks for disjoint devices (ROLL Flash's 24 of 40)."""
     max_rows: PositiveInt | None = None
-    """Most sequences an engine decodes at once. None: rollout.max_batch_size, else as many as the KV
-    cache holds (each sample reserves room for its whole drawn length, known to the simulator in advance,
-    so none is preempted; a real engine sees neither, and either reserves the budget or preempts)."""
+    """Most sequences an engine decodes at once. None: rollout.max_batch_size, else vLLM's default of 256
+    for a vLLM engine, and for gyre's HF engine as many as its KV cache holds by its own rule (rows x the
+    widest prompt + token budget). Either way the engine knows no sample's final length in advance: a vLLM
+    engine admits what fits now and preempts the newest row when the growing rows outgrow its cache."""
     reward_workers: NonNegInt = 0
     """Reward calls that run at once; 0: as many as arrive (a serverless reward service)."""
     env_slots: PositiveInt | None = None

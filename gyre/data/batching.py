@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -219,18 +220,26 @@ def balanced_shards(batch: TrainBatch, parts: int, equal: bool = True) -> list[t
     ``equal`` gives every part the same row count, which data-parallel trainer ranks need (their
     collectives must match step for step); forward-only workers take counts that differ by at most 1.
     """
-    n = len(batch)
+    rows = balanced_rows(batch.attention_mask.sum(dim=1).tolist(), parts, equal)
+    return [torch.tensor(m, dtype=torch.long) for m in rows]
+
+
+def balanced_rows(tokens: Sequence[int], parts: int, equal: bool = True) -> list[list[int]]:
+    """``balanced_shards`` on rows of ``tokens`` tokens (what the simulator splits its rows by): each row,
+    longest first, goes to the least loaded part with room (the lowest index on a tie); each part's rows
+    in batch order."""
+    n = len(tokens)
     if equal and n % parts:
         raise ValueError(f"{n} rows cannot be split evenly over {parts} ranks")
     cap = [n // parts + (0 if equal or r >= n % parts else 1) for r in range(parts)]
-    tokens = batch.attention_mask.sum(dim=1).tolist()
-    loads = [0] * parts
     members: list[list[int]] = [[] for _ in range(parts)]
+    heap = [(0, r) for r in range(parts) if cap[r]]  # (load, part): the least loaded, then the lowest index
     for row in sorted(range(n), key=lambda i: -tokens[i]):
-        rank = min((r for r in range(parts) if len(members[r]) < cap[r]), key=lambda r: loads[r])
+        load, rank = heapq.heappop(heap)
         members[rank].append(row)
-        loads[rank] += tokens[row]
-    return [torch.tensor(sorted(m), dtype=torch.long) for m in members]
+        if len(members[rank]) < cap[rank]:
+            heapq.heappush(heap, (load + tokens[row], rank))
+    return [sorted(m) for m in members]
 
 
 def split_for_ranks(batch: TrainBatch, parts: int, equal: bool = True) -> tuple[list[TrainBatch], list[torch.Tensor]]:

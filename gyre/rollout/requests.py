@@ -56,11 +56,23 @@ class RequestBook:
     """Samples each engine holds (with ``slots``)."""
     _open: list[tuple[int, int]] = field(default_factory=list)
     """Heap of (samples held, engine) with room (entries go stale; checked against ``count``)."""
+    _owed: list[int] = field(default_factory=list)
+    """Samples each engine owes (the sum over ``live``, kept as it changes: asked at every event)."""
+    _held_samples: int = 0
+    """Samples of the held requests."""
 
     def __post_init__(self) -> None:
         self.load = [0] * self.engines
         self.count = [0] * self.engines
+        self._owed = [0] * self.engines
         self._open = [(0, e) for e in range(self.engines)]
+
+    def _go_live(self, engine: int, r: GenerationRequest) -> None:
+        before = self.live.get(r.request_id)
+        if before is not None:  # asked again while live: what it owed before is replaced
+            self._owed[before[0]] -= len(before[1])
+        self.live[r.request_id] = (engine, set(range(r.first_sample, r.first_sample + r.n)))
+        self._owed[engine] += r.n
 
     def assign(self, requests: Sequence[GenerationRequest], owner: Callable[[str], str]) -> dict[str, int]:
         """Spread requests over engines on top of their outstanding work; ``owner(request id)`` names what
@@ -69,6 +81,7 @@ class RequestBook:
             for r in requests:
                 self.owner[r.request_id] = owner(r.request_id)
                 self.held[r.request_id] = r
+                self._held_samples += r.n
             placed = {r.request_id: -1 for r in requests}
             placed.update(self._dispatch())
             return placed
@@ -82,7 +95,7 @@ class RequestBook:
             mine = tuple(requests[i] for i in idx)
             for r in mine:
                 self.owner[r.request_id] = owner(r.request_id)
-                self.live[r.request_id] = (engine, set(range(r.first_sample, r.first_sample + r.n)))
+                self._go_live(engine, r)
                 self.load[engine] += r.n * self._work(r.prompt_ids)
                 placed[r.request_id] = engine
             self.outbox.append(Generate(engine, mine))
@@ -98,6 +111,7 @@ class RequestBook:
             if engine is None:
                 break
             del self.held[request_id]
+            self._held_samples -= r.n
             self._place(engine, r)
             by_engine.setdefault(engine, []).append(r)
             placed[request_id] = engine
@@ -116,7 +130,7 @@ class RequestBook:
         return None
 
     def _place(self, engine: int, r: GenerationRequest) -> None:
-        self.live[r.request_id] = (engine, set(range(r.first_sample, r.first_sample + r.n)))
+        self._go_live(engine, r)
         self.load[engine] += r.n * self._work(r.prompt_ids)
         self._recount(engine, r.n)
 
@@ -137,6 +151,7 @@ class RequestBook:
         if live is not None and result.sample_index in live[1]:
             self.load[live[0]] -= self._work(result.prompt_ids)
             live[1].discard(result.sample_index)
+            self._owed[live[0]] -= 1
             if not live[1]:
                 del self.live[result.request_id]
             if self.slots is not None:
@@ -166,7 +181,9 @@ class RequestBook:
         """Their late samples find no owner; held ones are dropped."""
         for request_id in request_ids:
             self.owner.pop(request_id, None)
-            self.held.pop(request_id, None)
+            held = self.held.pop(request_id, None)
+            if held is not None:
+                self._held_samples -= held.n
 
     def lose(self, engine: int) -> list[tuple[str, str | None, list[int]]]:
         """Engine ``engine`` is gone with everything it held: (request id, owner, sample indices it still
@@ -175,6 +192,7 @@ class RequestBook:
         lost = [(rid, samples) for rid, (e, samples) in self.live.items() if e == engine]
         self.load[engine] = 0
         self.count[engine] = 0
+        self._owed[engine] = 0
         out = []
         for rid, samples in lost:
             del self.live[rid]
@@ -183,7 +201,7 @@ class RequestBook:
 
     def owed(self, engine: int) -> int:
         """Samples engine ``engine`` still owes."""
-        return sum(len(samples) for e, samples in self.live.values() if e == engine)
+        return self._owed[engine]
 
     def back(self, engine: int) -> None:
         self.down.discard(engine)
@@ -196,6 +214,7 @@ class RequestBook:
         self.engines += 1
         self.load.append(0)
         self.count.append(0)
+        self._owed.append(0)
         self._recount(self.engines - 1, 0)
         if self.slots is not None:
             self._dispatch()
@@ -203,11 +222,11 @@ class RequestBook:
     @property
     def outstanding(self) -> int:
         """Samples asked for and not yet back (aborted ones included until they are), held ones too."""
-        return sum(len(samples) for _, samples in self.live.values()) + sum(r.n for r in self.held.values())
+        return sum(self._owed) + self._held_samples
 
     def busy_engines(self) -> list[int]:
         """Engines that owe samples."""
-        return sorted({engine for engine, _ in self.live.values()})
+        return [engine for engine, owed in enumerate(self._owed) if owed]
 
     def _work(self, prompt_ids: Sequence[int]) -> int:
         return len(prompt_ids) + self.budget

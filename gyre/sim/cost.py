@@ -150,8 +150,12 @@ class CostModel:
         """A step's training over ``tokens`` tokens on ``devices`` devices: ``passes`` forward passes' worth of
         compute, 2 P T FLOPs each (``gyre.training.plan.StepPasses.forward_equivalents``: a policy update is
         3, a scoring pass 1; the default, 4, is one update and one scoring pass)."""
-        flops = 2 * passes * self.model.params * tokens
-        return self.device.train_overhead_s + flops / (devices * self.device.peak_tflops * 1e12 * self.device.train_mfu)
+        return self.train_compute_s(2 * passes * self.model.params * tokens / devices)
+
+    def train_compute_s(self, flops: float) -> float:
+        """A training step whose busiest device computes ``flops`` FLOPs (``gyre.sim.learner``: the real
+        learner's passes and micro-batches), at the training MFU, plus the step's fixed cost."""
+        return self.device.train_overhead_s + flops / (self.device.peak_tflops * 1e12 * self.device.train_mfu)
 
     # ---- weight updates ------------------------------------------------------------------------------
     def sync_s(self) -> float:

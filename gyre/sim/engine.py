@@ -1,10 +1,13 @@
 """A simulated rollout engine: gyre's engine protocol on a virtual clock, one cost model per device class.
 
-It batches continuously like the HF engine: requests queue, join the running batch at a step boundary
-while there is KV-cache room and a free row (``max_rows``), are prefilled, and decode one token per row
-per step; ``abort`` hands back a sample's tokens so far; a weight update suspends, loads and resumes,
-continuing rows under the new weights (their KV cache rebuilt: a prefill of everything they hold) or,
-without partial rollouts, handing them back aborted.
+It batches continuously: requests queue, join the running batch at a step boundary while there is a free
+row (``max_rows``) and KV-cache room by the engine's own rule, which knows nothing of a sample's final
+length (``EngineClass.admission``: gyre's HF engine reserves rows x the widest prompt + token budget, so
+nothing is preempted; a paged engine admits while the tokens held now fit and, when the growing rows
+outgrow the cache, preempts the newest row, which rejoins later and prefills what it held again), are
+prefilled, and decode one token per row per step; ``abort`` hands back a sample's tokens so far; a weight
+update suspends, loads and resumes, continuing rows under the new weights (their KV cache rebuilt: a
+prefill of everything they hold) or, without partial rollouts, handing them back aborted.
 
 A sample's length comes from the workload (``lengths(request, sample)``), so no token is sampled: between
 two events (a row finishing, a request arriving, an abort, an update) the batch does not change, and
@@ -42,11 +45,13 @@ class _SimRow:
     """The engine's decoding step count when it joined (-1: still waiting)."""
     gone: bool = False
     """Aborted: its entry in the finish heap is stale."""
+    earlier: tuple[tuple[WeightVersion, int], ...] = ()
+    """Versions of the tokens it sampled here before a preemption (it rejoins as a new row)."""
 
     @property
-    def base(self) -> int:
-        """Prompt plus target: the KV cache it will need."""
-        return len(self.request.prompt_ids) + self.target
+    def reserve(self) -> int:
+        """Prompt plus the token budget: the most KV cache it may need (all an engine knows in advance)."""
+        return len(self.request.prompt_ids) + self.request.params.max_new_tokens
 
 
 class SimEngine:
@@ -81,8 +86,11 @@ class SimEngine:
         self._widest: list[tuple[int, int, _SimRow]] = []
         """Padded engines: (-(context - steps) at join, seq, row), a max-heap of the decoding rows' contexts
         (each grows by one a step, so their order holds); aborted and finished rows are skipped lazily."""
-        self._kv = 0
-        """KV cache the decoding rows will need at their end (sum of prompt + target)."""
+        self._reserves: dict[int, int] = {}
+        """Reserving engines: how many decoding rows reserve each prompt + budget (the widest bounds the batch)."""
+        self._reserve = cost.engine.admission == "reserve"
+        self.preemptions = 0
+        """Rows a paged engine preempted (their KV cache dropped, recomputed when they rejoin)."""
         self._history: list[tuple[int, WeightVersion]] = [(0, 0)]
         """(step, version) from which each loaded version decoded."""
 
@@ -124,6 +132,8 @@ class SimEngine:
         if self.suspended:
             return []
         self._admit()
+        while self._room() < 1:
+            self._preempt()
         if not self.rows:
             return []
         self._decode(1)
@@ -208,14 +218,18 @@ class SimEngine:
             self._admit(joining, admit_s)
             if not self.rows:
                 break
-            left = self._left()
+            room = self._room()
+            if room < 1:  # the growing rows outgrew a paged cache: the newest gives its room back
+                self._preempt()
+                continue
+            most = min(self._left(), room)
             # A hair of slack: the finish time ``next_event`` promised must not be missed by a rounding error.
-            steps = self.cost.steps_within(len(self.rows), self._kv_context(), until - self.now + slack, left)
+            steps = self.cost.steps_within(len(self.rows), self._kv_context(), until - self.now + slack, most)
             if steps == 0:
                 break
             self._decode(steps)
             out += self._finished()
-            if steps < left:
+            if steps < most:
                 break
         if not self.busy and until != float("inf"):
             self.now = max(self.now, until)
@@ -241,15 +255,40 @@ class SimEngine:
         return self._finish[0][0] - self.steps if self._finish else 0
 
     def _admission(self) -> tuple[list[_SimRow], float]:
-        """The waiting rows that join at the next step boundary, and their prefill time."""
-        joining, kv, rows = [], self._kv, len(self.rows)
+        """The waiting rows that join at the next step boundary, and their prefill time. A row alone always
+        joins (a real engine runs it, or fails it as too long)."""
+        joining, rows = [], len(self.rows)
+        # Paged: the next step must fit, the joining rows' tokens and one more token for every row (else a
+        # row would join only to be preempted again at once).
+        widest, held = max(self._reserves, default=0), self._context + rows
         for row in self.waiting:
-            # vLLM-style admission: room for the whole sample, so no row is ever preempted
-            if (self.max_rows is not None and rows >= self.max_rows) or (kv + row.base > self.kv_tokens and rows):
+            if self.max_rows is not None and rows >= self.max_rows:
                 break
+            if self._reserve:  # rows x the widest prompt + budget (the cache is padded to it)
+                widest = max(widest, row.reserve)
+                if rows and (rows + 1) * widest > self.kv_tokens:
+                    break
+            else:
+                held += len(row.request.prompt_ids) + row.done0 + 1
+                if rows and held > self.kv_tokens:
+                    break
             joining.append(row)
-            kv, rows = kv + row.base, rows + 1
+            rows += 1
         return joining, self.cost.prefill_s(sum(len(r.request.prompt_ids) + r.done0 for r in joining))
+
+    def _room(self) -> float:
+        """Decoding steps the rows' KV cache still holds (a paged engine with several rows; else unbounded)."""
+        if self._reserve or len(self.rows) < 2:
+            return float("inf")
+        return int((self.kv_tokens - self._context) // len(self.rows))
+
+    def _preempt(self) -> None:
+        """Drop the newest row's KV cache: it waits at the head of the queue and rejoins with what it holds."""
+        row = next(reversed(self.rows))
+        again = _SimRow(row.request, row.sample, row.target, self._done(row), earlier=tuple(self._runs(row)))
+        self._remove(row)
+        self.waiting.appendleft(again)
+        self.preemptions += 1
 
     def _admit(self, joining: list[_SimRow] | None = None, seconds: float | None = None) -> None:
         if joining is None:
@@ -263,7 +302,8 @@ class SimEngine:
             self._context += len(row.request.prompt_ids) + row.done0
             if self._padded:
                 heapq.heappush(self._widest, (self.steps - len(row.request.prompt_ids) - row.done0, self._seq, row))
-            self._kv += row.base
+            if self._reserve:
+                self._reserves[row.reserve] = self._reserves.get(row.reserve, 0) + 1
         if joining:
             self._spend(seconds)
 
@@ -271,7 +311,10 @@ class SimEngine:
         del self.rows[row]
         row.gone = True
         self._context -= len(row.request.prompt_ids) + self._done(row)
-        self._kv -= row.base
+        if self._reserve:
+            self._reserves[row.reserve] -= 1
+            if not self._reserves[row.reserve]:
+                del self._reserves[row.reserve]
 
     def _decode(self, steps: int) -> None:
         self._spend(self.cost.decode_span_s(len(self.rows), self._kv_context(), steps))
@@ -297,8 +340,8 @@ class SimEngine:
     def _runs(self, row: _SimRow) -> list[tuple[WeightVersion, int]]:
         """The versions of the tokens it sampled here: the load history over its decoding steps."""
         if row.joined < 0:
-            return []
-        start, end, runs = row.joined, self.steps, []
+            return list(row.earlier)
+        start, end, runs = row.joined, self.steps, list(row.earlier)
         for k, (at, version) in enumerate(self._history):
             nxt = self._history[k + 1][0] if k + 1 < len(self._history) else end
             lo, hi = max(at, start), min(nxt, end)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gyre.config.catalog import DeviceClass, ModelShape
+from gyre.config.devices import shared_devices
 from gyre.config.memory import GB, HEADROOM, estimate
 from gyre.config.schema import RLVRConfig
 from gyre.sim.run import Layout
@@ -26,6 +27,13 @@ class MemoryFit:
     """The most loaded device's estimate."""
     device_gb: float
     problems: tuple[str, ...]
+    train_gb: float = 0.0
+    """The training side on one of its devices: the trainer roles (policy, reference, teacher, critics), the
+    largest when they offload in turn, else their sum."""
+    rollout_gb: float = 0.0
+    """The rollout side on one of its devices: an engine (0 under hybrid rollout: the policy ranks sample)."""
+    largest: tuple[str, str] = ("policy", "")
+    """The largest role's name and its largest term (``logits 59.8 GB``): what the refusal says to change."""
 
     @property
     def fits(self) -> bool:
@@ -33,10 +41,24 @@ class MemoryFit:
 
     def refusal(self, device: str) -> str:
         roles = "; ".join(f"{role} {text}" for role, text in self.roles.items())
+        role, term = self.largest
+        section = role.split(".")[0]
         return (f"does not fit {device} ({self.device_gb:.0f} GB a device, {HEADROOM:.0%} usable): about "
-                f"{self.peak_gb:.1f} GB on its most loaded device ({roles}); shard the policy over more devices, "
-                "lower policy.micro_batch_tokens or rollout.max_batch_size, turn on model.gradient_checkpointing, "
-                "or simulate more devices or a larger device class")
+                f"{self.peak_gb:.1f} GB on its most loaded device ({roles}); the largest is {role}"
+                f"{f' ({term})' if term else ''}: {_ADVICE.get(section, _ADVICE['policy']).format(section)}, or "
+                "simulate more devices or a larger device class")
+
+
+_ADVICE = {
+    "policy": "shard it over more devices (policy.strategy=fsdp2), lower policy.micro_batch_tokens (or "
+              "micro_batch_size), set policy.logprob_chunk_tokens, or turn on model.gradient_checkpointing",
+    "critic": "shard it (critic.strategy=fsdp2), lower critic.micro_batch_tokens (or micro_batch_size), or turn on "
+              "model.gradient_checkpointing",
+    "reference": "lower {0}.micro_batch_size (or set {0}.micro_batch_tokens), or set {0}.logprob_chunk_tokens",
+    "rollout": "lower rollout.max_batch_size or rollout.max_batch_tokens (vLLM: rollout.gpu_memory_utilization), "
+               "or spread an engine over more devices (simulate.rollout_tp)",
+}
+_ADVICE["teacher"] = _ADVICE["reference"]
 
 
 def placed_config(cfg: RLVRConfig, placed: Layout) -> RLVRConfig:
@@ -84,8 +106,15 @@ def memory_fit(cfg: RLVRConfig, placed: Layout, shape: ModelShape, device: Devic
     if a.uses_critic:
         roles.update({f"critic.{m}" if c.critic.num_critics > 1 else "critic": c.critic.devices
                       for m in range(c.critic.num_critics)})
-    plan = _Placement(roles, hybrid, transport or "object_store", offload=placed.colocated)
+    mode = c.policy.offload  # as make_plan decides it: roles sharing GPUs take turns unless told not to
+    offload = mode == "always" or (mode == "auto" and bool(shared_devices(roles)))
+    plan = _Placement(roles, hybrid, transport or "object_store", offload=offload)
     memory = estimate(c, plan, shape, device.mem_gb)
     peak = max(memory.devices.values(), default=0.0)
+    trainers = [m.total for m in memory.roles if m.role != "rollout"]  # all on the training devices
+    rollout = sum(m.total for m in memory.roles if m.role == "rollout")
+    big = max(memory.roles, key=lambda m: m.total)
+    name, value = max(big.terms.items(), key=lambda kv: kv[1])
     return MemoryFit({m.role: m.describe() for m in memory.roles}, peak / GB, device.mem_gb,
-                     tuple(memory.problems()))
+                     tuple(memory.problems()), (max(trainers) if offload else sum(trainers)) / GB, rollout / GB,
+                     (big.role, f"{name} {value / GB:.1f} GB"))

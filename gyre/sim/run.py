@@ -24,6 +24,7 @@ from gyre.sim.cluster import SimCluster
 from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticPool, ElasticSpec, install
 from gyre.sim.engine import SimEngine
+from gyre.sim.learner import SimLearner
 from gyre.sim.services import SimEnvs, SimRewards, WordTokenizer
 from gyre.sim.workload import RecordedWorkload, Workload, WorkloadSpec
 from gyre.types import GenerationRequest, PromptRecord
@@ -93,6 +94,14 @@ class SimSpec:
     """How training batches its rows (``policy.remove_padding``): none pads consecutive micro-batches of
     ``micro_batch`` rows to their longest, sort pads after ordering rows by length, pack pads nothing."""
     micro_batch: int = 8
+    kv_tokens: float | None = None
+    """Each engine's KV-cache budget in tokens, as the run's engine sets it (``scenario.kv_budget``: vLLM's
+    gpu_memory_utilization, the HF engine's max_batch_tokens / gpu_memory_utilization); None: what the device
+    holds beside the weights (``CostModel.kv_capacity_tokens``)."""
+    learner: SimLearner | None = None
+    """The step's passes and micro-batches as the real learner and trainers cut them (``gyre.sim.learner``,
+    built by ``scenario``); None (a spec built by hand): ``passes`` forward-equivalents over ``train_tokens``
+    spread evenly over the training devices."""
     elastic: ElasticSpec | None = None
     """Rollout engines that join and leave at run time, on top of the layout's (``gyre.sim.elastic``)."""
 
@@ -217,7 +226,10 @@ class SimRun:
         self.elastic: ElasticPool | None = install(spec.elastic, self) if spec.elastic is not None else None
 
     def new_engine(self) -> SimEngine:
-        return SimEngine(self.spec.cost, self._length, self.spec.max_rows)
+        engine = SimEngine(self.spec.cost, self._length, self.spec.max_rows)
+        if self.spec.kv_tokens is not None:
+            engine.kv_tokens = self.spec.kv_tokens
+        return engine
 
     def _length(self, request: GenerationRequest, sample: int) -> int:
         gid = request.request_id.split("/")[0]
@@ -252,8 +264,12 @@ class SimRun:
         trajectories = [t for g in groups for t in g.trajectories]
         responses = [sum(len(s.token_ids) for s in t.segments) for t in trajectories]
         rows = [len(t.prompt.prompt_ids) + n for t, n in zip(trajectories, responses, strict=True)]
-        trained = train_tokens(rows, spec.padding, spec.micro_batch)
-        train_s = spec.cost.train_s(trained, spec.layout.train_devices, spec.passes)
+        if spec.learner is not None:
+            index = [k for k, g in enumerate(groups) for _ in g.trajectories]  # each row's group (AsyPPO's critics)
+            train_s = spec.cost.train_compute_s(spec.learner.step_flops(rows, n, index))
+        else:
+            train_s = spec.cost.train_s(train_tokens(rows, spec.padding, spec.micro_batch),
+                                        spec.layout.train_devices, spec.passes)
         if spec.layout.colocated:
             cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s(spec.layout.train_devices))
         elif spec.schedule.async_ratio > 0:  # the rollout goes on while the learner's calls run
@@ -280,7 +296,8 @@ class SimRun:
 
 
 def train_tokens(rows: list[int], padding: str, micro_batch: int) -> int:
-    """Tokens a training pass computes over rows of these lengths, padding included."""
+    """Tokens a training pass computes over rows of these lengths, padding included, cut in the order given
+    (a spec built by hand; ``gyre.sim.learner`` cuts as the learner and trainers do)."""
     if padding == "pack":
         return sum(rows)
     order = sorted(rows, reverse=True) if padding == "sort" else rows

@@ -22,13 +22,15 @@ from pathlib import Path
 
 from gyre.config.backend import backend_notes, weight_transport
 from gyre.config.catalog import DeviceClass, ModelShape, device_class, engine_class, model_shape
+from gyre.config.memory import VLLM_SHARE
 from gyre.config.schema import RLVRConfig
 from gyre.envs.episode import EpisodeLimits
 from gyre.rollout.schedule import sampling_params, schedule_spec
 from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticSpec
+from gyre.sim.learner import sim_learner
 from gyre.sim.run import Agentic, Layout, SimSpec
-from gyre.sim.workload import WorkloadSpec, fit_lengths, recorded_groups
+from gyre.sim.workload import WorkloadSpec
 from gyre.training.plan import step_passes
 
 ASYNC_SHARE = 0.6
@@ -74,12 +76,14 @@ def engine_and_transport(cfg: RLVRConfig, placed: Layout, device: DeviceClass) -
 
 def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path | None = None) -> SimSpec:
     """The simulation of ``cfg`` on ``devices`` devices (default ``simulate.devices``); ``calibrate``: a
-    real run's metrics.jsonl to fit the response lengths from."""
+    real run's directory (the device, prompts, reward latency and response lengths fitted to it:
+    ``calibration``), or its metrics.jsonl (the response lengths alone)."""
     sim = cfg.simulate
     sampling = sampling_params(cfg)
-    model = ModelShape.from_hf_config(cfg.model.path) if sim.model == "config" else model_shape(sim.model)
+    model = sim_model(cfg)
     placed = layout(cfg, devices or sim.devices)
-    device = device_class(sim.device)
+    fitted = calibration(cfg, calibrate) if calibrate is not None else None
+    device = fitted.device if fitted is not None and fitted.device is not None else device_class(sim.device)
     backend, transport = engine_and_transport(cfg, placed, device)
     cost = CostModel(device, model, rollout_tp(cfg), engine_class(backend, device), transport,
                      same_node=placed.devices <= device.node_devices)
@@ -89,12 +93,8 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
                             w.turns_cv, w.turn_tokens, w.observation_tokens, w.env_latency_s, w.env_latency_cv,
                             w.reset_latency_s, w.env_failure_rate, w.env_hang_rate)
     recorded = None
-    if calibrate is not None:  # a run's metrics.jsonl, or its directory (whole recorded groups replayed)
-        run_dir = Path(calibrate) if Path(calibrate).is_dir() else None
-        metrics = run_dir / "metrics.jsonl" if run_dir is not None else calibrate
-        workload = fit_lengths(metrics, sampling.max_new_tokens, workload)
-        groups = recorded_groups(run_dir) if run_dir is not None else None
-        recorded = tuple(tuple(step) for step in groups) if groups else None
+    if fitted is not None:
+        workload, recorded = fitted.workload(workload, sampling.max_new_tokens), fitted.recorded
     agentic = None
     if cfg.env is not None:
         e = cfg.env
@@ -103,15 +103,54 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
                           e.max_failures, e.reset_timeout_s, e.step_timeout_s)
         workload = replace(workload, max_tokens=e.turn_tokens)
     schedule = schedule_spec(cfg, sampling)
-    max_rows = sim.max_rows or cfg.rollout.max_batch_size
-    if schedule.async_ratio > 0 and not schedule.lockstep and max_rows:  # as training does (schedule_spec)
-        schedule = replace(schedule, engine_slots=max_rows)
+    slots = sim.max_rows or cfg.rollout.max_batch_size
+    if schedule.async_ratio > 0 and not schedule.lockstep and slots:  # as training does (schedule_spec)
+        schedule = replace(schedule, engine_slots=slots)
+    # vLLM's max_num_seqs is 256 unless rollout.max_batch_size sets it (the scheduler is not told: a run's is
+    # not); gyre's HF engine takes what its budget holds.
+    max_rows = slots or (256 if backend == "vllm" else None)
     return SimSpec(schedule, placed, cost, workload,
                    steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,
                    max_rows=max_rows, reward_workers=sim.reward_workers,
                    passes=step_passes(cfg).forward_equivalents(), agentic=agentic, seed=sim.seed,
                    padding=cfg.policy.remove_padding, micro_batch=cfg.policy.micro_batch_size,
-                   elastic=elastic_spec(cfg), recorded=recorded)
+                   kv_tokens=kv_budget(cfg, cost), learner=sim_learner(cfg, placed.train_devices, model),
+                   elastic=elastic_spec(cfg),
+                   recorded=recorded)
+
+
+def sim_model(cfg: RLVRConfig) -> ModelShape:
+    """The simulated model: simulate.model, or (``config``) the run's own model.path."""
+    sim = cfg.simulate
+    return ModelShape.from_hf_config(cfg.model.path) if sim.model == "config" else model_shape(sim.model)
+
+
+def calibration(cfg: RLVRConfig, calibrate: str | Path):
+    """The fit of a real run (``gyre.sim.calibrate``) for simulating ``cfg``, cached per run: its
+    ``report()`` says what was fitted, from how many spans, and what was not."""
+    from gyre.sim.calibrate import calibrate as fit
+
+    return fit(calibrate, device_class(cfg.simulate.device), sim_model(cfg))
+
+
+def kv_budget(cfg: RLVRConfig, cost: CostModel) -> float | None:
+    """Tokens of KV cache a rollout engine of ``cfg`` may fill, as the run's engine decides it, on a GPU:
+    vLLM pages its cache within rollout.gpu_memory_utilization (0.9 unset) of its devices less the weights;
+    gyre's HF engine within what that share leaves beside the weights when it is set, and within
+    rollout.max_batch_tokens (on CPUs too). None where the run's engine sets none (the HF engine without
+    either, a CPU's vLLM): the simulated engine then holds what the device holds beside the weights."""
+    r, d, m = cfg.rollout, cost.device, cost.model
+    gpu = d.kind == "cuda"
+    share = (r.gpu_memory_utilization or VLLM_SHARE) if cost.engine.name == "vllm" else r.gpu_memory_utilization
+    budgets = [r.max_batch_tokens] if cost.engine.name == "hf" and r.max_batch_tokens else []
+    if gpu and share is not None:
+        room = share * d.mem_gb * 1e9 * cost.tp - m.weight_bytes
+        if room <= 0:
+            raise ValueError(f"a {m.name} model ({m.weight_bytes / 1e9:.0f} GB of weights) does not fit in "
+                             f"{share:.0%} of {cost.tp} x {d.name} ({d.mem_gb:g} GB each; "
+                             f"rollout.gpu_memory_utilization): raise it, or the rollout tensor parallelism")
+        budgets.append(room / m.kv_bytes_per_token)
+    return min(budgets) if budgets else None
 
 
 def elastic_spec(cfg: RLVRConfig) -> ElasticSpec | None:
@@ -123,14 +162,18 @@ def describe(spec: SimSpec) -> str:
     """What a simulation assumes, in a few lines (printed before a sweep: derived values made visible)."""
     c, w = spec.cost, spec.workload
     whole = w.prompt_tokens + w.max_tokens if spec.agentic is None else spec.agentic.limits.context_tokens
-    rows = c.kv_capacity_tokens() / whole
+    kv = spec.kv_tokens if spec.kv_tokens is not None else c.kv_capacity_tokens()
+    rule = (f"rows reserve prompt + budget: {kv / whole:.0f} of {whole:.0f} tokens fit"
+            if c.engine.admission == "reserve" else
+            f"paged: {kv / whole:.0f} full-length samples, the newest row preempted when it fills")
     lines = [f"model      {c.model.name}: {c.model.params / 1e9:.2f}B parameters, "
              f"{c.model.kv_bytes_per_token / 1024:.0f} KiB of KV cache per token",
              f"device     {c.device.name}: {c.device.peak_tflops:g} TFLOP/s, {c.device.mem_gbps:g} GB/s, "
-             f"{c.device.mem_gb:g} GB; rollout engines of {c.tp} device(s) hold {rows:.0f} full-length samples "
-             f"(KV cache){f', at most {spec.max_rows} rows' if spec.max_rows else ''}",
+             f"{c.device.mem_gb:g} GB; rollout engines of {c.tp} device(s) hold {kv / 1e3:.0f}k tokens of KV cache "
+             f"({rule}){f', at most {spec.max_rows} rows' if spec.max_rows else ''}",
              f"engine     {_engine_text(c)}: decode {c.decode_step_s(1, w.prompt_tokens) * 1e3:.1f} ms for one row",
              f"weights    {_transport_text(c)}: sync {c.sync_s():.2f} s, engines paused {c.load_s():.2f} s",
+             *([f"training   {spec.learner.describe()}"] if spec.learner is not None else []),
              f"workload   prompts ~{w.prompt_tokens:.0f} tokens; responses mean {w.response_tokens:.0f} tokens before "
              f"the {w.max_tokens}-token cap, lognormal sigma {w.length_sigma:.2f}; reward {w.reward_latency_s:g} s"
              if spec.agentic is None else

@@ -62,7 +62,9 @@ class SweepRow:
         out = {"setting": self.label, "devices": self.devices, **{f"set:{k}": v for k, v in self.setting.items()}}
         r = self.result
         if self.memory is not None:
-            out.update(mem_gb=self.memory.peak_gb, **{f"mem:{role}": text for role, text in self.memory.roles.items()})
+            m = self.memory
+            out.update(mem_gb=m.peak_gb, train_gb=m.train_gb, rollout_gb=m.rollout_gb,
+                       **{f"mem:{role}": text for role, text in m.roles.items()})
         if r is None:
             return {**out, "error": self.error}
         violations = sum(s.stats.get("staleness/violations", 0) for s in r.steps)
@@ -99,14 +101,15 @@ def run_sweep(config: str | Path, overrides: list[str], devices: list[int], sets
 
 
 HEADER = (f"{'setting':<28}{'devices':>8}  {'layout':<22}{'step s':>9}{'samples/s':>11}{'tokens/s':>10}{'vs first':>9}"
-          f"{'wasted':>8}{'device idle':>12}{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'mem GB':>8}{'$/1k':>8}"
-          f"{'sim s':>7}")
+          f"{'wasted':>8}{'device idle':>12}{'rollout idle':>13}{'train idle':>11}{'stale':>7}{'GB train/roll':>14}"
+          f"{'$/1k':>8}{'sim s':>7}")
 """Columns: tokens/s are response tokens trained on per second, and vs first compares them with the first
 setting's (samples/s flatter a schedule that trains short answers and wastes long ones); wasted is the
 share of generated tokens that never trained; idle is the share of the step's time a role (or, device
 idle, all devices together) does no work: on shared devices rollout is idle while the policy trains and
-the reverse; mem GB is the estimate on the most loaded device (gyre check's, on the simulated layout; -
-on CPU slots)."""
+the reverse; GB train/roll is gyre check's memory estimate per device on the simulated layout, of the
+training side (the trainer roles) and of the rollout side (an engine); on shared devices the larger (or,
+without offload, their sum) must fit, else the setting is refused with the numbers (- on CPU slots)."""
 
 
 def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
@@ -117,12 +120,12 @@ def format_row(row: SweepRow, rows: list[SweepRow]) -> str:
     ratio = r["trained_tokens_per_s"] / first.result.trained_tokens_per_s
     return (f"{row.label:<28}{row.devices:>8}  {r['layout']:<22}{r['step_s']:>9.1f}{r['samples_per_s']:>11.1f}"
             f"{r['trained_tokens_per_s']:>10.0f}{ratio:>8.2f}x{r['wasted_share']:>8.0%}{r['device_idle']:>12.0%}{r['rollout_idle']:>13.0%}{r['trainer_idle']:>11.0%}"
-            f"{r['staleness_mean']:>7.2f}{_gb(row.memory):>8}"
+            f"{r['staleness_mean']:>7.2f}{_gb(row.memory):>14}"
             f"{r['cost_per_1k']:>8.2f}{r['sim_wall_s']:>7.2f}")
 
 
 def _gb(fit: MemoryFit | None) -> str:
-    return f"{fit.peak_gb:.1f}" if fit is not None else "-"
+    return f"{fit.train_gb:.1f}/{fit.rollout_gb:.1f}" if fit is not None else "-"
 
 
 def write_outputs(rows: list[SweepRow], out: Path) -> list[Path]:

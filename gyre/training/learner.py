@@ -24,7 +24,7 @@ from gyre.config.derive import RunPlan
 from gyre.config.schema import RLVRConfig
 from gyre.data.batching import gather_rows, split_for_ranks
 from gyre.seeding import derive_seed
-from gyre.training.plan import step_passes
+from gyre.training.plan import minibatch_rows, step_passes
 from gyre.types import TrainBatch, TrainStepResult, select_rows
 
 
@@ -124,14 +124,11 @@ class Learner:
         mini = len(batch) * self.plan.mini_batch_size // self.plan.rollout_batch
         per_rank: list[list[TrainBatch]] = [[] for _ in range(ranks)]
         denoms = []
-        for epoch in range(self.cfg.policy.epochs):
-            g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, "minibatch", step, epoch))
-            order = torch.randperm(len(batch), generator=g)
-            for start in range(0, len(batch), mini):
-                minibatch = select_rows(batch, order[start:start + mini])
-                denoms.append(denominator_for(minibatch.response_mask, ranks, self.plan.loss_agg_norm))
-                for rank, shard in enumerate(split_for_ranks(minibatch, ranks)[0]):
-                    per_rank[rank].append(shard)
+        for rows in minibatch_rows(len(batch), mini, self.cfg.policy.epochs, self.cfg.run.seed, step):
+            minibatch = select_rows(batch, rows)
+            denoms.append(denominator_for(minibatch.response_mask, ranks, self.plan.loss_agg_norm))
+            for rank, shard in enumerate(split_for_ranks(minibatch, ranks)[0]):
+                per_rank[rank].append(shard)
         return per_rank, denoms
 
     def _train_policy(self, batch: TrainBatch, step: int) -> dict:

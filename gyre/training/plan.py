@@ -49,3 +49,19 @@ def step_passes(cfg) -> StepPasses:
                       teacher=a.uses_teacher, credit=a.credit_spec.strategy not in ("none", "random"),
                       critics=cfg.critic.num_critics if a.uses_critic else 0, epochs=cfg.policy.epochs,
                       checkpointing=cfg.model.gradient_checkpointing)
+
+
+def minibatch_rows(rows: int, mini: int, epochs: int, seed: int, step: int) -> list:
+    """Row indices of each optimizer step's mini-batch of a step's ``rows`` rows (``Learner.minibatches``; the
+    simulator cuts its rows so too): per epoch, a shuffle seeded by the run, the step and the epoch, cut into
+    mini-batches of ``mini`` rows. Tensors of row indices."""
+    import torch
+
+    from gyre.seeding import derive_seed
+
+    out = []
+    for epoch in range(epochs):
+        g = torch.Generator().manual_seed(derive_seed(seed, "minibatch", step, epoch))
+        order = torch.randperm(rows, generator=g)
+        out += [order[start:start + mini] for start in range(0, rows, mini)]
+    return out

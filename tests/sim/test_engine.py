@@ -94,13 +94,53 @@ def test_an_aborted_sample_continues_on_another_engine_from_its_tokens():
     assert [(len(s.token_ids), s.weight_version) for s in t.segments] == [(4, 0), (5, 3)]
 
 
-def test_the_kv_cache_bounds_how_many_rows_decode_together():
+def test_a_reserving_engine_admits_by_the_token_budget_not_the_samples_length():
+    """gyre's HF engine: rows x the widest prompt + budget must fit; it cannot know a sample ends at 50."""
+    from gyre.config.catalog import EngineClass
+
+    hf = CostModel(DEVICE, ModelShape("toy", 1e8, 2, 1, 250), engine=EngineClass("hf", admission="reserve"))
+    for budget, rows in ((50, 2), (100, 1)):  # 2 x (10 + 50) = 120 <= 130; 2 x (10 + 100) = 220 > 130
+        e = SimEngine(hf, lambda r, i: 50)
+        e.kv_tokens = 130
+        e.add([request(f"r{k}", budget=budget) for k in range(3)])
+        e.step()
+        assert (len(e.rows), len(e.waiting)) == (rows, 3 - rows)
+        e.advance(float("inf"))
+        assert e.preemptions == 0
+
+
+def test_a_paged_engine_admits_what_fits_now_and_preempts_the_newest_row_when_the_cache_fills():
+    # Three rows of a 10-token prompt that each end at 50 tokens, 130 tokens of cache: all three join (33
+    # tokens held); after 33 steps they hold 129 and the next step does not fit: the newest (r2) is
+    # preempted with 33 tokens, r0 and r1 finish 17 steps later, then r2 rejoins, prefills 43 and ends.
     e = SimEngine(COST, lambda r, i: 50)
-    e.kv_tokens = 130  # room for two samples of 10 + 50 tokens, not three
+    e.kv_tokens = 130
     e.add([request(f"r{k}") for k in range(3)])
-    e.advance(e.now + 1e-9)
     e.step()
-    assert (len(e.rows), len(e.waiting)) == (2, 1)
+    assert (len(e.rows), len(e.waiting)) == (3, 0)
+    done = e.advance(float("inf"))
+    assert [(r.request_id, len(r.response_ids)) for r in done] == [("r0", 50), ("r1", 50), ("r2", 50)]
+    assert e.preemptions == 1
+    want = (COST.prefill_s(30) + COST.decode_span_s(3, 30, 33) + COST.decode_span_s(2, 86, 17)
+            + COST.prefill_s(43) + COST.decode_span_s(1, 43, 17))
+    assert e.busy_s == pytest.approx(want, rel=1e-12)
+    assert [sum(n for _, n in r.versions.runs) for r in done] == [50, 50, 50]  # every token kept its version
+
+
+def test_preemption_skips_events_as_it_decodes_token_by_token():
+    by_step, by_event = engine(), engine()
+    for e in (by_step, by_event):
+        e.kv_tokens = 50  # four rows of 10 + 1 join; two steps later they no longer fit
+        e.add([request("a", n=2), request("b"), request("c", budget=30)])
+    stepped = []
+    while by_step.busy:
+        stepped += [(r.request_id, r.sample_index, len(r.response_ids)) for r in by_step.step()]
+    evented = []
+    while by_event.busy:
+        done = by_event.advance(by_event.next_event())
+        evented += [(r.request_id, r.sample_index, len(r.response_ids)) for r in done]
+    assert evented == stepped and by_event.preemptions == by_step.preemptions > 0
+    assert by_event.busy_s == pytest.approx(by_step.busy_s, rel=1e-12)
 
 
 def test_a_padded_engine_reads_every_rows_kv_at_the_widest_rows_length():
