@@ -81,19 +81,50 @@ class SimElasticConfig(StrictModel):
     no new work for that long, decodes on, then hands back what is left."""
 
 
+class SimPoolConfig(StrictModel):
+    """Rollout engines on a device class of their own (RollArt's heterogeneous pools)."""
+
+    device: str
+    """The pool's device class (``gyre simulate --list-devices``)."""
+    devices: PositiveInt
+    """Devices in the pool: devices // rollout tensor parallelism engines."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        return known_device(value)
+
+
+def known_device(value: str) -> str:
+    if value.lower() not in DEVICES:
+        raise ValueError(f"unknown device class {value!r}: one of {', '.join(sorted(DEVICES))}")
+    return value.lower()
+
+
 class SimulateConfig(StrictModel):
     """What ``gyre simulate`` plans for: devices, model size, device class and task shape."""
 
     devices: PositiveInt = 8
-    """Devices of the simulated cluster (``gyre simulate --devices 8,64,1024`` sweeps it)."""
+    """Devices of the simulated cluster (``gyre simulate --devices 8,64,1024`` sweeps it); with rollout_pools,
+    the training devices."""
     device: str = "h100"
-    """Device class of rollout and training: h100, h800, h200, h20, a100, l40s, or cpu (this machine's
-    2 cores with the tiny model, calibrated). ``gyre simulate --list-devices`` shows their figures."""
+    """Device class of training, and of rollout unless rollout_pools gives it its own: h100, h800, h200, h20,
+    a100, l40s, or cpu (this machine's 2 cores with the tiny model, calibrated). ``gyre simulate
+    --list-devices`` shows their figures."""
     model: str = "7b"
     """The policy's size: 0.5b, 1.5b, 3b, 7b, 8b, 14b, 32b (Qwen2.5/Qwen3 shapes), or "config" for the
     config's own model.path (its config.json is read; nothing is loaded)."""
     rollout_tp: PositiveInt | None = None
     """Devices per rollout engine (tensor parallelism). None: rollout.tensor_parallel_size, the run's own."""
+    rollout_pools: list[SimPoolConfig] = []
+    """Rollout on pools of their own device classes (``[{device: h20, devices: 24}, {device: h800, devices:
+    8}]``): then every one of ``devices`` (of class ``device``) trains, the engines of all pools decode side by
+    side with it and take requests by the run's own rule (the least loaded first), the weights cross nodes,
+    and the cost adds each pool's price. Empty: rollout and training share ``device`` by the config's
+    placement. RollArt's affinity compares such pools at equal cost (bench/claims/rollart_affinity.yaml)."""
+    env_price_per_hour: NonNegFloat = 0.0
+    """Environment runs: what the environments' hosts cost an hour (CPU nodes, in the device prices' units),
+    added to cost/1k samples; 0 when they run on the GPU hosts' CPUs (see env_latency_scale)."""
     rollout_share: Fraction | None = None
     """Share of the devices that run rollout when rollout and training are disaggregated. None: as in
     the config's device lists (rollout.devices against policy.devices), or 0.6 when they overlap but
@@ -124,9 +155,7 @@ class SimulateConfig(StrictModel):
     @field_validator("device")
     @classmethod
     def _known_device(cls, value: str) -> str:
-        if value.lower() not in DEVICES:
-            raise ValueError(f"unknown device class {value!r}: one of {', '.join(sorted(DEVICES))}")
-        return value.lower()
+        return known_device(value)
 
     @field_validator("model")
     @classmethod

@@ -10,13 +10,13 @@ with the numbers, as ``gyre check`` would refuse the run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gyre.config.catalog import DeviceClass, ModelShape
 from gyre.config.devices import shared_devices
 from gyre.config.memory import GB, HEADROOM, estimate
 from gyre.config.schema import RLVRConfig
-from gyre.sim.run import Layout
+from gyre.sim.run import Layout, SimSpec
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,33 @@ class _Placement:
     device_kind: str = "cuda"
 
 
+def spec_fit(cfg: RLVRConfig, spec: SimSpec) -> tuple[MemoryFit | None, str]:
+    """The estimate of ``cfg`` simulated as ``spec``, and the device class it names: with rollout pools of their
+    own classes (``simulate.rollout_pools``), each side is judged on its own class's memory (the training
+    devices on the trainer's, each pool's on its own), the first that does not fit reported."""
+    model, transport = spec.cost.model, spec.cost.transport
+    if not spec.pools:
+        return memory_fit(cfg, spec.layout, model, spec.cost.device, transport), spec.cost.device.name
+    lay, start, sides = spec.layout, 0, []
+    for p in spec.pools:
+        sides.append((p.cost.device, range(start, start + p.devices)))
+        start += p.devices
+    sides.insert(0, (spec.trainer.device, range(lay.rollout_devices, lay.devices)))
+    fits = [(memory_fit(cfg, lay, model, device, transport, only), device.name) for device, only in sides]
+    if any(f is None for f, _ in fits):
+        return None, spec.trainer.device.name
+    bad = next(((f, name) for f, name in fits if not f.fits), None)
+    if bad is not None:
+        return bad
+    train, name = fits[0]
+    return replace(train, rollout_gb=max(f.rollout_gb for f, _ in fits[1:])), name
+
+
 def memory_fit(cfg: RLVRConfig, placed: Layout, shape: ModelShape, device: DeviceClass,
-               transport: str | None) -> MemoryFit | None:
+               transport: str | None, only: range | None = None) -> MemoryFit | None:
     """The estimate of ``cfg`` placed as ``placed`` with ``shape`` on ``device``s, the weights moving by
-    ``transport``; None on CPU slots (host memory, no verdict)."""
+    ``transport`` (``only``: judge those devices alone, the others being of another class); None on CPU
+    slots (host memory, no verdict)."""
     if device.kind != "cuda":
         return None
     c = placed_config(cfg, placed)
@@ -110,6 +133,8 @@ def memory_fit(cfg: RLVRConfig, placed: Layout, shape: ModelShape, device: Devic
     offload = mode == "always" or (mode == "auto" and bool(shared_devices(roles)))
     plan = _Placement(roles, hybrid, transport or "object_store", offload=offload)
     memory = estimate(c, plan, shape, device.mem_gb)
+    if only is not None:
+        memory = replace(memory, devices={d: v for d, v in memory.devices.items() if d in only})
     peak = max(memory.devices.values(), default=0.0)
     trainers = [m.total for m in memory.roles if m.role != "rollout"]  # all on the training devices
     rollout = sum(m.total for m in memory.roles if m.role == "rollout")

@@ -41,6 +41,8 @@ class Layout:
     """Rollout and training time-share the same devices (else they run side by side)."""
     tp: int = 1
     """Devices per rollout engine (tensor parallelism)."""
+    classes: tuple[str, ...] = ()
+    """Rollout pools of their own device classes (``24 h20``) and the trainer's class last; empty: one class."""
 
     @property
     def engines(self) -> int:
@@ -49,7 +51,26 @@ class Layout:
     def describe(self) -> str:
         if self.colocated:
             return f"{self.devices} shared"
+        if self.classes:
+            return f"{' + '.join(self.classes[:-1])} rollout + {self.train_devices} {self.classes[-1]} train"
         return f"{self.rollout_devices} rollout + {self.train_devices} train"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Rollout engines on a device class of their own (``simulate.rollout_pools``)."""
+
+    cost: CostModel
+    devices: int
+    kv_tokens: float | None = None
+    """Each engine's KV budget, as ``SimSpec.kv_tokens``."""
+
+    @property
+    def engines(self) -> int:
+        return self.devices // self.cost.tp
+
+    def describe(self) -> str:
+        return f"{self.devices} {self.cost.device.name}"
 
 
 @dataclass(frozen=True)
@@ -104,6 +125,35 @@ class SimSpec:
     spread evenly over the training devices."""
     elastic: ElasticSpec | None = None
     """Rollout engines that join and leave at run time, on top of the layout's (``gyre.sim.elastic``)."""
+    train_cost: CostModel | None = None
+    """Training's costs where its device class is not rollout's (``simulate.rollout_pools``); None: ``cost``."""
+    pools: tuple[Pool, ...] = ()
+    """The rollout engines' device classes, in rank order (``simulate.rollout_pools``); empty: every engine
+    of the layout costs ``cost`` (then the first pool's, which lent engines take too)."""
+    env_price_per_hour: float = 0.0
+    """What the environments' hosts cost an hour, beside the devices."""
+
+    @property
+    def trainer(self) -> CostModel:
+        """The training side's costs: its steps, swaps and the weights' publication."""
+        return self.train_cost or self.cost
+
+    def engine_cost(self, rank: int) -> tuple[CostModel, float | None]:
+        """The cost model and KV budget of the engine of ``rank`` (lent engines, past the pools: ``cost``'s)."""
+        for pool in self.pools:
+            if rank < pool.engines:
+                return pool.cost, pool.kv_tokens
+            rank -= pool.engines
+        return self.cost, self.kv_tokens
+
+    @property
+    def price_per_hour(self) -> float:
+        """What the layout's devices (and environment hosts) cost an hour, lent engines left out."""
+        lay = self.layout
+        if not self.pools:
+            return self.cost.device.price_per_hour * lay.devices + self.env_price_per_hour
+        return (self.trainer.device.price_per_hour * lay.train_devices + self.env_price_per_hour
+                + sum(p.cost.device.price_per_hour * p.devices for p in self.pools))
 
 
 @dataclass
@@ -182,12 +232,13 @@ class SimResult:
 
     @property
     def cost_per_1k_samples(self) -> float:
-        """Device-hours per thousand samples times the device's price: the layout's devices, and lent
-        engines for the share of the time they were there (spot capacity is paid for too)."""
-        devices = self.spec.layout.devices
-        if self.spec.elastic is not None:
-            devices += self.spec.elastic.lent * self.spec.elastic.duty * self.spec.layout.tp
-        return self.spec.cost.device.price_per_hour * devices * 1000 / self.samples_per_s / 3600
+        """Device-hours per thousand samples times each device's price: the layout's devices (each pool at its
+        class's price, the environment hosts' price besides), and lent engines for the share of the time they
+        were there (spot capacity is paid for too)."""
+        spec, price = self.spec, self.spec.price_per_hour
+        if spec.elastic is not None:
+            price += spec.cost.device.price_per_hour * spec.elastic.lent * spec.elastic.duty * spec.layout.tp
+        return price * 1000 / self.samples_per_s / 3600
 
     @property
     def device_idle(self) -> float:
@@ -204,7 +255,7 @@ class SimRun:
         self.spec = spec
         self.workload = Workload(spec.workload, spec.seed) if spec.recorded is None else \
             RecordedWorkload(spec.workload, spec.seed, spec.recorded, spec.schedule.batch_groups)
-        engines = [self.new_engine() for _ in range(spec.layout.engines)]
+        engines = [self.new_engine(rank) for rank in range(spec.layout.engines)]
         envs, episodes = None, None
         if spec.agentic is not None:
             a = spec.agentic
@@ -225,10 +276,12 @@ class SimRun:
         """Group id -> its prompt (what a request's sample lengths are drawn from)."""
         self.elastic: ElasticPool | None = install(spec.elastic, self) if spec.elastic is not None else None
 
-    def new_engine(self) -> SimEngine:
-        engine = SimEngine(self.spec.cost, self._length, self.spec.max_rows)
-        if self.spec.kv_tokens is not None:
-            engine.kv_tokens = self.spec.kv_tokens
+    def new_engine(self, rank: int | None = None) -> SimEngine:
+        """An engine of the layout's ``rank`` (its pool's device class), or a lent one (None: ``spec.cost``)."""
+        cost, kv_tokens = self.spec.engine_cost(rank) if rank is not None else (self.spec.cost, self.spec.kv_tokens)
+        engine = SimEngine(cost, self._length, self.spec.max_rows)
+        if kv_tokens is not None:
+            engine.kv_tokens = kv_tokens
         return engine
 
     def _length(self, request: GenerationRequest, sample: int) -> int:
@@ -256,7 +309,7 @@ class SimRun:
 
     def step(self, n: int) -> StepRecord:
         """One training step: rollout until the batch is committed, train, publish."""
-        spec, cluster = self.spec, self.cluster
+        spec, cluster, trainer = self.spec, self.cluster, self.spec.trainer
         start, busy = cluster.now, self._busy()
         batch = self.machine.next_batch(n)
         generate_s = cluster.now - start
@@ -266,17 +319,17 @@ class SimRun:
         rows = [len(t.prompt.prompt_ids) + n for t, n in zip(trajectories, responses, strict=True)]
         if spec.learner is not None:
             index = [k for k, g in enumerate(groups) for _ in g.trajectories]  # each row's group (AsyPPO's critics)
-            train_s = spec.cost.train_compute_s(spec.learner.step_flops(rows, n, index))
+            train_s = trainer.train_compute_s(spec.learner.step_flops(rows, n, index))
         else:
-            train_s = spec.cost.train_s(train_tokens(rows, spec.padding, spec.micro_batch),
+            train_s = trainer.train_s(train_tokens(rows, spec.padding, spec.micro_batch),
                                         spec.layout.train_devices, spec.passes)
         if spec.layout.colocated:
-            cluster.hold(cluster.now + train_s + 2 * spec.cost.swap_s(spec.layout.train_devices))
+            cluster.hold(cluster.now + train_s + 2 * trainer.swap_s(spec.layout.train_devices))
         elif spec.schedule.async_ratio > 0:  # the rollout goes on while the learner's calls run
             self.machine.wait_for(cluster.now + train_s)
         else:  # synchronous: nothing is admitted while the policy trains (what is scored meanwhile lands)
             cluster.run(self.scheduler, lambda: False, until=cluster.now + train_s)
-        sync_s = spec.cost.sync_s()
+        sync_s = trainer.sync_s()
         self.machine.publish(n)  # lockstep: held until the engines settle their version's groups
         cluster.now += sync_s  # the trainer waits for the engines to take the new weights
         stats = dict(batch.stats)  # the scheduler's counters since the previous batch, as a real run logs them

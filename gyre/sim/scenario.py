@@ -29,7 +29,7 @@ from gyre.rollout.schedule import sampling_params, schedule_spec
 from gyre.sim.cost import CostModel
 from gyre.sim.elastic import ElasticSpec
 from gyre.sim.learner import sim_learner
-from gyre.sim.run import Agentic, Layout, SimSpec
+from gyre.sim.run import Agentic, Layout, Pool, SimSpec
 from gyre.sim.workload import WorkloadSpec
 from gyre.training.plan import step_passes
 
@@ -81,12 +81,17 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
     sim = cfg.simulate
     sampling = sampling_params(cfg)
     model = sim_model(cfg)
-    placed = layout(cfg, devices or sim.devices)
-    fitted = calibration(cfg, calibrate) if calibrate is not None else None
-    device = fitted.device if fitted is not None and fitted.device is not None else device_class(sim.device)
-    backend, transport = engine_and_transport(cfg, placed, device)
-    cost = CostModel(device, model, rollout_tp(cfg), engine_class(backend, device), transport,
-                     same_node=placed.devices <= device.node_devices)
+    fitted = None
+    if sim.rollout_pools:
+        placed, backend, devices_of = pooled(cfg, devices or sim.devices, model, calibrate)
+    else:
+        placed = layout(cfg, devices or sim.devices)
+        fitted = calibration(cfg, calibrate) if calibrate is not None else None
+        device = fitted.device if fitted is not None and fitted.device is not None else device_class(sim.device)
+        backend, transport = engine_and_transport(cfg, placed, device)
+        cost = CostModel(device, model, rollout_tp(cfg), engine_class(backend, device), transport,
+                         same_node=placed.devices <= device.node_devices)
+        devices_of = {"cost": cost, "kv_tokens": kv_budget(cfg, cost)}
     w = sim.workload
     workload = WorkloadSpec(w.prompt_tokens, w.prompt_tokens_cv, w.response_tokens, w.length_sigma, w.prompt_share,
                             sampling.max_new_tokens, w.pass_rate, w.reward_latency_s, w.reward_latency_cv, w.turns,
@@ -109,14 +114,46 @@ def scenario(cfg: RLVRConfig, devices: int | None = None, calibrate: str | Path 
     # vLLM's max_num_seqs is 256 unless rollout.max_batch_size sets it (the scheduler is not told: a run's is
     # not); gyre's HF engine takes what its budget holds.
     max_rows = slots or (256 if backend == "vllm" else None)
-    return SimSpec(schedule, placed, cost, workload,
+    return SimSpec(schedule, placed, workload=workload,
                    steps=sim.steps, warmup=min(sim.warmup_steps, sim.steps - 1), partial=cfg.rollout.partial,
                    max_rows=max_rows, reward_workers=sim.reward_workers,
                    passes=step_passes(cfg).forward_equivalents(), agentic=agentic, seed=sim.seed,
                    padding=cfg.policy.remove_padding, micro_batch=cfg.policy.micro_batch_size,
-                   kv_tokens=kv_budget(cfg, cost), learner=sim_learner(cfg, placed.train_devices, model),
-                   elastic=elastic_spec(cfg),
-                   recorded=recorded)
+                   learner=sim_learner(cfg, placed.train_devices, model),
+                   elastic=elastic_spec(cfg), env_price_per_hour=sim.env_price_per_hour,
+                   recorded=recorded, **devices_of)
+
+
+def pooled(cfg: RLVRConfig, train_devices: int, model: ModelShape,
+           calibrate: str | Path | None) -> tuple[Layout, str, dict]:
+    """``cfg``'s layout, rollout backend and device costs (``SimSpec``'s cost, kv_tokens, train_cost, pools)
+    with its rollout on ``simulate.rollout_pools`` (each its device class) beside ``train_devices`` devices of
+    ``simulate.device`` that train: disaggregated, the weights crossing nodes (classes are separate nodes) by
+    the transport ``gyre check`` resolves for disjoint devices, each pool's engines costing and holding what
+    their class does."""
+    sim, tp = cfg.simulate, rollout_tp(cfg)
+    if calibrate is not None:
+        raise ValueError("--calibrate fits one device class: simulate.rollout_pools names several (drop one of them)")
+    if cfg.rollout.mode == "hybrid":
+        raise ValueError("simulate.rollout_pools puts rollout on devices of its own, but rollout.mode=hybrid samples "
+                         "with the policy's ranks: set rollout.mode=separate")
+    for p in sim.rollout_pools:
+        if p.devices % tp:
+            raise ValueError(f"simulate.rollout_pools: {p.devices} {p.device} devices are not whole engines of "
+                             f"{tp} devices (rollout tensor parallelism): use a multiple of {tp}")
+    rollout = sum(p.devices for p in sim.rollout_pools)
+    placed = Layout(train_devices + rollout, rollout, train_devices, False, tp,
+                    (*(f"{p.devices} {p.device}" for p in sim.rollout_pools), sim.device))
+    trainer = device_class(sim.device)
+    backend, transport = engine_and_transport(cfg, placed, trainer)
+
+    def cost(device: DeviceClass) -> CostModel:
+        return CostModel(device, model, tp, engine_class(backend, device), transport, same_node=False)
+
+    pools = tuple(Pool(c, p.devices, kv_budget(cfg, c))
+                  for p in sim.rollout_pools for c in [cost(device_class(p.device))])
+    return placed, backend, {"cost": pools[0].cost, "kv_tokens": pools[0].kv_tokens, "train_cost": cost(trainer),
+                             "pools": pools}
 
 
 def sim_model(cfg: RLVRConfig) -> ModelShape:
@@ -171,6 +208,7 @@ def describe(spec: SimSpec) -> str:
              f"device     {c.device.name}: {c.device.peak_tflops:g} TFLOP/s, {c.device.mem_gbps:g} GB/s, "
              f"{c.device.mem_gb:g} GB; rollout engines of {c.tp} device(s) hold {kv / 1e3:.0f}k tokens of KV cache "
              f"({rule}){f', at most {spec.max_rows} rows' if spec.max_rows else ''}",
+             *([_pools_text(spec)] if spec.pools else []),
              f"engine     {_engine_text(c)}: decode {c.decode_step_s(1, w.prompt_tokens) * 1e3:.1f} ms for one row",
              f"weights    {_transport_text(c)}: sync {c.sync_s():.2f} s, engines paused {c.load_s():.2f} s",
              *([f"training   {spec.learner.describe()}"] if spec.learner is not None else []),
@@ -186,6 +224,15 @@ def describe(spec: SimSpec) -> str:
              f"schedule   {spec.schedule.batch_groups} prompts x {spec.schedule.group_size} samples per step, "
              f"{spec.steps} steps ({spec.warmup} warm-up)"]
     return "\n".join(lines)
+
+
+def _pools_text(spec: SimSpec) -> str:
+    pools = "; ".join(f"{p.devices} x {p.cost.device.name} ({p.engines} engines, "
+                      f"{p.cost.decode_step_s(1, spec.workload.prompt_tokens) * 1e3:.1f} ms a row's step, "
+                      f"{(p.kv_tokens or p.cost.kv_capacity_tokens()) / 1e3:.0f}k KV tokens each)" for p in spec.pools)
+    t = spec.trainer.device
+    return (f"pools      rollout on {pools}; training on {spec.layout.train_devices} x {t.name}: "
+            f"{spec.price_per_hour:g} an hour in all")
 
 
 def _engine_text(c: CostModel) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.config.load import load_config
-from gyre.sim.memory import MemoryFit, memory_fit
+from gyre.sim.memory import MemoryFit, spec_fit
 from gyre.sim.run import SimResult, simulate
 from gyre.sim.scenario import scenario
 
@@ -89,9 +89,9 @@ def run_sweep(config: str | Path, overrides: list[str], devices: list[int], sets
         for n in devices:
             try:
                 spec = scenario(cfg, n, calibrate)
-                fit = memory_fit(cfg, spec.layout, spec.cost.model, spec.cost.device, spec.cost.transport)
+                fit, device = spec_fit(cfg, spec)
                 if fit is not None and not fit.fits:  # gyre check would refuse the run: so does the sweep
-                    rows.append(SweepRow(setting, n, None, fit.refusal(spec.cost.device.name), fit))
+                    rows.append(SweepRow(setting, n, None, fit.refusal(device), fit))
                 else:
                     rows.append(SweepRow(setting, n, simulate(spec), memory=fit))
             except ValueError as exc:  # a setting the scheduler or the placement rejects
