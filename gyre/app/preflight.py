@@ -31,6 +31,10 @@ def resolve_paths(cfg: RLVRConfig, hub: HubResolver | None = None) -> RLVRConfig
     if cfg.env is not None and cfg.env.id.rpartition(":")[0].endswith(".py"):
         target, _, name = cfg.env.id.rpartition(":")
         cfg.env.id = f"{absolute(target)}:{name}"
+    if cfg.env is not None and cfg.env.agent is not None:
+        a = cfg.env.agent
+        a.entry, a.verifier = _absolute_function(a.entry), _absolute_function(a.verifier)
+        a.tasks = absolute(a.tasks) if a.tasks.endswith(".jsonl") else _absolute_function(a.tasks)
     cfg.run.output_dir = Path(absolute(str(cfg.run.output_dir)))
     if cfg.sft_warmup is not None:
         cfg.sft_warmup.train_files = [source(f) for f in cfg.sft_warmup.train_files]
@@ -40,6 +44,14 @@ def resolve_paths(cfg: RLVRConfig, hub: HubResolver | None = None) -> RLVRConfig
             target, _, name = fn.rpartition(":")
             domain.function = f"{absolute(target)}:{name}"
     return cfg
+
+
+def _absolute_function(spec: str | None) -> str | None:
+    """``file.py:function`` with the file's path made absolute (``module:function`` as it is)."""
+    if spec is None or not spec.rpartition(":")[0].endswith(".py"):
+        return spec
+    target, _, name = spec.rpartition(":")
+    return f"{absolute(target)}:{name}"
 
 
 def absolute(path: str) -> str:
@@ -377,7 +389,9 @@ def check_env(cfg: RLVRConfig) -> None:
     from gyre.envs.host import EnvSlot, EnvSpec
     from gyre.envs.protocol import EnvError, EnvFailure
 
-    slot = EnvSlot(EnvSpec(cfg.env.id, cfg.env.kwargs, cfg.env.max_observation_chars))
+    sampling = cfg.rollout.sampling
+    slot = EnvSlot(EnvSpec(cfg.env.id, cfg.env.build_kwargs(sampling.temperature, sampling.top_p),
+                           cfg.env.max_observation_chars))
     try:
         reset = slot.reset(0, cfg.env.reset_timeout_s)
     finally:

@@ -205,7 +205,8 @@ def _build_envs(cfg: RLVRConfig, made: list[RoleGroup]) -> RoleGroup:
     from gyre.envs.host import EnvSpec
 
     e = cfg.env
-    spec = EnvSpec(e.id, e.kwargs, e.max_observation_chars, tuple(e.tools), e.tool_format, e.max_tool_calls)
+    kwargs = e.build_kwargs(cfg.rollout.sampling.temperature, cfg.rollout.sampling.top_p)
+    spec = EnvSpec(e.id, kwargs, e.max_observation_chars, tuple(e.tools), e.tool_format, e.max_tool_calls)
     group = RoleGroup.create_unplaced("env", EnvWorker, e.workers, e.worker_cpus,
                                       (spec, e.slots_per_worker, e.reset_timeout_s, e.step_timeout_s))
     made.append(group)

@@ -8,6 +8,11 @@ With a chat template the delta comes from a fixed two-message conversation: the 
 writes after an assistant message, then a user message and the generation prompt. Without one, every
 observation (the first too) is followed by a newline and later ones are preceded by one:
 ``obs0\n turn1 \nobs1\n turn2 ...`` (``plain_transcript`` writes the same text).
+
+An observation of chat messages (``{"messages": [...], "tools": [...]}``: an agent program's requests,
+``gyre.envs.agent``) is rendered by the template as it is: the first whole (with the tools' schemas), a
+later one as the text the template writes for those messages after an assistant turn, read off a probe
+conversation the same way (so tool results take the template's tool role, not the user's).
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ class ContextBuilder:
         self.frame = _frame(tokenizer) if use_template else TurnFrame("", "\n", "\n")
         self.eos_ids = _eos_ids(tokenizer)
 
-    def first(self, observation: str) -> list[int]:
+    def first(self, observation: str | dict) -> list[int]:
         """The prompt of the first turn."""
+        if isinstance(observation, dict):
+            return self._first_messages(observation["messages"], observation.get("tools"))
         if not self.use_template:
             text = (self.system + "\n" if self.system else "") + observation + self.frame.prompt
             return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
@@ -45,15 +52,42 @@ class ContextBuilder:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def observation(self, response_ids: list[int], observation: str) -> list[int]:
+    def observation(self, response_ids: list[int], observation: str | dict) -> list[int]:
         """The ids that follow the model's turn ``response_ids``: the end of its turn (unless it sampled
-        the end-of-turn token itself), then ``observation`` as the next user message and the prompt."""
+        the end-of-turn token itself), then ``observation`` as the next user message (or, chat messages,
+        as the template writes them) and the prompt."""
         closing = self.frame.closing
         if response_ids and response_ids[-1] in self.eos_ids:
             eos_text = self.tokenizer.decode([response_ids[-1]])
             closing = closing[len(eos_text):] if closing.startswith(eos_text) else closing
-        text = closing + self.frame.opening + observation + self.frame.prompt
+        if isinstance(observation, dict):
+            body = self._after_turn(observation["messages"])
+        else:
+            body = self.frame.opening + observation + self.frame.prompt
+        return list(self.tokenizer(closing + body, add_special_tokens=False)["input_ids"])
+
+    def _first_messages(self, messages: list[dict], tools: list | None) -> list[int]:
+        if not self.use_template:
+            text = "\n".join(m.get("content") or "" for m in messages) + self.frame.prompt
+            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        if self.system and not (messages and messages[0]["role"] == "system"):
+            messages = [{"role": "system", "content": self.system}, *messages]
+        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _after_turn(self, messages: list[dict]) -> str:
+        """What the template writes for ``messages`` after an assistant turn's closing, through the next
+        generation prompt (without a template: their contents on lines of their own)."""
+        if not self.use_template:
+            return "".join(f"{self.frame.opening}{m.get('content') or ''}" for m in messages) + self.frame.prompt
+        probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
+        before = self.tokenizer.apply_chat_template(probe, tokenize=False)
+        after = self.tokenizer.apply_chat_template([*probe, *messages], tokenize=False, add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError("the tokenizer's chat template rewrites earlier turns when these messages follow "
+                             f"(roles {[m['role'] for m in messages]}): a conversation cannot grow token by token")
+        return after[len(before):]
 
 
 def _frame(tokenizer) -> TurnFrame:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass, field
 
 from gyre.envs.context import ContextBuilder
-from gyre.envs.protocol import EnvReset, EnvStep
+from gyre.envs.protocol import EnvReset, EnvStep, observation_text
 from gyre.seeding import derive_seed
 from gyre.types import (
     GenerationRequest,
@@ -76,11 +77,14 @@ class Episode:
     info: dict = field(default_factory=dict)
     _state: str = ""
     _success: bool | None = None
+    _asked: tuple[tuple[str, ...], int | None] = ((), None)
+    """The next turn's own stop strings and token cap (an agent's request: ``gyre.envs.agent``)."""
 
     def on_reset(self, reset: EnvReset) -> GenerationRequest:
         ids = self.builder.first(reset.observation)[:self.limits.context_tokens - 1]
-        self.prompt = dataclasses.replace(self.prompt, prompt_text=reset.observation, prompt_ids=ids)
+        self.prompt = dataclasses.replace(self.prompt, prompt_text=observation_text(reset.observation), prompt_ids=ids)
         self.context, self._state = list(ids), _key(reset.observation)
+        self._asked = _asked(reset.observation)
         return self.request()
 
     def on_turn(self, result: GenerationResult) -> str:
@@ -99,6 +103,9 @@ class Episode:
         self.turns[-1].reward = step.reward
         if "success" in step.info:
             self._success = bool(step.info["success"])
+        for k, v in step.info.items():  # an agent program's counters (gyre.envs.agent), summed into metrics
+            if k.startswith("agent/") and isinstance(v, (int, float)):
+                self.info[k] = self.info.get(k, 0) + v
         if step.done:
             self.end = "terminated" if step.terminated else "truncated"
             return None
@@ -116,6 +123,7 @@ class Episode:
         self.context += obs_ids
         self._slide()
         self._state = _key(step.observation)
+        self._asked = _asked(step.observation)
         return self.request()
 
     def _slide(self) -> None:
@@ -146,7 +154,10 @@ class Episode:
             raise RuntimeError(f"episode {self.key}: its context no longer equals its recorded tokens")
         turn = len(self.turns)
         room = self.limits.context_tokens - len(self.context)
-        params = dataclasses.replace(self.sampling, max_new_tokens=max(1, min(self.limits.turn_tokens, room)))
+        stop, most = self._asked
+        cap = min(self.limits.turn_tokens, room, most or room)
+        params = dataclasses.replace(self.sampling, max_new_tokens=max(1, cap),
+                                     stop=tuple(dict.fromkeys((*self.sampling.stop, *stop))))
         return GenerationRequest(f"{self.key}#{turn}", list(self.context), params, n=1,
                                  seed=derive_seed(self.seed, "turn", self.index, turn))
 
@@ -160,6 +171,14 @@ class Episode:
         return sum(len(s.token_ids) for s in self.segments)
 
 
-def _key(observation: str) -> str:
+def _asked(observation: str | dict) -> tuple[tuple[str, ...], int | None]:
+    """What a structured observation asks of the next turn's sampling: its stop strings and token cap."""
+    sampling = observation.get("sampling") or {} if isinstance(observation, dict) else {}
+    return tuple(sampling.get("stop") or ()), sampling.get("max_tokens")
+
+
+def _key(observation: str | dict) -> str:
     """A short, stable key of an observation (GiGPO groups turns that acted on the same state)."""
-    return hashlib.blake2b(observation.encode(), digest_size=8).hexdigest()
+    text = observation if isinstance(observation, str) else \
+        json.dumps(observation["messages"], sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()

@@ -20,7 +20,18 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from gyre.envs.protocol import EnvError, EnvFailure, EnvReset, EnvStep, call, check_reset, check_step, make_env
+from gyre.envs.protocol import (
+    EnvError,
+    EnvFailure,
+    EnvReset,
+    EnvStep,
+    call,
+    check_reset,
+    check_step,
+    cut_messages,
+    make_env,
+    observation_text,
+)
 from gyre.rewards.runner import die_with_parent
 
 START_S = 120.0
@@ -192,8 +203,11 @@ def _answer(env, op: str, arg, max_chars: int) -> tuple[str, object]:
         record = check_reset(raw) if op == "reset" else check_step(raw)
     except EnvError as exc:
         return "invalid", str(exc)
-    if len(record.observation) > max_chars:
+    if isinstance(record.observation, str) and len(record.observation) > max_chars:
         record.observation = record.observation[:max_chars]
+        record.info["gyre_observation_cut"] = True
+    elif isinstance(record.observation, dict) and len(observation_text(record.observation)) > max_chars:
+        record.observation = cut_messages(record.observation, max_chars)
         record.info["gyre_observation_cut"] = True
     record.info["gyre_latency_s"] = time.perf_counter() - start
     return "ok", record

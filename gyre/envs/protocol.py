@@ -2,12 +2,19 @@
 
 An environment is any object with
 
-    reset(seed: int | None = None) -> (observation: str, info: dict)
-    step(action: str) -> (observation: str, reward: float, terminated: bool, truncated: bool, info: dict)
+    reset(seed: int | None = None) -> (observation, info: dict)
+    step(action: str) -> (observation, reward: float, terminated: bool, truncated: bool, info: dict)
+
+An observation is text (the next user message) or chat messages, ``{"messages": [{"role": "tool",
+"content": ...}, ...]}`` (roles system, user, tool, assistant; a reset's may add ``"tools"``: the tools'
+JSON schemas, which the chat template renders; and ``"sampling": {"stop": [...], "max_tokens": n}`` for the
+next turn alone): what an agent program's requests carry (``gyre.envs.agent``), appended to the
+conversation by the chat template as they are.
 
 (``async def`` versions are awaited), optionally ``close()``. A config names one as
 
-- ``gyre:<name>``: a built-in environment (``BUILTIN``);
+- ``gyre:<name>``: a built-in environment (``BUILTIN``); ``gyre:agent`` is an agent program talking to the
+  policy through an OpenAI-compatible endpoint (``env.agent``, ``gyre.envs.agent``);
 - ``gem:<id>``: a gem-llm environment by id, e.g. ``gem:game:GuessTheNumber-v0-easy`` (the ``gem`` extra);
 - ``package.module:Class`` or ``path/to/file.py:Class``: a class of your own (any callable returning an
   environment: a factory function works too).
@@ -31,6 +38,7 @@ BUILTIN: dict[str, str] = {
     "frozen_lake": "gyre.envs.builtin.frozen_lake:FrozenLake",
     "sokoban": "gyre.envs.builtin.sokoban:Sokoban",
     "python_math": "gyre.envs.builtin.python_math:PythonMath",
+    "agent": "gyre.envs.agent:AgentEnv",
 }
 """Built-in environments by the name ``gyre:<name>`` takes."""
 
@@ -52,9 +60,14 @@ class EnvError(ValueError):
     """An environment cannot be made, or returned something that is not a valid reset / step."""
 
 
+ROLES = ("system", "user", "tool", "assistant")
+"""Roles a structured observation's messages may have."""
+
+
 @dataclass
 class EnvReset:
-    observation: str
+    observation: str | dict
+    """Text, or ``{"messages": [...], "tools": [...]}`` (module docstring)."""
     info: dict = field(default_factory=dict)
 
 
@@ -62,7 +75,8 @@ class EnvReset:
 class EnvStep:
     """One environment transition: what the agent sees next and what its action earned."""
 
-    observation: str
+    observation: str | dict
+    """Text, or ``{"messages": [...]}`` (module docstring)."""
     reward: float
     terminated: bool
     """The episode reached a terminal state of the task (won, lost)."""
@@ -138,10 +152,45 @@ def check_step(value) -> EnvStep:
     return EnvStep(_observation(obs, "step"), reward, bool(terminated), bool(truncated), _info(info, "step"))
 
 
-def _observation(obs, where: str) -> str:
-    if not isinstance(obs, str):
-        raise EnvError(f"{where}() returned observation {_show(obs)}: text environments return a str")
+def _observation(obs, where: str) -> str | dict:
+    if isinstance(obs, str):
+        return obs
+    if not isinstance(obs, dict) or not isinstance(obs.get("messages"), list):
+        raise EnvError(f"{where}() returned observation {_show(obs)}: return a str, or a dict of chat messages "
+                       '{"messages": [{"role": "user", "content": "..."}]}')
+    unknown = set(obs) - {"messages", "tools", "sampling"}
+    if unknown or ("tools" in obs and (where != "reset" or not isinstance(obs["tools"], list))):
+        raise EnvError(f"{where}() returned observation keys {sorted(obs)}: messages, sampling, and for reset() a "
+                       "list of tools")
+    sampling = obs.get("sampling") or {}
+    stop, most = sampling.get("stop") or [], sampling.get("max_tokens")
+    if not isinstance(sampling, dict) or set(sampling) - {"stop", "max_tokens"} or \
+            not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)) or \
+            not (most is None or isinstance(most, int) and most > 0):
+        raise EnvError(f"{where}() returned sampling {_show(sampling)}: "
+                       '{"stop": [str, ...], "max_tokens": a positive int or None}')
+    for m in obs["messages"]:
+        if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content", ""), (str, type(None)))):
+            raise EnvError(f"{where}() returned message {_show(m)}: each is a dict with a role ({', '.join(ROLES)}) "
+                           "and str content")
     return obs
+
+
+def cut_messages(obs: dict, max_chars: int) -> dict:
+    """``obs`` with its messages' contents cut, in order, to ``max_chars`` characters in all (the tools kept)."""
+    left, messages = max_chars, []
+    for m in obs["messages"]:
+        content = (m.get("content") or "")[:max(0, left)]
+        left -= len(content)
+        messages.append({**m, "content": content})
+    return {**obs, "messages": messages}
+
+
+def observation_text(obs: str | dict) -> str:
+    """An observation as text: itself, or its messages' contents (what limits, keys and logs read)."""
+    if isinstance(obs, str):
+        return obs
+    return "\n".join(m.get("content") or "" for m in obs["messages"])
 
 
 def _info(info, where: str) -> dict:

@@ -287,6 +287,9 @@ class EpisodeRunner:
         live = self.live[key]
         out.finished.append((live.group, live.episode.trajectory()))
         self._count("env/observations_cut", live.episode.info.get("observations_cut", 0))
+        for k, v in live.episode.info.items():
+            if k.startswith("agent/"):
+                self._count(k, v)
         self.given_up_in_a_row = 0
         self._release(key)
 

@@ -46,3 +46,42 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
                          "{% if add_generation_prompt %}>{% endif %}")
     with pytest.raises(ValueError, match="rewrites earlier turns"):
         ContextBuilder(tok, use_template=True)
+
+
+# A template in the style of Qwen's: tools' schemas in the system turn, consecutive tool results in one user turn.
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
+    "# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'system' %}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
+
+
+def test_chat_message_observations_grow_token_by_token_as_the_template_renders_them():
+    """An agent's requests: system + user with tools first, then two tool results, then a user reply; the model's
+    turns (a tool call and an answer) exactly as sampled."""
+    tok = build_char_tokenizer()
+    tok.chat_template = TOOL_TEMPLATE
+    ctx = ContextBuilder(tok, use_template=True)
+    first = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "6*7?"}]
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
+    tools_out = [{"role": "tool", "content": "42"}, {"role": "tool", "content": "ok"}]
+    built = ctx.first({"messages": first, "tools": TOOLS})
+    built += ids(tok, call) + ctx.observation(ids(tok, call), {"messages": tools_out})
+    built += ids(tok, "42") + ctx.observation(ids(tok, "42"), {"messages": [{"role": "user", "content": "sure?"}]})
+    whole = tok.apply_chat_template([*first, {"role": "assistant", "content": call}, *tools_out,
+                                     {"role": "assistant", "content": "42"}, {"role": "user", "content": "sure?"}],
+                                    tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert built == ids(tok, whole)
+    assert "<|im_start|>user<tool_response>\n42\n</tool_response><tool_response>\nok\n</tool_response><|im_end|>" \
+        in whole  # the tool results took the template's tool form, grouped in one turn
+    # without a template: each message's content on a line of its own, as plain text observations are
+    plain = ContextBuilder(tok, use_template=False)
+    assert plain.observation(ids(tok, "a"), {"messages": tools_out}) == ids(tok, "\n42\nok\n")

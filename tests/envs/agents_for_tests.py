@@ -1,0 +1,92 @@
+"""Agent programs written as users write them: the openai client, a tool loop, a task in and an outcome out."""
+
+import json
+import os
+import sys
+
+from openai import OpenAI
+
+TOOLS = [{"type": "function", "function": {
+    "name": "python", "description": "Run Python in the workspace; see what it prints.",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}]
+
+
+def tasks(seed: int) -> dict:
+    a, b = 3 + seed % 5, 4 + seed % 7
+    return {"question": f"What is {a} * {b}?", "answer": str(a * b), "files": {"notes.txt": f"{a} {b}\n"}}
+
+
+def tool_agent(task, base_url, api_key, workspace=None, stream=False):
+    """Asks the model, runs its python calls in the workspace, stops at an answer without a call."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "system", "content": "Answer with a number. You may use python."},
+                {"role": "user", "content": task["question"]}]
+    for _ in range(6):
+        if stream:
+            message = _streamed(client, messages)
+        else:
+            reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stop=["</answer>"])
+            message = reply.choices[0].message.model_dump(exclude_none=True)
+        messages.append(message)
+        calls = message.get("tool_calls") or []
+        if not calls:
+            return {"answer": (message.get("content") or "").strip()}
+        for call in calls:
+            code = json.loads(call["function"]["arguments"]).get("code", "")
+            output = workspace.run_python(code).output if workspace is not None else "no workspace"
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+    return {"answer": ""}
+
+
+def _streamed(client, messages) -> dict:
+    content, calls = "", {}
+    for chunk in client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for c in choice.delta.tool_calls or []:
+                calls[c.index] = {"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+def stream_agent(task, base_url, api_key, workspace=None):
+    return tool_agent(task, base_url, api_key, workspace, stream=True)
+
+
+def verify(task, outcome, workspace):
+    correct = outcome.get("answer") == task["answer"]
+    return {"reward": float(correct), "success": correct}
+
+
+def broken_agent(task, base_url, api_key):
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}])
+    raise RuntimeError("the agent could not read the model's answer")
+
+
+def editing_agent(task, base_url, api_key):
+    """Rewrites its history before the second call (as context compaction does)."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": task["question"]}]
+    first = client.chat.completions.create(model="policy", messages=messages).choices[0].message.content
+    messages += [{"role": "assistant", "content": first + " (edited)"}, {"role": "user", "content": "sure?"}]
+    second = client.chat.completions.create(model="policy", messages=messages).choices[0].message.content
+    return float(second == task["answer"])
+
+
+def greedy_agent(task, base_url, api_key):
+    """Asks for two completions at once: a training session serves one."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], n=2)
+    return 1.0
+
+
+if __name__ == "__main__":  # the command form: the task and endpoint from the environment, the outcome printed
+    task = json.loads(os.environ["GYRE_TASK"])
+    client = OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}])
+    print("thinking...", file=sys.stderr)
+    print(json.dumps({"answer": reply.choices[0].message.content, "cwd": os.getcwd()}))
