@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 CONSTRAINTS ?= requirements/cpu-constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: setup setup-vllm test-vllm quickstart quickstart-agentic test test-all slow-durations bench bench-smoke gpu-kit \
+.PHONY: setup setup-vllm test-vllm quickstart quickstart-agentic quickstart-agent test test-all slow-durations bench bench-smoke gpu-kit \
 	gpu-smoke docs docs-serve clean
 
 setup: $(STAMP)
@@ -49,6 +49,10 @@ quickstart: $(STAMP)
 # Multi-turn RL on a game (guess-the-number): ~8-15 minutes.
 quickstart-agentic: $(STAMP)
 	$(BIN)/gyre quickstart --task guess_number --overwrite
+
+# An unmodified openai-client agent with a tool, trained through gyre's OpenAI-compatible endpoint.
+quickstart-agent: $(STAMP)
+	$(BIN)/gyre quickstart --task tool_use --overwrite
 
 # SLOW_SHARD=auto (what CI runs) or K/N adds one shard of the slow tests, at most 2 minutes of them; auto
 # rotates with the commit count, so the shards take turns over landings (tests/slow_shards.py).

@@ -175,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--digits", type=int, default=2)
 
     p = sub.add_parser("quickstart", help="create a tiny model and task, then SFT warm-up + GRPO on CPU")
-    p.add_argument("--task", choices=("arithmetic", "guess_number"), default="arithmetic",
-                   help="arithmetic: RLVR on 2-digit sums; guess_number: agentic multi-turn RL on a game")
+    p.add_argument("--task", choices=("arithmetic", "guess_number", "tool_use"), default="arithmetic",
+                   help="arithmetic: RLVR on sums; guess_number: a game; tool_use: an openai-client agent")
     p.add_argument("--out", default=None, help="where the model, data and run go (default runs/<recipe>)")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of the quickstart recipe")
     _add_start_args(p, "--out")
@@ -436,51 +436,13 @@ def _dpo(args) -> int:
     return 0
 
 
-def _quickstart_config(out: Path, overrides: list[str]):
-    """The quickstart recipe with its tiny model and arithmetic task created under ``out`` if missing."""
-    from gyre.config.load import load_config
-    from gyre.models.presets import init_model
-    from gyre.recipes import recipe_path
-    from gyre.tasks.arithmetic import write_arithmetic_task
-
-    model, data = out / "model", out / "data"
-    if not (model / "config.json").exists():
-        init_model("tiny", model)
-        print(f"created a tiny model in {model}")
-    if not (data / "train.jsonl").exists():
-        write_arithmetic_task(data)
-        print(f"wrote the arithmetic task to {data}")
-    base = [f"run.output_dir={out}", f"model.path={model}", f"data.train_files=[{data / 'train.jsonl'}]",
-            f"data.val_files=[{data / 'val.jsonl'}]", f"sft_warmup.train_files=[{data / 'sft.jsonl'}]"]
-    return load_config(recipe_path("quickstart"), [*base, *overrides])
-
-
-def _agentic_quickstart_config(out: Path, overrides: list[str]):
-    """The agentic quickstart recipe with its tiny model and SFT transcripts created under ``out``."""
-    from gyre.config.load import load_config
-    from gyre.models.presets import init_model
-    from gyre.recipes import recipe_path
-    from gyre.tasks.guess import GuessSpec, write_guess_task
-
-    model, data = out / "model", out / "data"
-    base = [f"run.output_dir={out}", f"model.path={model}", f"sft_warmup.train_files=[{data / 'sft.jsonl'}]"]
-    cfg = load_config(recipe_path("agentic_quickstart"), [*base, *overrides])
-    if not (model / "config.json").exists():
-        init_model("tiny", model)
-        print(f"created a tiny model in {model}")
-    if not (data / "sft.jsonl").exists():
-        game = {k: v for k, v in cfg.env.kwargs.items() if k in ("low", "high", "max_turns")}
-        write_guess_task(data, GuessSpec(**game))  # the game the run will play
-        print(f"wrote the warm-up transcripts to {data}")
-    return cfg
-
-
 def _quickstart(args) -> int:
     from gyre.app import launch
+    from gyre.app.quickstarts import QUICKSTARTS
 
-    agentic = args.task == "guess_number"
-    out = Path(args.out or ("runs/agentic-quickstart" if agentic else "runs/quickstart"))
-    cfg = (_agentic_quickstart_config if agentic else _quickstart_config)(out, args.overrides)
+    build, default = QUICKSTARTS[args.task]
+    out = Path(args.out or default)
+    cfg = build(out, args.overrides)
     summary = launch.train(cfg, None, mode=run_mode(args))
     _print_summary(summary)
     print(f"metrics: {out / 'metrics.jsonl'}  plot: {out / 'metrics.png'}  report: {out / 'report.html'}")
@@ -528,7 +490,9 @@ def _ablate(args) -> int:
     from gyre.config.load import load_config
 
     out = Path(args.out)
-    base = load_config(args.config, args.overrides) if args.config else _quickstart_config(out, args.overrides)
+    from gyre.app.quickstarts import quickstart_config
+
+    base = load_config(args.config, args.overrides) if args.config else quickstart_config(out, args.overrides)
     variants = [Variant.parse(v.strip()) for v in args.variants.split(",") if v.strip()]
     labels = {v.label: v for v in variants}
     for label, item in args.set:

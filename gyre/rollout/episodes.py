@@ -56,6 +56,8 @@ class _Live:
     """An environment call of it is outstanding."""
     started: WeightVersion | None = None
     """The policy version when its first turn was asked for (its start version: staleness counts from it)."""
+    engine: int | None = None
+    """The engine its last turn went to: the next goes there too while it has room (its prefix is cached)."""
 
 
 class EpisodeRunner:
@@ -258,7 +260,8 @@ class EpisodeRunner:
             self._held_turns.append((key, request))
             return
         live.request = request.request_id
-        self.requests.assign([request], lambda request_id: live.group)
+        placed = self.requests.assign([request], lambda request_id: live.group, prefer=live.engine)
+        live.engine = placed[request.request_id] if placed[request.request_id] >= 0 else live.engine
 
     def _pass_barriers(self) -> None:
         """Turn-synchronised batching: turns go together once no environment is busy, steps together once

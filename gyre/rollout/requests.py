@@ -74,9 +74,22 @@ class RequestBook:
         self.live[r.request_id] = (engine, set(range(r.first_sample, r.first_sample + r.n)))
         self._owed[engine] += r.n
 
-    def assign(self, requests: Sequence[GenerationRequest], owner: Callable[[str], str]) -> dict[str, int]:
+    def assign(self, requests: Sequence[GenerationRequest], owner: Callable[[str], str],
+               prefer: int | None = None) -> dict[str, int]:
         """Spread requests over engines on top of their outstanding work; ``owner(request id)`` names what
-        each belongs to. Returns request id -> engine (-1: held until an engine has room)."""
+        each belongs to. Returns request id -> engine (-1: held until an engine has room). ``prefer``: one
+        request goes to that engine when it is up and has room (an episode's next turn to the engine that
+        holds its conversation's prefix in cache), else as any other."""
+        if prefer is not None and len(requests) == 1 and self._can_take(prefer, requests[0].n):
+            r = requests[0]
+            self.owner[r.request_id] = owner(r.request_id)
+            if self.slots is not None:
+                self._place(prefer, r)
+            else:
+                self._go_live(prefer, r)
+                self.load[prefer] += r.n * self._work(r.prompt_ids)
+            self.outbox.append(Generate(prefer, (r,)))
+            return {r.request_id: prefer}
         if self.slots is not None:
             for r in requests:
                 self.owner[r.request_id] = owner(r.request_id)
@@ -100,6 +113,11 @@ class RequestBook:
                 placed[r.request_id] = engine
             self.outbox.append(Generate(engine, mine))
         return placed
+
+    def _can_take(self, engine: int, n: int) -> bool:
+        if not 0 <= engine < self.engines or engine in self.down:
+            return False
+        return self.slots is None or not self.held and (self.count[engine] == 0 or self.count[engine] + n <= self.slots)
 
     def _dispatch(self) -> dict[str, int]:
         """Held requests to the engines with room, least-held first (lowest rank on ties), in order."""

@@ -90,3 +90,15 @@ if __name__ == "__main__":  # the command form: the task and endpoint from the e
     reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}])
     print("thinking...", file=sys.stderr)
     print(json.dumps({"answer": reply.choices[0].message.content, "cwd": os.getcwd()}))
+
+
+def two_turn_agent(task, base_url, api_key):
+    """Asks, asks again to check, and scores the second answer: two model turns per episode."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": task["question"]}]
+    for follow_up in ("Check it.", None):
+        reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+        messages.append(reply.model_dump(exclude_none=True))
+        if follow_up:
+            messages.append({"role": "user", "content": follow_up})
+    return float(messages[-1].get("content", "").strip() == task["answer"])

@@ -89,9 +89,9 @@ def run_case(name: str, out: Path, timeout_s: float = 600) -> list[dict]:
 def _run_here(name: str, out: Path) -> None:
     """The body of ``run_case``'s process: the case's run, on a private Ray the launcher starts."""
     from gyre.app import launch
-    from gyre.app.cli import _agentic_quickstart_config, _quickstart_config
+    from gyre.app.quickstarts import agentic_quickstart_config, quickstart_config
 
-    make = _agentic_quickstart_config if name == "agentic" else _quickstart_config
+    make = agentic_quickstart_config if name == "agentic" else quickstart_config
     launch.train(make(out, CASES[name]), echo=lambda s: None)
 
 

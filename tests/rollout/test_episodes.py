@@ -40,11 +40,15 @@ class EnvWorld:
         """Request id -> the tokens the engine returned (the trained-equals-sampled check)."""
         self.in_use: set[int] = set()
         self.peak = 0
+        self.engines_of: dict[str, set[int]] = {}
+        """Episode key -> the engines its turns went to."""
 
     def pump(self) -> None:
         for command in self.sched.drain():
             if isinstance(command, Generate):
                 self.running += list(command.requests)
+                for r in command.requests:
+                    self.engines_of.setdefault(r.request_id.rpartition("#")[0], set()).add(command.engine)
             elif isinstance(command, Abort):
                 gone = {rid for ids in command.by_engine.values() for rid in ids}
                 self.running = [r for r in self.running if r.request_id not in gone]
@@ -127,6 +131,8 @@ def test_episodes_run_each_at_their_own_pace_and_commit_as_groups(seed):
         batch = world.run_until_ready(step, lambda k: [next(source) for _ in range(k)])
         check_batch(world, batch)
     assert len(world.sched.source.slots.free) + len(world.sched.source.live) >= 4
+    # every turn of an episode went to the engine of its first (two engines, no slots: always room)
+    assert all(len(engines) == 1 for engines in world.engines_of.values())
 
 
 def test_failed_environments_cost_one_episode_each():

@@ -68,3 +68,19 @@ def test_the_open_engine_heap_stays_bounded_over_a_long_run_of_full_engines():
     book.lose(1)  # a rebuilt heap still skips engines that are down and finds room where it frees
     book.settle(done("r4986"))
     assert book._room(1) in (0, 2, 3)
+
+
+def test_an_episodes_next_turn_goes_to_its_engine_while_that_one_is_up_and_has_room():
+    outbox: list = []
+    book = RequestBook(3, outbox, 8)  # no slots: least loaded, unless preferred
+    assert book.assign([req("e/0#0")], lambda rid: "g") == {"e/0#0": 0}
+    assert book.assign([req("x")], lambda rid: "g") == {"x": 1}
+    assert book.assign([req("e/0#1")], lambda rid: "g", prefer=2) == {"e/0#1": 2}  # though 2 is not least loaded
+    book.lose(2)
+    assert book.assign([req("e/0#2")], lambda rid: "g", prefer=2)["e/0#2"] != 2  # down: any other
+    generated(outbox)
+    slotted = RequestBook(2, outbox, 8, slots=1)
+    slotted.assign([req("a")], lambda rid: "g", prefer=1)
+    assert generated(outbox) == [(1, ["a"])]
+    assert slotted.assign([req("b")], lambda rid: "g", prefer=1) == {"b": 0}  # full: where there is room
+    assert slotted.assign([req("c")], lambda rid: "g", prefer=0) == {"c": -1}  # nowhere: held, in order
