@@ -38,6 +38,7 @@ from pathlib import Path
 from gyre.envs.chat_api import assistant_message, extends, plain_message
 from gyre.envs.endpoint import Endpoint, Pending
 from gyre.envs.protocol import EnvError
+from gyre.rewards.runner import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +178,11 @@ class AgentEnv:
         if self.agent is not None:
             threading.Thread(target=self._run_callable, args=(session,), name="gyre-agent", daemon=True).start()
         else:
+            parent = os.getpid()
             self._proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           stdin=subprocess.DEVNULL, env=self._command_env(session),
                                           cwd=str(self.workspace.path) if self.workspace is not None else None,
-                                          start_new_session=True)
+                                          start_new_session=True, preexec_fn=lambda: die_with_parent(parent))
             threading.Thread(target=self._watch_command, args=(self._proc, session), daemon=True).start()
 
     def _run_callable(self, session: str) -> None:

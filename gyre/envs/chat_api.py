@@ -4,7 +4,8 @@ A request (``read_request``) is checked and reduced to what gyre uses: its messa
 strings and token cap for this turn (the engine samples with them, so the tokens trained are the tokens
 sampled), and what it asked that a training session does not do (``n`` above 1 is refused: a turn is one
 sample of the policy; temperature and top-p other than the run's are served at the run's, since the
-policy trains on what it sampled at those, and counted). A model turn's text becomes an assistant message
+policy trains on what it sampled at those, and counted, as are what it does not do: penalties, a seed,
+log-probs, a forced tool choice, a response format). A model turn's text becomes an assistant message
 (``assistant_message``): tool calls are read in the common formats (``TOOL_FORMATS``), the text around
 them is the content. ``completion`` and ``stream_chunks`` write the answer as the API's JSON, whole or as
 server-sent events.
@@ -79,8 +80,12 @@ def read_request(body: object, temperature: float, top_p: float) -> ChatRequest:
         raise RequestError("tools must be a list of tool schemas")
     asked = {"temperature": (body.get("temperature"), temperature), "top_p": (body.get("top_p"), top_p)}
     overridden = tuple(k for k, (v, run) in asked.items() if v is not None and abs(float(v) - run) > 1e-9)
-    overridden += tuple(k for k in ("presence_penalty", "frequency_penalty", "logit_bias", "seed")
-                        if body.get(k) not in (None, 0, {}))
+    overridden += tuple(k for k in ("presence_penalty", "frequency_penalty", "logit_bias", "seed", "logprobs")
+                        if body.get(k) not in (None, 0, {}, False))
+    if body.get("tool_choice") not in (None, "auto", "none"):  # "required" or a named tool: not enforced
+        overridden += ("tool_choice",)
+    if (body.get("response_format") or {}).get("type", "text") != "text":  # no constrained decoding
+        overridden += ("response_format",)
     stream_options = body.get("stream_options") or {}
     return ChatRequest(out, tools, str(body.get("model") or "gyre-policy"), bool(body.get("stream")),
                        bool(stream_options.get("include_usage")), stop, limit, overridden)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -68,6 +70,8 @@ class EnvSlot:
         self.spec = spec
         self._ctx = mp.get_context("spawn")  # never forked: the host is a multi-threaded Ray worker
         self._proc: mp.Process | None = None
+        self._scratch: str | None = None
+        """The child's temporary directory (``tempfile``'s in it), removed when the child ends."""
         self._conn: Connection | None = None
         self.restarts = 0
         """Children killed or found dead and started again."""
@@ -125,7 +129,9 @@ class EnvSlot:
             self._stop()
             self.restarts += 1
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.spec, os.getpid()), daemon=True)
+        self._scratch = tempfile.mkdtemp(prefix="gyre-env-")  # the child's temporary files: removed with it
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.spec, os.getpid(), self._scratch),
+                                       daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
@@ -162,12 +168,18 @@ class EnvSlot:
             self._proc.join(timeout=5)
         if self._conn is not None:
             self._conn.close()
-        self._proc, self._conn = None, None
+        if self._scratch is not None:  # what the environment left (an agent's workspaces), even when killed
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        self._proc, self._conn, self._scratch = None, None, None
 
 
-def _serve(conn: Connection, spec: EnvSpec, parent: int) -> None:
-    """Child loop: build the environment, then answer ("ok", record) or (failure kind, message) per call."""
+def _serve(conn: Connection, spec: EnvSpec, parent: int, scratch: str | None = None) -> None:
+    """Child loop: build the environment, then answer ("ok", record) or (failure kind, message) per call.
+    ``scratch``: its temporary directory (and its children's), which the slot removes when it ends."""
     die_with_parent(parent)
+    if scratch is not None:
+        tempfile.tempdir = scratch
+        os.environ["TMPDIR"] = scratch
     try:
         env = spec.build()
     except EnvError as exc:

@@ -85,10 +85,17 @@ def greedy_agent(task, base_url, api_key):
 
 
 if __name__ == "__main__":  # the command form: the task and endpoint from the environment, the outcome printed
+    import tempfile
+    import time
+
     task = json.loads(os.environ["GYRE_TASK"])
+    with open(os.path.join(tempfile.gettempdir(), "agent.pid"), "w") as f:
+        f.write(str(os.getpid()))
     client = OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
     reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}])
     print("thinking...", file=sys.stderr)
+    if "hang" in sys.argv:
+        time.sleep(3600)
     print(json.dumps({"answer": reply.choices[0].message.content, "cwd": os.getcwd()}))
 
 
@@ -102,3 +109,12 @@ def two_turn_agent(task, base_url, api_key):
         if follow_up:
             messages.append({"role": "user", "content": follow_up})
     return float(messages[-1].get("content", "").strip() == task["answer"])
+
+
+def sleepy_agent(task, base_url, api_key, workspace=None):
+    """Calls the model once, then never returns (a hung tool)."""
+    import time
+
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}])
+    time.sleep(3600)

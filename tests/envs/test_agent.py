@@ -134,3 +134,42 @@ def test_a_request_with_another_sessions_key_is_refused():
         assert json.loads(json.dumps(env.record))[1]["content"] == "What is 3 * 4?"
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("program", ["entry", "command"])
+def test_an_agent_killed_on_its_deadline_leaves_no_workspace_and_no_process(program):
+    """The host kills a hung environment's process: its scratch directory (the workspaces in it) goes with it,
+    and a command agent dies with it."""
+    import os
+    import time
+
+    from gyre.envs.host import EnvSlot, EnvSpec
+
+    agent = {"entry": f"{AGENTS}:sleepy_agent"} if program == "entry" else {"command": [sys.executable, AGENTS, "hang"]}
+    spec = EnvSpec("gyre:agent", {"tasks": f"{AGENTS}:tasks", "workspace": WORKSPACE, "turn_timeout_s": 20.0, **agent})
+    slot = EnvSlot(spec)
+    try:
+        assert not hasattr(slot.reset(0, 30.0), "kind")  # an observation, not a failure
+        scratch = slot._scratch
+        assert [p.startswith("gyre-workspace-") for p in os.listdir(scratch)].count(True) == 1
+        pid = int(open(os.path.join(scratch, "agent.pid")).read()) if program == "command" else None
+        failure = slot.step("12", 2.0)  # the agent never answers or returns: killed at the deadline
+        assert failure.kind == "timeout" and not os.path.exists(scratch)
+        if pid is not None:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.05)
+            assert not _alive(pid)
+    finally:
+        slot.close()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().split(")")[-1].split()[0] != "Z"

@@ -43,9 +43,11 @@ def test_a_request_is_checked_and_what_it_asks_beyond_the_run_is_counted():
     r = read_request({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "be"},
                                                                                   {"type": "text", "text": " brief"}]},
                                                  {"role": "user", "content": "hi"}],
-                      "stop": "END", "max_tokens": 9, "temperature": 0.2, "top_p": 1.0, "seed": 3}, 1.0, 1.0)
+                      "stop": "END", "max_tokens": 9, "temperature": 0.2, "top_p": 1.0, "seed": 3,
+                      "tool_choice": "required", "response_format": {"type": "json_object"}}, 1.0, 1.0)
     assert r.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    assert r.stop == ("END",) and r.max_tokens == 9 and r.overridden == ("temperature", "seed")
+    assert r.stop == ("END",) and r.max_tokens == 9
+    assert r.overridden == ("temperature", "seed", "tool_choice", "response_format")
     for body, why in [({"messages": []}, "non-empty"), ({"messages": [{"content": "x"}]}, "needs a role"),
                       ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n=3"),
                       ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "positive integer"),
