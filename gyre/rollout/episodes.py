@@ -204,7 +204,8 @@ class EpisodeRunner:
         """A turn came back from an engine (its request already settled in the book)."""
         key = result.request_id.rpartition("#")[0]
         live = self.live.get(key)
-        if live is None or live.request != result.request_id:
+        if live is None or live.request != result.request_id:  # its episode ended, or a copy of a turn asked
+            self._count("rollout/tokens_wasted", len(result.response_ids))  # again came back first: waste
             return
         live.request = None
         if result.finish_reason == "abort":  # dropped by a weight update without partial rollouts: ask again
