@@ -42,12 +42,13 @@ class ElasticConfig(StrictModel):
     0: it hands them back at once. null: no notice (a spot instance killed outright): its samples are
     regenerated from scratch elsewhere."""
     wait_for_joins: bool = False
-    """A step whose schedule entry grows the pool starts once the new engines serve (each within
-    join_timeout_s), instead of training on while they start: the step count then sees the capacity
-    (tests, demos, planned windows). The operator's lend() never waits."""
+    """A step whose schedule entry grows the pool starts once the new engines serve (waiting at most
+    join_timeout_s, and not past a start that failed), instead of training on while they start: the step
+    count then sees the capacity (tests, demos, planned windows). The operator's lend() never waits."""
     join_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Deadline for a lent engine to start, load the model and take the current weights; one that misses it
-    is given up (counted in rollout/engine_join_failures) and the pool asks for another."""
+    is given up (counted in elastic/join_failures) and the pool asks for another, backing off while starts
+    keep failing."""
     resources: dict[str, Annotated[float, Field(gt=0)]] = {}
     """Ray resources a lent engine asks for besides its device (one GPU per tensor-parallel rank, or one
     CPU slot on a CPU run): a custom resource the lent nodes advertise (``{lent_gpu: 1}``, set by

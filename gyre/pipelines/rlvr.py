@@ -108,6 +108,11 @@ class RLVRPipeline:
                 self.logger.log(step, metrics)
                 progress.update(step, {**metrics, "val/accuracy": self.val_history[-1] if self.val_history else None})
                 self.after_step(step, validated)
+        except BaseException:
+            elastic = getattr(self.rollout.driver, "elastic", None)
+            if elastic is not None:  # lent engines still starting are outside the role groups a recovery kills
+                elastic.close()
+            raise
         finally:
             progress.close()
         if not self._due(self.cfg.checkpoint.every, self.cfg.run.steps):  # a final checkpoint closed the books

@@ -76,8 +76,19 @@ class Capacity:
         if not due or due[-1] == self._applied:
             return False
         self._applied = due[-1]
-        engines, before = self.schedule[due[-1]][1], self.target
-        return self._set(lambda t: engines, f"schedule at step {self.schedule[due[-1]][0]}", self.notice_s) > before
+        engines, raised = self.schedule[due[-1]][1], []
+
+        def change(target: int) -> int:  # under the lock: an operator's lend meanwhile cannot skew the answer
+            raised.append(engines > target)
+            return engines
+
+        self._set(change, f"schedule at step {self.schedule[due[-1]][0]}", self.notice_s)
+        return raised[0]
+
+    def lost(self, n: int = 1) -> int:
+        """``n`` lent engines died: the target drops with them (they are not replaced until the schedule or an
+        operator asks for more); returns the new target."""
+        return self._set(lambda t: t - n, f"lost({n})")
 
     def report(self, running: int, starting: int) -> None:
         """The pool's state after a change (set by the driver): for an operator's code to read."""

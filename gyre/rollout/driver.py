@@ -147,7 +147,8 @@ class RolloutDriver:
             if isinstance(command, Abort):
                 self._add(adds)  # an abort follows the requests it names
                 for engine, ids in command.by_engine.items():
-                    self.engines.submit_to(engine, EngineHost.abort, list(ids))
+                    if self._serves(engine):
+                        self.engines.submit_to(engine, EngineHost.abort, list(ids))
             elif isinstance(command, Score):
                 self.rewards.submit(list(command.trajectories))
             elif isinstance(command, EnvCall):
@@ -158,8 +159,14 @@ class RolloutDriver:
 
     def _add(self, adds: dict[int, list]) -> None:
         for engine, requests in adds.items():
-            self.engines.submit_to(engine, EngineHost.add, requests)
+            if self._serves(engine):
+                self.engines.submit_to(engine, EngineHost.add, requests)
         adds.clear()
+
+    def _serves(self, engine: int) -> bool:
+        """The rank still holds an engine. A command queued for a lent engine that left in the same event
+        round goes nowhere: the scheduler already asked the others for what that engine owed."""
+        return self.engines.actors[engine] is not None
 
     def load_weights(self, version: WeightVersion, weights, partial: bool) -> None:
         """Give every engine ``version`` (``weights``: a ``WeightBundle`` ref list; for hybrid engines, the
@@ -175,21 +182,22 @@ class RolloutDriver:
         try:
             versions = self._update(weights, version, partial)
         except RoleFault as fault:
-            if fault.kind == "error" or self.restore is None:
+            lent = [r for r in fault.ranks if r >= self.base and self.elastic is not None]
+            if fault.kind == "error" or (self.restore is None and len(lent) < len(fault.ranks)):
                 raise
             for rank in fault.ranks:
-                self.replace(rank, fault)
+                if rank in lent:  # a lent engine is not replaced: it leaves
+                    self.elastic.died(rank, str(fault))
+                else:
+                    self.replace(rank, fault)
             versions = self._update(weights, version, partial)
         _check_versions(versions, version)
 
-    def _update(self, weights, version: WeightVersion, partial: bool, lent_weights=None) -> list:
-        """Every live engine takes ``version``: the base pool from ``weights``, lent engines from
-        ``lent_weights`` (they are not in the weight channel; default: ``weights``)."""
+    def _update(self, weights, version: WeightVersion, partial: bool) -> list:
+        """Every live engine takes ``version`` from ``weights``."""
         group = self.engines
         ranks = group.live
-        refs = [group.submit_to(rank, EngineHost.update_weights,
-                                weights if rank < self.base or lent_weights is None else lent_weights, version, partial)
-                for rank in ranks]
+        refs = [group.submit_to(rank, EngineHost.update_weights, weights, version, partial) for rank in ranks]
         return group.gather(refs, EngineHost.update_weights, ranks=ranks)
 
     def _load_from_channel(self, version: WeightVersion, publication: ChannelPublication, partial: bool) -> bool:
@@ -197,10 +205,15 @@ class RolloutDriver:
         the sender misses its deadline) ends the channel's generation on every member: False, and the caller
         sends the version through the object store (replacing a lost engine); the next publication builds
         a new generation, with every engine."""
+        group = self.engines
+        base = [r for r in group.live if r < self.base]
+        lent = [r for r in group.live if r >= self.base]
+        stored = publication.store_refs() if lent else None  # first: its host copy must not hold up the broadcast
         weights, sender = publication.start()
-        lent = publication.store_refs() if any(rank >= self.base for rank in self.engines.live) else None
-        try:
-            versions = self._update(weights, version, partial, lent)
+        lent_refs = [group.submit_to(r, EngineHost.update_weights, stored, version, partial) for r in lent]
+        try:  # the channel's members (the base pool) alone: a lent engine's failure is not the channel's
+            refs = [group.submit_to(r, EngineHost.update_weights, weights, version, partial) for r in base]
+            versions = group.gather(refs, EngineHost.update_weights, ranks=base)
             publication.sent(sender)
         except RoleFault as fault:
             if fault.role != self.engines.name and fault.kind == "died":
@@ -212,6 +225,13 @@ class RolloutDriver:
             for rank in [r for r in self.engines.live if r < self.base]:  # free engines still waiting for a bucket
                 self.engines.submit_to(rank, RolloutWorker.abort_weights, weights.spec.generation, probe=True)
             return False
+        for rank, ref in zip(lent, lent_refs):
+            try:
+                versions += group.gather([ref], EngineHost.update_weights, ranks=[rank])
+            except RoleFault as fault:
+                if fault.kind == "error":
+                    raise
+                self.elastic.died(rank, str(fault))
         _check_versions(versions, version)
         return True
 
@@ -286,13 +306,24 @@ class RolloutDriver:
             s.on_engine_lost(rank, [r for r in handed_back if r.request_id.split("-")[0] == s.spec.stream])
         self.engines.vacate(rank)
 
+    def deliver(self, results: list) -> None:
+        """Engine results to the schedulers whose streams they belong to."""
+        by_stream: dict[str, list] = {}
+        for result in results:
+            by_stream.setdefault(result.request_id.split("-")[0], []).append(result)
+        for name, mine in by_stream.items():
+            if name in self.schedulers:  # a finished scheduler's late samples are dropped
+                self.schedulers[name].on_generated(mine)
+
     def await_joins(self) -> None:
-        """Carry the rollout on until no lent engine is starting (each start has its deadline)."""
+        """Carry the rollout on until no lent engine is starting, for at most rollout.elastic.join_timeout_s,
+        and not past a start that failed (its replacement is not waited for)."""
         if self.elastic is None:
             return
         self._open()
         self.elastic.tick()  # starts what the capacity now asks for
-        while self.elastic.joining:
+        deadline, failures = time.monotonic() + self.elastic.join_timeout_s, self.elastic.join_failures
+        while self.elastic.joining and time.monotonic() < deadline and self.elastic.join_failures == failures:
             self._events(POLL_S, [])
             for s in self.schedulers.values():
                 self.send(s.drain())
@@ -338,14 +369,7 @@ class RolloutDriver:
                 else:
                     self.replace(rank, fault)
                 continue
-            if leaving:
-                part = self.elastic.sort(rank, part)
-            by_stream: dict[str, list] = {}
-            for result in part:
-                by_stream.setdefault(result.request_id.split("-")[0], []).append(result)
-            for name, results in by_stream.items():
-                if name in self.schedulers:  # a finished scheduler's late samples are dropped
-                    self.schedulers[name].on_generated(results)
+            self.deliver(self.elastic.sort(rank, part) if leaving else part)
         for ref in [r for r in ready if r in set(joining)]:
             self.elastic.on_ready(ref)
         if self.envs is not None:

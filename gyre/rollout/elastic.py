@@ -12,9 +12,10 @@ it decodes on until it owes nothing or the notice ends; then its loop stops, the
 tokens its unfinished samples hold (``finish_reason`` "abort"), and the schedulers hear ``on_engine_lost``
 with them, so other engines continue those samples. Without one (a spot instance killed outright), it is
 killed and its samples are regenerated from their seeds. A lent engine that dies is taken back the same
-way, never replaced: its capacity is gone. Every wait has a deadline: a start that misses
-``join_timeout_s`` is given up (the pool asks for another), a stopping engine whose stream does not end in
-``_STOP_GRACE_S`` is killed and treated as gone without notice.
+way and not replaced (the capacity's target drops with it) until the schedule or an operator asks again.
+Every wait has a deadline: a start that misses ``join_timeout_s`` is given up (the pool asks for another,
+backing off while starts keep failing), a stopping engine whose stream does not end in ``_STOP_GRACE_S``
+is killed and treated as gone without notice.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ _STOP_GRACE_S = 60.0
 
 POLL_S = 0.5
 """The driver's longest wait between looks at the capacity (an operator's lend / reclaim, a notice's end)."""
+_BACKOFF_S = 60.0
+"""Longest wait before starting another lent engine after starts failed in a row (doubling from 1 s)."""
 
 
 @dataclass
@@ -80,6 +83,9 @@ class LentEngines:
         self._engine_s = 0.0
         self._since: float | None = None
         """When the pool's size last changed (None: not yet counted)."""
+        self._failed_in_a_row = 0
+        self._start_after = 0.0
+        """No start before then (monotonic seconds): starts that keep failing back off."""
 
     # ---- what the driver asks ---------------------------------------------------------------------
     def refs(self) -> list:
@@ -120,6 +126,7 @@ class LentEngines:
             self._load(joining, version, weights)
             return
         self.engine_seconds()  # the size changes: count the time at the old one
+        self._failed_in_a_row = 0
         rank = driver.engines.attach(joining.actor)
         self.lent.append(rank)
         self.joins += 1
@@ -133,15 +140,21 @@ class LentEngines:
         self._gone(rank, self.leaving[rank].handed_back)
 
     def sort(self, rank: int, part: list[GenerationResult]) -> list[GenerationResult]:
-        """A leaving engine's results: its unfinished samples' tokens are kept to hand back when it is gone;
-        the finished ones go on to the schedulers."""
+        """A leaving engine's results: once its loop was stopped, its unfinished samples' tokens are kept to
+        hand back when it is gone; the rest go on to the schedulers (before the stop, an aborted sample is
+        one the scheduler or a weight update stopped, as on any engine)."""
         leaving = self.leaving[rank]
+        if leaving.stopped_at is None:
+            return part
         leaving.handed_back += [r for r in part if r.finish_reason == "abort"]
         return [r for r in part if r.finish_reason != "abort"]
 
     def died(self, rank: int, why: str) -> None:
-        """Lent engine ``rank`` died (or hung): its capacity is gone, its samples are regenerated."""
+        """Lent engine ``rank`` died (or hung): its capacity is gone (the target drops: not replaced until the
+        schedule or an operator asks again), its samples are regenerated."""
         log.warning("lent rollout engine %d is gone (%s): not replaced, its samples are asked of the others", rank, why)
+        if rank not in self.leaving:
+            self.capacity.lost(1)
         self._gone(rank, handed_back=[])
 
     def close(self) -> None:
@@ -178,7 +191,7 @@ class LentEngines:
         self.capacity.report(self.running, len(self.joining))
 
     def _apply(self, change) -> None:
-        for _ in range(change.start):
+        for _ in range(change.start if time.monotonic() >= self._start_after else 0):
             self._start()
         for ref in list(self.joining)[::-1][:change.cancel]:
             transport.kill(self.joining.pop(ref).actor)
@@ -207,7 +220,11 @@ class LentEngines:
         joining = self.joining.pop(ref)
         transport.kill(joining.actor)
         self.join_failures += 1
-        log.warning("a lent rollout engine failed to join the pool (%s): given up, the pool asks for another", why)
+        self._failed_in_a_row += 1
+        wait = min(_BACKOFF_S, 2.0 ** (self._failed_in_a_row - 1))
+        self._start_after = time.monotonic() + wait
+        log.warning("a lent rollout engine failed to join the pool (%s): given up, the pool asks for another in "
+                    "%.0f s", why, wait)
 
     def _owes(self, rank: int) -> bool:
         return any(rank in s.busy_engines() for s in self.driver.schedulers.values())
@@ -235,15 +252,19 @@ class LentEngines:
         self.driver.engines.submit_to(rank, EngineHost.stop_serving)
 
     def _gone(self, rank: int, handed_back: list[GenerationResult]) -> None:
-        owed = sum(s.requests.owed(rank) for s in self.driver.schedulers.values())
-        kept = {(r.request_id, r.sample_index) for r in handed_back}
-        self.tokens_handed_back += sum(len(r.response_ids) for r in handed_back)
-        self.samples_orphaned += max(0, owed - len(kept))
+        owed = {(rid, i) for s in self.driver.schedulers.values()
+                for rid, (engine, samples) in s.requests.live.items() if engine == rank for i in samples}
+        usable = [r for r in handed_back if (r.request_id, r.sample_index) in owed]
+        kept = {(r.request_id, r.sample_index) for r in usable if r.response_ids or r.offset}
+        self.tokens_handed_back += sum(len(r.response_ids) for r in usable)
+        self.samples_orphaned += len(owed - kept)
         self.leaving.pop(rank, None)
         self.lent.remove(rank)
         self.leaves += 1
         self.engine_seconds()
-        self.driver.lost(rank, handed_back)
+        # what it handed back of samples no longer owed (stopped meanwhile) goes as any late result: waste
+        self.driver.deliver([r for r in handed_back if (r.request_id, r.sample_index) not in owed])
+        self.driver.lost(rank, usable)
         self.capacity.report(self.running, len(self.joining))
         log.info("lent rollout engine %d left the pool (%d samples handed back, %d engines)", rank, len(kept),
                  len(self.driver.engines.live))

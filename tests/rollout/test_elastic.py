@@ -166,3 +166,67 @@ def test_the_controller_is_handed_the_runs_capacity():
     assert capacity.target == 3
     with pytest.raises(ValueError, match="rollout.elastic.controller: .*no callable named 'nothing'"):
         start_controller(f"{Path(__file__).parent / 'capacity_controllers.py'}:nothing", capacity)
+
+
+def test_the_schedules_answer_and_a_death_move_the_target_under_the_lock():
+    c = Capacity(base=1, most=4, schedule=[(1, 3)])
+    c.lend(3)  # an operator lent first: the schedule's 3 lowers the target, it does not raise it
+    assert c.at_step(1) is False and c.target == 3
+    assert c.lost(1) == 2  # a lent engine died: not replaced until asked again
+
+
+def test_commands_for_an_engine_that_just_left_go_nowhere(tiny_model_dir):
+    from gyre.rollout.requests import Abort, Generate
+    from gyre.types import GenerationRequest
+
+    pool = Pool(tiny_model_dir, 0.0)
+    try:
+        pool.engines.attach(LocalActor(RolloutWorker, *engine_args(tiny_model_dir, 7)))
+        pool.engines.vacate(1)  # it left in the event round that queued these
+        request = GenerationRequest("x-g/0", [3, 7, 11], PARAMS)
+        pool.driver.send([Generate(1, (request,)), Abort({1: ("x-g/0",)})])  # no AttributeError on a vacant rank
+    finally:
+        pool.close()
+
+
+def test_starts_that_keep_failing_back_off_and_await_joins_gives_up_at_its_deadline(tiny_model_dir):
+    import time
+
+    started = []
+
+    def broken():
+        started.append(1)
+        return LocalActor(_BrokenRolloutWorker, *engine_args(tiny_model_dir, 9))
+
+    pool = Pool(tiny_model_dir, 0.0)
+    try:
+        pool.elastic = pool.driver.elastic = LentEngines(pool.capacity, broken, join_timeout_s=30)
+        pool.elastic.driver = pool.driver
+        pool.capacity.lend(1)
+        t0 = time.monotonic()
+        pool.driver.await_joins()  # returns at the first failed start, not looping on restarts
+        assert time.monotonic() - t0 < 20 and pool.elastic.join_failures == 1 and len(started) == 1
+        pool.elastic.tick()  # backing off: no second start within the first second
+        assert len(started) == 1 and not pool.elastic.joining
+    finally:
+        pool.close()
+
+
+class _BrokenRolloutWorker(RolloutWorker):
+    def weight_version(self) -> int:
+        raise RuntimeError("this engine cannot report its weights")
+
+
+def test_a_draining_engines_aborts_are_hand_backs_only_once_its_loop_was_stopped():
+    """Before the stop, an aborted sample is one the scheduler or a weight update stopped (regenerated as on any
+    engine, or waste); after it, the tokens its unfinished samples hold, to continue elsewhere."""
+    from gyre.rollout.elastic import _Leaving
+    from gyre.types import GenerationResult
+
+    lent = LentEngines(Capacity(base=1, most=2), lambda: None, join_timeout_s=10)
+    aborted = GenerationResult("a-g/0", 0, [1], [2, 3], "", [-0.1, -0.1], "abort", [0, 0])
+    finished = GenerationResult("a-g/1", 1, [1], [4], "", [-0.1], "stop", [0])
+    lent.leaving[1] = _Leaving(stop_at=1e12)
+    assert lent.sort(1, [aborted, finished]) == [aborted, finished] and lent.leaving[1].handed_back == []
+    lent.leaving[1].stopped_at = 0.0
+    assert lent.sort(1, [aborted, finished]) == [finished] and lent.leaving[1].handed_back == [aborted]
