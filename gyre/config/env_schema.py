@@ -26,6 +26,8 @@ class WorkspaceConfig(StrictModel):
     """Address space of one command."""
     max_commands: PositiveInt = 64
     """Commands an episode may run (its tools' and its verifier's together); more are refused."""
+    max_processes: PositiveInt = 16
+    """Processes a shell command may run at once (``run_shell``)."""
     output_chars: PositiveInt = 8000
     """Characters of a command's output given back."""
 

@@ -1,4 +1,5 @@
-"""An episode's sandboxed workspace: files its tools act on and its verifier inspects afterwards.
+"""An episode's sandboxed workspace: files its tools act on (Python programs, a shell) and its verifier
+inspects afterwards.
 
 The files live on the host in a private directory (mode 0700) that only gyre writes. Whatever the model
 runs there runs in the code sandbox (``gyre.rewards.sandbox``: the kernel's containment, as for code
@@ -17,6 +18,7 @@ at close), and created again from the task's files at each reset.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import shutil
@@ -61,6 +63,18 @@ exec(compile({code!r}, "main.py", "exec"), {{"__name__": "__main__", "__builtins
 '''
 
 
+SHELL_PROGRAMS = ("sh", "ls", "cat", "head", "tail", "wc", "grep", "sed", "sort", "uniq", "cut", "tr", "mkdir",
+                  "rm", "cp", "mv", "touch", "find", "diff", "echo", "printf", "test", "true", "false")
+"""What a workspace's shell may run (those this machine has), each with the libraries it loads, read-only."""
+
+
+@functools.lru_cache(maxsize=1)
+def shell_programs() -> dict[str, str]:
+    """Name -> path of the ``SHELL_PROGRAMS`` this machine has."""
+    found = {name: shutil.which(name, path="/usr/bin:/bin") for name in SHELL_PROGRAMS}
+    return {name: path for name, path in found.items() if path}
+
+
 class WorkspaceError(ValueError):
     """A file or command the workspace refuses (a path outside it, a budget spent)."""
 
@@ -78,8 +92,10 @@ class Workspace:
     ``score_program`` for the verifier; ``remove`` when the episode ends."""
 
     def __init__(self, path: Path, disk_mb: int = 64, max_files: int = 2000, cpu_s: float = 10.0,
-                 wall_s: float = 20.0, memory_mb: int = 512, max_commands: int = 64, output_chars: int = 8000):
+                 wall_s: float = 20.0, memory_mb: int = 512, max_commands: int = 64, output_chars: int = 8000,
+                 max_processes: int = 16):
         self.path = path
+        self.max_processes = max_processes
         self.disk_bytes, self.max_files = disk_mb << 20, max_files
         self.cpu_s, self.wall_s, self.memory_mb = cpu_s, wall_s, memory_mb
         self.max_commands, self.output_chars = max_commands, output_chars
@@ -123,9 +139,9 @@ class Workspace:
         return code_reward(f"```python\n{self.read(path)}\n```", json.dumps(tests), **options)
 
     # ---- what the model runs --------------------------------------------------------------------------
-    def run_python(self, code: str, stdin: str = "") -> CommandResult:
+    def run_python(self, code: str, stdin: str = "", shell: tuple[str, ...] = ()) -> CommandResult:
         """``code`` as ``main.py`` in a sandbox holding the workspace's files; the files it leaves become the
-        workspace's. Refused once ``max_commands`` have run."""
+        workspace's. Refused once ``max_commands`` have run. ``shell``: programs it may run (``run_shell``)."""
         from gyre.rewards.sandbox import SandboxLimits, run_python
 
         if self.commands >= self.max_commands:
@@ -136,8 +152,9 @@ class Workspace:
         mb = max(1, self.disk_bytes >> 20)
         limits = SandboxLimits(cpu_s=self.cpu_s, wall_s=self.wall_s, memory_mb=self.memory_mb, disk_mb=2 * mb + 1,
                                file_size_mb=mb, files=self.max_files + 64,
-                               output_bytes=max(1_000_000, 2 * self.disk_bytes))
-        outcome = run_python(program, stdin, limits, channels=1)
+                               output_bytes=max(1_000_000, 2 * self.disk_bytes),
+                               processes=self.max_processes if shell else 0, allow_read=shell)
+        outcome = run_python(program, stdin, limits, channels=1, audit_hook=not shell)
         back = self._unpack(outcome.channels[0] if outcome.channels else b"")
         if back is not None:
             self._replace(back)
@@ -149,6 +166,20 @@ class Workspace:
             text += (f"\n[workspace] its files were not kept: more than {self.max_files} files or "
                      f"{self.disk_bytes >> 20} MB, or the program ended before they were collected")
         return CommandResult(outcome.status, text[-self.output_chars:] if len(text) > self.output_chars else text)
+
+    def run_shell(self, command: str) -> CommandResult:
+        """``command`` run by ``sh -c`` in a sandbox holding the workspace's files, with the programs of
+        ``SHELL_PROGRAMS`` that this machine has (read-only) and nothing else of the host; the files it leaves
+        become the workspace's. The kernel's containment holds it (the Python layer, which refuses process
+        creation, is left out: a shell starts processes), within ``max_processes``."""
+        programs = shell_programs()
+        if "sh" not in programs:
+            return CommandResult("refused", "no POSIX shell (sh) on this machine: use run_python")
+        script = (f"import subprocess, sys\nsys.stdout.flush()\n"
+                  f"sys.exit(subprocess.run([{programs['sh']!r}, '-c', {command!r}], env={{'PATH': "
+                  f"{':'.join(sorted({os.path.dirname(p) for p in programs.values()}))!r}, 'HOME': '/work', "
+                  f"'TMPDIR': '/work', 'LC_ALL': 'C.UTF-8'}}).returncode)")
+        return self.run_python(script, shell=tuple(programs.values()))
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

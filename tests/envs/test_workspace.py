@@ -56,3 +56,20 @@ def test_a_verifier_scores_a_workspace_program_with_the_code_rewards_isolated_te
     path = ws.path
     ws.remove()
     assert not path.exists()
+
+
+def test_a_shell_acts_on_the_workspace_and_sees_nothing_else_of_the_host(ws, tmp_path):
+    from gyre.envs.workspace import shell_programs
+
+    if "sh" not in shell_programs():
+        pytest.skip("no sh on this machine")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host data")
+    r = ws.run_shell("cat a.txt; echo made > out.txt; mkdir -p d && cp a.txt d/c.txt; rm pkg/m.py; "
+                     "ls -a | sort | tr '\\n' ' '")
+    assert r.status == "ok" and r.output.startswith("hello") and "a.txt" in r.output
+    assert ws.files() == ["a.txt", "d/c.txt", "out.txt"] and ws.read("out.txt") == "made\n"
+    peek = ws.run_shell(f"cat {secret} /etc/passwd; ls /home; echo done")
+    assert "host data" not in peek.output and "root:" not in peek.output and peek.output.rstrip().endswith("done")
+    spin = ws.run_shell("while :; do :; done")  # bounded by the command's CPU limit
+    assert spin.status != "ok"

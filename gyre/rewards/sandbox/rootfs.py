@@ -106,5 +106,10 @@ def root_plan(extra_read: tuple[str, ...] = ()) -> tuple[tuple, ...]:
     for dev in DEVICES:
         _chain(dev, "dev", plan, seen)
     for path in extra_read:
+        if os.path.isfile(path) and os.access(path, os.X_OK):  # a program: its own path (links kept) and libraries
+            _chain(path, "file", plan, seen)
+            for lib in _shared_libraries([path]) or []:
+                _chain(lib, "file", plan, seen)
+            continue
         _chain(os.path.realpath(path), "tree" if os.path.isdir(path) else "file", plan, seen)
     return tuple(plan)
