@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from gyre.config.schema import ModelConfig, RLVRConfig
 from gyre.engines.specs import MemoryLevers
 from gyre.engines.trainer import TrainerSpec
 from gyre.rewards.registry import function_spec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,6 +78,11 @@ class Roles:
         """Stop every actor and release the devices (the cluster may outlive this run)."""
         from ray.util.placement_group import remove_placement_group
 
+        if self.envs is not None and len(self.envs.live):  # closed first: their processes' scratch goes with them
+            try:
+                self.envs.call(EnvWorker.close)
+            except Exception as exc:  # noqa: BLE001 - best effort: a dead worker's scratch is swept later
+                log.warning("closing the environment workers failed (%s); killing them", exc)
         for group in self.groups():
             group.kill()
         remove_placement_group(self.placement.group)

@@ -36,6 +36,8 @@ from gyre.envs.protocol import (
 )
 from gyre.rewards.runner import die_with_parent
 
+SCRATCH_PREFIX = "gyre-env-"
+"""Environment processes' scratch directories: ``gyre-env-<pid of the host process>-*`` in the temp dir."""
 START_S = 120.0
 """A child that has not built its environment by then is killed (its import hangs)."""
 
@@ -129,7 +131,9 @@ class EnvSlot:
             self._stop()
             self.restarts += 1
         parent, child = self._ctx.Pipe()
-        self._scratch = tempfile.mkdtemp(prefix="gyre-env-")  # the child's temporary files: removed with it
+        sweep_scratch()
+        # the child's temporary files: removed with it (named by this process, for the sweep if it is killed)
+        self._scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
         self._proc = self._ctx.Process(target=_serve, args=(child, self.spec, os.getpid(), self._scratch),
                                        daemon=True)
         self._proc.start()
@@ -171,6 +175,40 @@ class EnvSlot:
         if self._scratch is not None:  # what the environment left (an agent's workspaces), even when killed
             shutil.rmtree(self._scratch, ignore_errors=True)
         self._proc, self._conn, self._scratch = None, None, None
+
+
+def sweep_scratch() -> int:
+    """Remove the scratch directories of host processes that are gone (an environment worker killed outright
+    cannot remove its children's); returns how many. Only this user's, of processes no longer running."""
+    removed = 0
+    root = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(SCRATCH_PREFIX)]
+    except OSError:
+        return 0
+    for name in names:
+        pid, _, rest = name[len(SCRATCH_PREFIX):].partition("-")
+        path = os.path.join(root, name)
+        if not (pid.isdigit() and rest) or _running(int(pid)):
+            continue
+        try:
+            if os.lstat(path).st_uid != os.geteuid() or os.path.islink(path):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: running
+        return True
+    return True
 
 
 def _serve(conn: Connection, spec: EnvSpec, parent: int, scratch: str | None = None) -> None:

@@ -66,3 +66,25 @@ def test_an_environment_that_cannot_be_built_is_a_clear_error():
         slot("BrokenConstructor").reset(0, 30)
     with pytest.raises(EnvError, match="no built-in environment 'nope'"):
         EnvSlot(EnvSpec("gyre:nope", {})).reset(0, 30)
+
+
+def test_scratch_directories_of_processes_that_are_gone_are_swept(tmp_path, monkeypatch):
+    """An environment worker killed outright cannot remove its children's scratch: the next slot started on the
+    machine does, and leaves a live process's alone."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from gyre.envs.host import SCRATCH_PREFIX, sweep_scratch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{SCRATCH_PREFIX}{int(gone.stdout)}-abc"
+    (dead / "gyre-workspace-x").mkdir(parents=True)
+    alive = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def"
+    alive.mkdir()
+    other = tmp_path / "gyre-env-notapid"
+    other.mkdir()
+    assert sweep_scratch() == 1
+    assert not dead.exists() and alive.exists() and other.exists()
