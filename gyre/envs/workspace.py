@@ -200,6 +200,9 @@ class Workspace:
             return None
         if len(files) > self.max_files or sum(map(len, files.values())) > self.disk_bytes:
             return None
+        folders = {str(p) for name in files for p in PurePosixPath(name).parents}
+        if folders & set(files):  # a name that is both a file and a folder cannot be laid out
+            return None
         return files
 
     def _replace(self, files: dict[str, bytes]) -> None:

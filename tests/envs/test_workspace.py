@@ -73,3 +73,9 @@ def test_a_shell_acts_on_the_workspace_and_sees_nothing_else_of_the_host(ws, tmp
     assert "host data" not in peek.output and "root:" not in peek.output and peek.output.rstrip().endswith("done")
     spin = ws.run_shell("while :; do :; done")  # bounded by the command's CPU limit
     assert spin.status != "ok"
+
+
+def test_a_listing_naming_a_path_as_both_file_and_folder_is_not_kept(ws):
+    before = {p: ws.read(p) for p in ws.files()}
+    r = ws.run_python("import os\nos.write(3, b'{\"files\": {\"x\": \"eA==\", \"x/y\": \"eA==\"}}')\nos._exit(0)")
+    assert "were not kept" in r.output and {p: ws.read(p) for p in ws.files()} == before
