@@ -89,8 +89,9 @@ if __name__ == "__main__":  # the command form: the task and endpoint from the e
     import time
 
     task = json.loads(os.environ["GYRE_TASK"])
-    with open(os.path.join(tempfile.gettempdir(), "agent.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    if "hang" in sys.argv:  # run in an environment slot: its temp dir is the slot's private scratch
+        with open(os.path.join(tempfile.gettempdir(), "agent.pid"), "w") as f:
+            f.write(str(os.getpid()))
     client = OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
     reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}])
     print("thinking...", file=sys.stderr)
