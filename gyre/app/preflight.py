@@ -28,9 +28,8 @@ def resolve_paths(cfg: RLVRConfig, hub: HubResolver | None = None) -> RLVRConfig
     if cfg.data is not None:
         cfg.data.train_files = [source(f) for f in cfg.data.train_files]
         cfg.data.val_files = [source(f) for f in cfg.data.val_files]
-    if cfg.env is not None and cfg.env.id.rpartition(":")[0].endswith(".py"):
-        target, _, name = cfg.env.id.rpartition(":")
-        cfg.env.id = f"{absolute(target)}:{name}"
+    if cfg.env is not None:
+        cfg.env.id = _absolute_function(cfg.env.id)
     if cfg.env is not None and cfg.env.agent is not None:
         a = cfg.env.agent
         a.entry, a.verifier = _absolute_function(a.entry), _absolute_function(a.verifier)
@@ -39,10 +38,7 @@ def resolve_paths(cfg: RLVRConfig, hub: HubResolver | None = None) -> RLVRConfig
     if cfg.sft_warmup is not None:
         cfg.sft_warmup.train_files = [source(f) for f in cfg.sft_warmup.train_files]
     for domain in cfg.reward.domains.values():
-        fn = domain.function
-        if fn and fn.rpartition(":")[0].endswith(".py"):
-            target, _, name = fn.rpartition(":")
-            domain.function = f"{absolute(target)}:{name}"
+        domain.function = _absolute_function(domain.function) if domain.function else domain.function
     return cfg
 
 

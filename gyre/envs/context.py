@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _PROBE_USER, _PROBE_REPLY = "<<gyre-user-probe>>", "<<gyre-reply-probe>>"
+_PROBE = ({"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY})
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class TurnFrame:
     """What it writes before a user message's content, up to the content."""
     prompt: str
     """What comes after a user message's content, through the generation prompt."""
+    replied: str = ""
+    """The probe conversation (a user message and the assistant's reply) as the template writes it."""
 
 
 class ContextBuilder:
@@ -81,9 +84,8 @@ class ContextBuilder:
         generation prompt (without a template: their contents on lines of their own)."""
         if not self.use_template:
             return "".join(f"{self.frame.opening}{m.get('content') or ''}" for m in messages) + self.frame.prompt
-        probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
-        before = self.tokenizer.apply_chat_template(probe, tokenize=False)
-        after = self.tokenizer.apply_chat_template([*probe, *messages], tokenize=False, add_generation_prompt=True)
+        before = self.frame.replied
+        after = self.tokenizer.apply_chat_template([*_PROBE, *messages], tokenize=False, add_generation_prompt=True)
         if not after.startswith(before):
             raise ValueError("the tokenizer's chat template rewrites earlier turns when these messages follow "
                              f"(roles {[m['role'] for m in messages]}): a conversation cannot grow token by token")
@@ -93,13 +95,9 @@ class ContextBuilder:
 def _frame(tokenizer) -> TurnFrame:
     """The template's text around turns, read off a probe conversation (raises if the template is not
     a plain concatenation of turns, which token-in/token-out needs)."""
-    user = [{"role": "user", "content": _PROBE_USER}]
-    asked = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-    replied = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": _PROBE_REPLY}],
-                                            tokenize=False)
-    again = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": _PROBE_REPLY},
-                                           {"role": "user", "content": _PROBE_USER}], tokenize=False,
-                                          add_generation_prompt=True)
+    asked = tokenizer.apply_chat_template(list(_PROBE[:1]), tokenize=False, add_generation_prompt=True)
+    replied = tokenizer.apply_chat_template(list(_PROBE), tokenize=False)
+    again = tokenizer.apply_chat_template([*_PROBE, _PROBE[0]], tokenize=False, add_generation_prompt=True)
     if not (replied.startswith(asked + _PROBE_REPLY) and again.startswith(replied)):
         raise ValueError("the tokenizer's chat template rewrites earlier turns (e.g. drops reasoning), so a "
                          "conversation cannot grow token by token: set data.chat_template: never, or use a "
@@ -107,7 +105,7 @@ def _frame(tokenizer) -> TurnFrame:
     closing = replied[len(asked) + len(_PROBE_REPLY):]
     rest = again[len(replied):]
     opening, _, prompt = rest.partition(_PROBE_USER)
-    return TurnFrame(closing, opening, prompt)
+    return TurnFrame(closing, opening, prompt, replied)
 
 
 def _eos_ids(tokenizer) -> set[int]:
