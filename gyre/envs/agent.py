@@ -19,7 +19,10 @@ A request whose history is not the session's record (the agent edited, dropped o
 model saw) is served anyway and counted (``agent/history_mismatch``): the model's context stays the
 record, and the messages past the record's length are appended. A request that adds nothing is refused.
 Temperature and top-p are the run's (counted in ``agent/sampling_overridden`` when asked otherwise); stop
-strings and max_tokens apply to the turn's sampling. An agent that raises (or exits non-zero) ends its
+strings and max_tokens apply to the turn's sampling. A request for ``n`` choices gets ``n`` samples of the
+turn; the conversation goes on with the one the agent's next request carries where the model's turn was,
+and that one is trained (the others are waste). When the next request carries none of them, or the agent
+ends right after, the first choice is kept (``agent/choice_unknown``). An agent that raises (or exits non-zero) ends its
 episode with ``error_reward`` (``agent/errors``): a policy whose turns break its agent earns nothing.
 """
 
@@ -85,7 +88,7 @@ class AgentEnv:
         self._end_episode()
         self.task = self.tasks(seed or 0)
         self.counts = {"agent/requests": 0, "agent/history_mismatch": 0, "agent/sampling_overridden": 0,
-                       "agent/refused": 0, "agent/errors": 0}
+                       "agent/refused": 0, "agent/errors": 0, "agent/choice_unknown": 0}
         if self.workspace_limits is not None:
             from gyre.envs.workspace import Workspace
 
@@ -100,27 +103,49 @@ class AgentEnv:
         self._take(event)
         return self._observation(event.request.messages, event.request.tools), {}
 
-    def step(self, action: str):
-        message, finish = assistant_message(action, self.tool_format)
-        self.pending.answer(message, finish)
+    def step(self, action: str | list[str]):
+        """Answer the waiting request with the model's turn (``n`` samples of it when the request asked for
+        ``n``: a list), then wait for the agent's next request or its end."""
+        actions = [action] if isinstance(action, str) else list(action)
+        choices = [assistant_message(a, self.tool_format) for a in actions]
+        self.pending.answer(choices)
         self.pending = None
-        self.record.append(plain_message(message))
+        offered = [plain_message(message) for message, _ in choices]
         while True:
             event = self._next()
             if not isinstance(event, Pending):
-                return self._finish(event)
+                choice = self._choose(offered, None)
+                self.record.append(offered[choice])
+                return self._finish(event, choice)
             messages = event.request.messages
-            new = messages[len(self.record):]
+            new = messages[len(self.record) + 1:]
             if not new:  # nothing to append: the model would be asked the same turn again
                 self.counts["agent/refused"] += 1
                 event.fail(400, f"the request's {len(messages)} messages add nothing to this session's "
-                                f"{len(self.record)}: a training session appends (one conversation per episode)")
+                                f"{len(self.record) + 1}: a training session appends (one conversation per episode)")
                 continue
+            choice = self._choose(offered, messages)
+            self.record.append(offered[choice])
             if not extends(messages, self.record):
                 self.counts["agent/history_mismatch"] += 1
             self.record += new
             self._take(event)
-            return self._observation(new, None), 0.0, False, False, {}
+            return self._observation(new, None), 0.0, False, False, self._chosen(choice, len(offered))
+
+    def _choose(self, offered: list[dict], messages: list[dict] | None) -> int:
+        """Which of the offered choices the conversation went on with: the one the agent's next request carries
+        where the model's turn was (the first, when it carries none of them or the agent ended)."""
+        if len(offered) > 1:
+            turn = messages[len(self.record)] if messages is not None and len(messages) > len(self.record) else None
+            for i, message in enumerate(offered):
+                if turn is not None and extends([turn], [message]):
+                    return i
+            self.counts["agent/choice_unknown"] += 1
+        return 0
+
+    @staticmethod
+    def _chosen(choice: int, offered: int) -> dict:
+        return {"choice": choice} if offered > 1 else {}
 
     def close(self) -> None:
         self._end_episode()
@@ -134,7 +159,7 @@ class AgentEnv:
 
     def _observation(self, messages: list[dict], tools: list | None) -> dict:
         r = self.pending.request
-        out: dict = {"messages": messages, "sampling": {"stop": list(r.stop), "max_tokens": r.max_tokens}}
+        out: dict = {"messages": messages, "sampling": {"stop": list(r.stop), "max_tokens": r.max_tokens, "n": r.n}}
         if tools:
             out["tools"] = tools
         return out
@@ -150,8 +175,8 @@ class AgentEnv:
         raise TimeoutError(f"the agent neither called the model nor returned within {self.turn_timeout_s:g} s "
                            "(env.agent.turn_timeout_s)")
 
-    def _finish(self, ended: _Ended):
-        info = dict(self.counts)
+    def _finish(self, ended: _Ended, choice: int = 0):
+        info = {**self.counts, "choice": choice}
         if ended.error is not None:
             info["agent/errors"] = 1
             log.warning("an agent program failed: %s (its episode scores env.agent.error_reward)", ended.error)

@@ -1,11 +1,12 @@
 """The OpenAI chat-completions API, as far as a training session serves it: pure functions, no IO.
 
 A request (``read_request``) is checked and reduced to what gyre uses: its messages, its tools, the stop
-strings and token cap for this turn (the engine samples with them, so the tokens trained are the tokens
-sampled), and what it asked that a training session does not do (``n`` above 1 is refused: a turn is one
-sample of the policy; temperature and top-p other than the run's are served at the run's, since the
-policy trains on what it sampled at those, and counted, as are what it does not do: penalties, a seed,
-log-probs, a forced tool choice, a response format). A model turn's text becomes an assistant message
+strings, token cap and number of choices (``n``) for this turn (the engine samples with them, so the
+tokens trained are the tokens sampled), and what it asked that a training session does not do
+(temperature and top-p other than the run's are served at the run's, since the policy trains on what it
+sampled at those, and counted, as are what it does not do: penalties, a seed, log-probs, a forced tool
+choice, a response format). A malformed request is a ``RequestError`` naming the field, never another
+exception. A model turn's text becomes an assistant message
 (``assistant_message``): tool calls are read in the common formats (``TOOL_FORMATS``), the text around
 them is the content. ``completion`` and ``stream_chunks`` write the answer as the API's JSON, whole or as
 server-sent events.
@@ -22,6 +23,8 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from gyre.envs.protocol import MAX_CHOICES
 
 TOOL_FORMATS = ("auto", "hermes", "mistral", "json", "none")
 """How tool calls are read from a model turn: hermes (``<tool_call>{"name": ..., "arguments": {...}}
@@ -45,6 +48,8 @@ class ChatRequest:
     max_tokens: int | None
     overridden: tuple[str, ...] = ()
     """Sampling parameters asked for but served at the run's values (temperature, top_p, ...)."""
+    n: int = 1
+    """Choices asked for: each a sample of the policy; the one the agent goes on with is trained."""
 
 
 @dataclass
@@ -62,54 +67,82 @@ def read_request(body: object, temperature: float, top_p: float) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise RequestError(f"each message needs a role (system, user, assistant, tool): got {str(m)[:80]}")
-        out.append(plain_message(m))
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise RequestError(f"n={n}: a training session samples one turn per request (ask again for another)")
+    out = [plain_message(m) for m in messages]
+    n = body.get("n")
+    if n is not None and (type(n) is not int or not 1 <= n <= MAX_CHOICES):
+        raise RequestError(f"n={n!r}: choices per request are 1 to {MAX_CHOICES}")
     stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop)
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+        raise RequestError(f"stop={_show(stop)}: a string or a list of strings")
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None and (not isinstance(limit, int) or limit < 1):
-        raise RequestError(f"max_tokens={limit!r}: a positive integer")
+    if limit is not None and (type(limit) is not int or limit < 1):
+        raise RequestError(f"max_tokens={_show(limit)}: a positive integer")
     tools = body.get("tools") or None
-    if tools is not None and not isinstance(tools, list):
-        raise RequestError("tools must be a list of tool schemas")
-    asked = {"temperature": (body.get("temperature"), temperature), "top_p": (body.get("top_p"), top_p)}
-    overridden = tuple(k for k, (v, run) in asked.items() if v is not None and abs(float(v) - run) > 1e-9)
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise RequestError("tools must be a list of tool schemas (objects)")
+    overridden = tuple(k for k, run in (("temperature", temperature), ("top_p", top_p))
+                       if (v := _number(body, k)) is not None and abs(v - run) > 1e-9)
     overridden += tuple(k for k in ("presence_penalty", "frequency_penalty", "logit_bias", "seed", "logprobs")
                         if body.get(k) not in (None, 0, {}, False))
     if body.get("tool_choice") not in (None, "auto", "none"):  # "required" or a named tool: not enforced
         overridden += ("tool_choice",)
-    if (body.get("response_format") or {}).get("type", "text") != "text":  # no constrained decoding
+    response_format, stream_options = _object(body, "response_format"), _object(body, "stream_options")
+    if response_format.get("type", "text") != "text":  # no constrained decoding
         overridden += ("response_format",)
-    stream_options = body.get("stream_options") or {}
     return ChatRequest(out, tools, str(body.get("model") or "gyre-policy"), bool(body.get("stream")),
-                       bool(stream_options.get("include_usage")), stop, limit, overridden)
+                       bool(stream_options.get("include_usage")), tuple(stop), limit, overridden, n or 1)
 
 
-def plain_message(m: dict) -> dict:
+def _number(body: dict, key: str) -> float | None:
+    value = body.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise RequestError(f"{key}={_show(value)}: a number")
+    return value
+
+
+def _object(body: dict, key: str) -> dict:
+    value = body.get(key) or {}
+    if not isinstance(value, dict):
+        raise RequestError(f"{key}={_show(value)}: an object")
+    return value
+
+
+def _show(value) -> str:
+    return repr(value)[:80]
+
+
+def plain_message(m: object) -> dict:
     """A message as the chat template takes it: text content (parts joined), tool calls with arguments as
-    objects (templates render them; the API carries JSON text)."""
+    objects (templates render them; the API carries JSON text). ``RequestError`` for a malformed one."""
+    if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+        raise RequestError(f"each message needs a role (system, user, assistant, tool): got {_show(m)}")
     role = "system" if m["role"] == "developer" else m["role"]
     content = m.get("content")
     if isinstance(content, list):  # content parts: the text ones (images are not served)
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        content = "".join(p["text"] for p in content
+                          if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+    if content is not None and not isinstance(content, str):
+        raise RequestError(f"a message's content is text or a list of parts: got {_show(content)}")
     out = {"role": role, "content": content if content is not None else ""}
     calls = m.get("tool_calls")
     if role == "assistant" and calls:
-        out["tool_calls"] = [{"id": c.get("id", ""), "type": "function",
+        if not isinstance(calls, list) or not all(_is_call(c) for c in calls):
+            raise RequestError(f"tool_calls: a list of {{'id', 'type': 'function', 'function': {{'name', "
+                               f"'arguments'}}}}: got {_show(calls)}")
+        out["tool_calls"] = [{"id": str(c.get("id", "")), "type": "function",
                               "function": {"name": c["function"]["name"],
                                            "arguments": _arguments(c["function"].get("arguments"))}}
                              for c in calls]
     if role == "tool":
-        out["tool_call_id"] = m.get("tool_call_id", "")
+        out["tool_call_id"] = str(m.get("tool_call_id", ""))
         if m.get("name"):
-            out["name"] = m["name"]
+            out["name"] = str(m["name"])
     return out
+
+
+def _is_call(c: object) -> bool:
+    return isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
 
 
 def _arguments(value) -> dict | str:
@@ -195,30 +228,34 @@ def assistant_message(text: str, fmt: str) -> tuple[dict, str]:
     return message, "tool_calls" if calls else "stop"
 
 
-def completion(message: dict, finish: str, model: str, usage: dict | None) -> dict:
-    """A whole chat.completion object."""
+def completion(choices: list[tuple[dict, str]], model: str, usage: dict | None) -> dict:
+    """A whole chat.completion object: each choice's message and finish reason, in order."""
     out = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-           "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}]}
+           "model": model, "choices": [{"index": i, "message": message, "finish_reason": finish, "logprobs": None}
+                                       for i, (message, finish) in enumerate(choices)]}
     if usage is not None:
         out["usage"] = usage
     return out
 
 
-def stream_chunks(message: dict, finish: str, model: str, usage: dict | None) -> list[dict]:
-    """The same answer as chat.completion.chunk objects: the role, the content, each tool call, the finish
-    reason, and the usage when asked (the turn is sampled whole first: chunks come together)."""
+def stream_chunks(choices: list[tuple[dict, str]], model: str, usage: dict | None) -> list[dict]:
+    """The same answer as chat.completion.chunk objects, choice after choice: the role, the content, each tool
+    call, the finish reason; then the usage when asked (the turn is sampled whole first: chunks come together)."""
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": model}
 
-    def chunk(delta: dict, finish_reason: str | None = None) -> dict:
-        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+    def chunk(index: int, delta: dict, finish_reason: str | None = None) -> dict:
+        return {**base, "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason,
+                                     "logprobs": None}]}
 
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    if message.get("content"):
-        chunks.append(chunk({"content": message["content"]}))
-    for i, call in enumerate(message.get("tool_calls", [])):
-        chunks.append(chunk({"tool_calls": [{"index": i, **call}]}))
-    chunks.append(chunk({}, finish))
+    chunks = []
+    for index, (message, finish) in enumerate(choices):
+        chunks.append(chunk(index, {"role": "assistant", "content": ""}))
+        if message.get("content"):
+            chunks.append(chunk(index, {"content": message["content"]}))
+        for i, call in enumerate(message.get("tool_calls", [])):
+            chunks.append(chunk(index, {"tool_calls": [{"index": i, **call}]}))
+        chunks.append(chunk(index, {}, finish))
     if usage is not None:
         chunks.append({**base, "choices": [], "usage": usage})
     return chunks

@@ -6,9 +6,12 @@ the model's turn (``Pending.answer``) once the rollout has sampled it. So every 
 through gyre's scheduler like any episode's (staleness, partial rollouts, aborts, weight updates).
 
 Each session has its own API key (``open``): a request with another key (a previous episode's agent
-still running) is refused with 401, and closing a session refuses whatever of it is still waiting.
-Bodies are capped (``MAX_BODY``), every wait has a deadline, and the server listens on the loopback
-interface only (the agent runs beside it, in the same environment worker).
+still running) is refused with 401 before its body is read, and closing a session refuses whatever of it
+is still waiting. The server listens on the loopback interface only (the agent runs beside it, in the
+same environment worker), and a misbehaving client costs it bounded work: a body needs its declared
+length, at most ``MAX_BODY``; a client that stalls mid-request is dropped after ``CLIENT_TIMEOUT_S``;
+at most ``MAX_CONNECTIONS`` are served at once (more are answered 503); every wait has a deadline; and
+a malformed request is answered 400 with the reason, never by a dropped connection.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from gyre.envs.chat_api import ChatRequest, RequestError, completion, read_reque
 
 MAX_BODY = 8 << 20
 """Largest request body read (8 MiB): a conversation longer than that is not a turn's context here."""
+CLIENT_TIMEOUT_S = 30.0
+"""Seconds a client may take to send its request (or stay idle on a kept-alive connection)."""
+MAX_CONNECTIONS = 64
+"""Connections served at once: an agent makes one request at a time, a few tool threads at most."""
 
 
 @dataclass
@@ -37,10 +44,11 @@ class Pending:
     body: object = None
     """The answer: a chat.completion (or its chunks when streaming), or an error's message."""
 
-    def answer(self, message: dict, finish: str, usage: dict | None = None) -> None:
+    def answer(self, choices: list[tuple[dict, str]], usage: dict | None = None) -> None:
+        """Answer with ``choices``: (assistant message, finish reason) for each of the request's ``n``."""
         r = self.request
-        self.body = stream_chunks(message, finish, r.model, usage if r.include_usage else None) if r.stream \
-            else completion(message, finish, r.model, usage)
+        self.body = stream_chunks(choices, r.model, usage if r.include_usage else None) if r.stream \
+            else completion(choices, r.model, usage)
         self.done.set()
 
     def fail(self, status: int, message: str) -> None:
@@ -57,8 +65,7 @@ class Endpoint:
         self._lock = threading.Lock()
         self._events: queue.Queue = queue.Queue()
         self._waiting: list[Pending] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name="gyre-agent-endpoint", daemon=True)
         self._thread.start()
 
@@ -97,14 +104,21 @@ class Endpoint:
         except queue.Empty:
             return None
 
-    def _admit(self, key: str | None, body: object) -> Pending | tuple[int, str]:
+    def _authorised(self, key: str | None) -> bool:
         with self._lock:
-            if self._key is None or key is None or not hmac.compare_digest(key, self._key):
-                return 401, "unknown API key: each episode's agent gets its own (this one's episode is over)"
-            try:
-                pending = Pending(read_request(body, self.temperature, self.top_p))
-            except RequestError as exc:
-                return 400, str(exc)
+            return self._key is not None and key is not None and \
+                hmac.compare_digest(key.encode("utf-8", "surrogatepass"), self._key.encode())
+
+    def _admit(self, key: str | None, body: object) -> Pending | tuple[int, str]:
+        try:
+            request = read_request(body, self.temperature, self.top_p)
+        except RequestError as exc:
+            return 400, str(exc)
+        with self._lock:  # the key again: the session may have ended while the body was read
+            if self._key is None or key is None or not hmac.compare_digest(key.encode("utf-8", "surrogatepass"),
+                                                                          self._key.encode()):
+                return 401, _UNKNOWN_KEY
+            pending = Pending(request)
             self._waiting = [p for p in self._waiting if not p.done.is_set()] + [pending]
         self._events.put(pending)
         return pending
@@ -115,9 +129,43 @@ class Endpoint:
         self._server.server_close()
 
 
+_UNKNOWN_KEY = "unknown API key: each episode's agent gets its own (this one's episode is over)"
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``MAX_CONNECTIONS`` at once: the rest are answered 503 and closed."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler):
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def _handler(endpoint: Endpoint):
     class ChatHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = CLIENT_TIMEOUT_S
 
         def log_message(self, *args) -> None:  # the agent's requests are counted, not logged
             pass
@@ -131,19 +179,22 @@ def _handler(endpoint: Endpoint):
 
         def do_POST(self) -> None:  # noqa: N802
             if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                self._error(404, f"no route {self.path}: POST /v1/chat/completions")
-                return
-            size = int(self.headers.get("Content-Length") or 0)
-            if size > MAX_BODY:
-                self._error(413, f"request body of {size} bytes: at most {MAX_BODY}")
-                return
-            try:
-                body = json.loads(self.rfile.read(size) or b"null")
-            except ValueError:
-                self._error(400, "the body is not JSON")
-                return
+                return self._refuse(404, f"no route {self.path}: POST /v1/chat/completions")
             auth = self.headers.get("Authorization", "")
-            admitted = endpoint._admit(auth[7:] if auth.startswith("Bearer ") else None, body)
+            key = auth[7:] if auth.startswith("Bearer ") else None
+            if not endpoint._authorised(key):  # before the body: an unknown client costs no read
+                return self._refuse(401, _UNKNOWN_KEY)
+            size = self.headers.get("Content-Length")
+            if size is None or not size.strip().isdigit():
+                return self._refuse(411 if size is None else 400,
+                                    f"Content-Length {size!r}: a request needs its body's length in bytes")
+            if int(size) > MAX_BODY:
+                return self._refuse(413, f"request body of {int(size)} bytes: at most {MAX_BODY}")
+            try:
+                body = json.loads(self.rfile.read(int(size)) or b"null")
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
+                return self._error(400, "the body is not a JSON document")
+            admitted = endpoint._admit(key, body)
             if isinstance(admitted, tuple):
                 self._error(*admitted)
                 return
@@ -161,12 +212,19 @@ def _handler(endpoint: Endpoint):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 
         def _error(self, status: int, message: str) -> None:
             kind = "invalid_request_error" if status < 500 else "server_error"
             self._json(status, {"error": {"message": message, "type": kind, "code": status}})
+
+        def _refuse(self, status: int, message: str) -> None:
+            """An error answered without reading the body: the connection cannot carry another request."""
+            self.close_connection = True
+            self._error(status, message)
 
         def _events_stream(self, chunks: list[dict]) -> None:
             data = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 
 from gyre.envs.context import ContextBuilder
-from gyre.envs.protocol import EnvReset, EnvStep, observation_text
+from gyre.envs.protocol import EnvError, EnvReset, EnvStep, observation_text
 from gyre.seeding import derive_seed
 from gyre.types import (
     GenerationRequest,
@@ -77,8 +77,12 @@ class Episode:
     info: dict = field(default_factory=dict)
     _state: str = ""
     _success: bool | None = None
-    _asked: tuple[tuple[str, ...], int | None] = ((), None)
-    """The next turn's own stop strings and token cap (an agent's request: ``gyre.envs.agent``)."""
+    _asked: tuple[tuple[str, ...], int | None, int] = ((), None, 1)
+    """The next turn's own stop strings, token cap and samples (an agent's request: ``gyre.envs.agent``)."""
+    _choices: list[GenerationResult] = field(default_factory=list)
+    """A turn sampled ``n`` > 1 times, until the environment says which sample it went on with."""
+    wasted: int = 0
+    """Sampled tokens never recorded (the choices not taken), for the runner's waste counter."""
 
     def on_reset(self, reset: EnvReset) -> GenerationRequest:
         ids = self.builder.first(reset.observation)[:self.limits.context_tokens - 1]
@@ -86,6 +90,24 @@ class Episode:
         self.context, self._state = list(ids), _key(reset.observation)
         self._asked = _asked(reset.observation)
         return self.request()
+
+    @property
+    def samples(self) -> int:
+        """Samples the next (or current) turn asks for: the environment picks one (``on_step``)."""
+        return self._asked[2]
+
+    @property
+    def unrecorded(self) -> int:
+        """Tokens of a sampled turn waiting for the environment's choice."""
+        return sum(len(r.response_ids) for r in self._choices)
+
+    def on_turns(self, results: list[GenerationResult]) -> str | list[str]:
+        """The turn's samples came back (``samples`` of them, in sample order): one is recorded at once; of
+        several, the environment gets every text and ``on_step`` records the one it chose."""
+        if len(results) == 1:
+            return self.on_turn(results[0])
+        self._choices = list(results)
+        return [r.response_text for r in results]
 
     def on_turn(self, result: GenerationResult) -> str:
         """The model's turn came back: record its tokens; returns the action for the environment."""
@@ -100,6 +122,15 @@ class Episode:
 
     def on_step(self, step: EnvStep) -> GenerationRequest | None:
         """The environment answered the last turn: the next turn's request, or None when it has ended."""
+        if self._choices:  # the sample the environment went on with is the turn; the others are waste
+            choice = step.info.get("choice", 0)
+            if not (type(choice) is int and 0 <= choice < len(self._choices)):
+                raise EnvError(f"step() returned info['choice']={choice!r} for a turn of {len(self._choices)} "
+                               f"samples: the index of the one the conversation went on with")
+            chosen = self._choices.pop(choice)
+            self.wasted += self.unrecorded
+            self._choices = []
+            self.on_turn(chosen)
         self.turns[-1].reward = step.reward
         if "success" in step.info:
             self._success = bool(step.info["success"])
@@ -154,11 +185,11 @@ class Episode:
             raise RuntimeError(f"episode {self.key}: its context no longer equals its recorded tokens")
         turn = len(self.turns)
         room = self.limits.context_tokens - len(self.context)
-        stop, most = self._asked
+        stop, most, samples = self._asked
         cap = min(self.limits.turn_tokens, room, most or room)
         params = dataclasses.replace(self.sampling, max_new_tokens=max(1, cap),
                                      stop=tuple(dict.fromkeys((*self.sampling.stop, *stop))))
-        return GenerationRequest(f"{self.key}#{turn}", list(self.context), params, n=1,
+        return GenerationRequest(f"{self.key}#{turn}", list(self.context), params, n=samples,
                                  seed=derive_seed(self.seed, "turn", self.index, turn))
 
     def _leaving(self) -> int:
@@ -171,10 +202,10 @@ class Episode:
         return sum(len(s.token_ids) for s in self.segments)
 
 
-def _asked(observation: str | dict) -> tuple[tuple[str, ...], int | None]:
-    """What a structured observation asks of the next turn's sampling: its stop strings and token cap."""
+def _asked(observation: str | dict) -> tuple[tuple[str, ...], int | None, int]:
+    """What a structured observation asks of the next turn's sampling: its stop strings, token cap, samples."""
     sampling = observation.get("sampling") or {} if isinstance(observation, dict) else {}
-    return tuple(sampling.get("stop") or ()), sampling.get("max_tokens")
+    return tuple(sampling.get("stop") or ()), sampling.get("max_tokens"), sampling.get("n") or 1
 
 
 def _key(observation: str | dict) -> str:

@@ -7,9 +7,11 @@ An environment is any object with
 
 An observation is text (the next user message) or chat messages, ``{"messages": [{"role": "tool",
 "content": ...}, ...]}`` (roles system, user, tool, assistant; a reset's may add ``"tools"``: the tools'
-JSON schemas, which the chat template renders; and ``"sampling": {"stop": [...], "max_tokens": n}`` for the
-next turn alone): what an agent program's requests carry (``gyre.envs.agent``), appended to the
-conversation by the chat template as they are.
+JSON schemas, which the chat template renders; and ``"sampling": {"stop": [...], "max_tokens": m, "n": k}``
+for the next turn alone): what an agent program's requests carry (``gyre.envs.agent``), appended to the
+conversation by the chat template as they are. An observation asking ``n`` = k > 1 gets k samples of the
+turn as its action (a list of k strings, in sample order), and the step's ``info["choice"]`` names the one
+the conversation went on with: that one is trained, the others are counted as waste (0 when not said).
 
 (``async def`` versions are awaited), optionally ``close()``. A config names one as
 
@@ -32,6 +34,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
+
+MAX_CHOICES = 16
+"""Most samples (``sampling.n``) one turn may ask for."""
 
 BUILTIN: dict[str, str] = {
     "guess_number": "gyre.envs.builtin.guess:GuessNumber",
@@ -163,12 +168,12 @@ def _observation(obs, where: str) -> str | dict:
         raise EnvError(f"{where}() returned observation keys {sorted(obs)}: messages, sampling, and for reset() a "
                        "list of tools")
     sampling = obs.get("sampling") or {}
-    stop, most = sampling.get("stop") or [], sampling.get("max_tokens")
-    if not isinstance(sampling, dict) or set(sampling) - {"stop", "max_tokens"} or \
-            not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)) or \
-            not (most is None or isinstance(most, int) and most > 0):
+    if not isinstance(sampling, dict) or set(sampling) - {"stop", "max_tokens", "n"} or \
+            not (isinstance(stop := sampling.get("stop") or [], list) and all(isinstance(s, str) for s in stop)) or \
+            not all(v is None or type(v) is int and v > 0 for v in (sampling.get("max_tokens"), sampling.get("n"))) \
+            or (sampling.get("n") or 1) > MAX_CHOICES:
         raise EnvError(f"{where}() returned sampling {_show(sampling)}: "
-                       '{"stop": [str, ...], "max_tokens": a positive int or None}')
+                       f'{{"stop": [str, ...], "max_tokens": a positive int or None, "n": 1 to {MAX_CHOICES}}}')
     for m in obs["messages"]:
         if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content", ""), (str, type(None)))):
             raise EnvError(f"{where}() returned message {_show(m)}: each is a dict with a role ({', '.join(ROLES)}) "

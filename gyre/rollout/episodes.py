@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gyre.envs.calls import EnvCall, EnvResult, SlotPool
 from gyre.envs.context import ContextBuilder
@@ -58,6 +58,8 @@ class _Live:
     """The policy version when its first turn was asked for (its start version: staleness counts from it)."""
     engine: int | None = None
     """The engine its last turn went to: the next goes there too while it has room (its prefix is cached)."""
+    samples: dict[int, GenerationResult] = field(default_factory=dict)
+    """Its turn's samples back so far (a turn asking ``n`` > 1 steps its environment once all are back)."""
 
 
 class EpisodeRunner:
@@ -191,7 +193,14 @@ class EpisodeRunner:
                 self._ask(key, live.episode.on_reset(value))
             else:
                 self._count("env/steps")
-                request = live.episode.on_step(value)
+                try:
+                    request = live.episode.on_step(value)
+                except EnvError as exc:  # a step that names no valid choice of the turn's samples
+                    self._report(EnvFailure("invalid", str(exc)))
+                    self._fail(key, out)
+                    continue
+                self._count("rollout/tokens_wasted", live.episode.wasted)
+                live.episode.wasted = 0
                 if request is None:
                     self._finish(key, out)
                 else:
@@ -207,12 +216,16 @@ class EpisodeRunner:
         if live is None or live.request != result.request_id:  # its episode ended, or a copy of a turn asked
             self._count("rollout/tokens_wasted", len(result.response_ids))  # again came back first: waste
             return
-        live.request = None
-        if result.finish_reason == "abort":  # dropped by a weight update without partial rollouts: ask again
-            self._count("rollout/tokens_wasted", len(result.response_ids))
-            self._ask(key, live.episode.request())
+        live.samples[result.sample_index] = result
+        if len(live.samples) < live.episode.samples:
+            return  # the turn's other samples are still being sampled
+        results = [live.samples[i] for i in sorted(live.samples)]
+        live.request, live.samples = None, {}
+        if any(r.finish_reason == "abort" for r in results):  # a weight update without partial rollouts
+            self._count("rollout/tokens_wasted", sum(len(r.response_ids) for r in results))
+            self._ask(key, live.episode.request())  # dropped it: ask again
         else:
-            self._call(key, "step", live.episode.on_turn(result))
+            self._call(key, "step", live.episode.on_turns(results))
         self._pass_barriers()
 
     def retry_turn(self, request_id: str) -> None:
@@ -220,7 +233,7 @@ class EpisodeRunner:
         key = request_id.rpartition("#")[0]
         live = self.live.get(key)
         if live is not None and live.request == request_id:
-            live.request = None
+            live.request, live.samples = None, {}
             self._ask(key, live.episode.request())
             self._count("rollout/samples_requeued")
             self._pass_barriers()  # turn-synchronised: a held turn must not wait for an event that never comes
@@ -334,7 +347,9 @@ class EpisodeRunner:
 
     def _waste(self, live: _Live) -> None:
         """An episode ends untrained (stopped, restarted, or its environment failed): its turns so far are waste."""
-        self._count("rollout/tokens_wasted", sum(len(s.token_ids) for s in live.episode.segments if s.trainable))
+        episode = live.episode
+        self._count("rollout/tokens_wasted", sum(len(s.token_ids) for s in episode.segments if s.trainable)
+                    + episode.unrecorded + sum(len(r.response_ids) for r in live.samples.values()))
 
     def _release(self, key: str) -> None:
         live = self.live.pop(key)

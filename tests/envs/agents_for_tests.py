@@ -77,11 +77,27 @@ def editing_agent(task, base_url, api_key):
     return float(second == task["answer"])
 
 
-def greedy_agent(task, base_url, api_key):
-    """Asks for two completions at once: a training session serves one."""
+def best_of_agent(task, base_url, api_key, stream=False):
+    """Asks for three choices, goes on with the first right one (the last if none is), asks "sure?" and
+    scores the reply; a task with "stop_after_choices" returns right after the choices."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], n=2)
-    return 1.0
+    messages = [{"role": "user", "content": task["question"]}]
+    if stream:
+        texts = {}
+        for chunk in client.chat.completions.create(model="policy", messages=messages, n=3, stream=True):
+            for choice in chunk.choices:
+                texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+        answers = [texts[i] for i in sorted(texts)]
+    else:
+        answers = [c.message.content for c in
+                   sorted(client.chat.completions.create(model="policy", messages=messages, n=3).choices,
+                          key=lambda c: c.index)]
+    if task.get("stop_after_choices"):
+        return float(len(answers) == 3)
+    chosen = next((a for a in answers if a.strip() == task["answer"]), answers[-1])
+    messages += [{"role": "assistant", "content": chosen}, {"role": "user", "content": "sure?"}]
+    final = client.chat.completions.create(model="policy", messages=messages).choices[0].message.content
+    return float(final.strip() == task["answer"])
 
 
 if __name__ == "__main__":  # the command form: the task and endpoint from the environment, the outcome printed
@@ -100,16 +116,22 @@ if __name__ == "__main__":  # the command form: the task and endpoint from the e
     print(json.dumps({"answer": reply.choices[0].message.content, "cwd": os.getcwd()}))
 
 
-def two_turn_agent(task, base_url, api_key):
-    """Asks, asks again to check, and scores the second answer: two model turns per episode."""
+def two_turn_agent(task, base_url, api_key, n=1):
+    """Asks, asks again to check, and scores the second answer: two model turns per episode. With ``n``, the
+    first question asks for n choices and the agent goes on with the last."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     messages = [{"role": "user", "content": task["question"]}]
     for follow_up in ("Check it.", None):
-        reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+        choices = client.chat.completions.create(model="policy", messages=messages, n=n if follow_up else 1).choices
+        reply = max(choices, key=lambda c: c.index).message
         messages.append(reply.model_dump(exclude_none=True))
         if follow_up:
             messages.append({"role": "user", "content": follow_up})
     return float(messages[-1].get("content", "").strip() == task["answer"])
+
+
+def last_of_3_agent(task, base_url, api_key):
+    return two_turn_agent(task, base_url, api_key, n=3)
 
 
 def sleepy_agent(task, base_url, api_key, workspace=None):

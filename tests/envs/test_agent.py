@@ -3,6 +3,7 @@
 The model's side is played by hand here (reset / step with chosen turns), so every observation and answer
 can be checked exactly; tests/pipelines/test_agent_run.py trains a tiny model through the same path."""
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 pytest.importorskip("openai")
 
 from gyre.envs.agent import AgentEnv  # noqa: E402
-from gyre.envs.protocol import EnvError, check_reset, check_step  # noqa: E402
+from gyre.envs.protocol import check_reset, check_step  # noqa: E402
 
 HERE = Path(__file__).parent
 AGENTS = f"{HERE / 'agents_for_tests.py'}"
@@ -70,7 +71,7 @@ def test_the_requests_stop_strings_and_token_cap_reach_the_turns_sampling():
     env = make()
     try:
         obs, _ = env.reset(0)
-        assert obs["sampling"] == {"stop": ["</answer>"], "max_tokens": None}
+        assert obs["sampling"] == {"stop": ["</answer>"], "max_tokens": None, "n": 1}
     finally:
         env.close()
 
@@ -99,11 +100,31 @@ def test_an_edited_history_is_counted_and_the_model_keeps_its_own_record():
         env.close()
 
 
-def test_n_above_one_is_refused_with_a_reason_the_agent_sees():
-    env = make("greedy_agent", verifier=None)
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_are_answered_and_the_one_the_agent_goes_on_with_is_the_turn(stream):
+    env = make("best_of_agent", verifier=None)
+    env.agent = functools.partial(env.agent, stream=stream)
     try:
-        with pytest.raises(EnvError, match="n=2: a training session samples one turn per request"):
-            env.reset(0)
+        obs, _ = env.reset(0)  # 3 * 4
+        assert obs["sampling"]["n"] == 3
+        step = check_step(env.step(["11", "12", "13"]))  # the agent goes on with the right one, the second
+        assert step.info == {"choice": 1} and step.observation["messages"] == [{"role": "user", "content": "sure?"}]
+        assert env.record[1] == {"role": "assistant", "content": "12"}
+        done = check_step(env.step("12"))
+        assert done.reward == 1.0
+        assert done.info["agent/choice_unknown"] == 0 and done.info["agent/history_mismatch"] == 0
+    finally:
+        env.close()
+
+
+def test_choices_the_agent_ends_after_keep_the_first_and_are_counted():
+    env = AgentEnv([{"question": "q", "answer": "1", "stop_after_choices": True}], entry=f"{AGENTS}:best_of_agent")
+    try:
+        env.reset(0)
+        done = check_step(env.step(["a", "b", "c"]))
+        assert done.terminated and done.reward == 1.0
+        assert done.info["choice"] == 0 and done.info["agent/choice_unknown"] == 1
+        assert env.record[-1] == {"role": "assistant", "content": "a"}
     finally:
         env.close()
 

@@ -8,7 +8,7 @@ import pytest
 from gyre.data.batching import collate_groups
 from gyre.envs.context import ContextBuilder
 from gyre.envs.episode import Episode, EpisodeLimits
-from gyre.envs.protocol import EnvReset, EnvStep
+from gyre.envs.protocol import EnvError, EnvReset, EnvStep
 from gyre.models.presets import build_char_tokenizer
 from gyre.types import GenerationResult, Group, PromptRecord, SamplingParams
 
@@ -83,3 +83,22 @@ def test_the_context_limit_bounds_one_turns_view_with_a_window():
     windowed, shown = play(1, actions, observations, context_tokens=30)
     assert whole.end == "context" and len(whole.turns) < 5
     assert windowed.end == "terminated" and len(windowed.turns) == 5 and max(map(len, shown)) < 30
+
+
+def test_a_turn_of_n_samples_records_the_one_the_environment_chose_and_wastes_the_others():
+    limits = EpisodeLimits(max_turns=3, turn_tokens=8, context_tokens=400)
+    episode = Episode("g/0", PromptRecord("env0", "", [], ""), 0, 7, limits, SamplingParams(), BUILDER)
+    ask = {"messages": [{"role": "user", "content": "q"}], "sampling": {"n": 3}}
+    request = episode.on_reset(EnvReset(ask))
+    assert request.n == 3 and episode.samples == 3
+    texts = ["x", "yy", "zzz"]
+    results = [GenerationResult(request.request_id, i, request.prompt_ids, ids(t), t, [-0.1 * (i + 1)] * len(t),
+                                "stop", [0] * len(t)) for i, t in enumerate(texts)]
+    assert episode.on_turns(results) == texts and episode.unrecorded == 6 and not episode.segments
+    with pytest.raises(EnvError, match="info\\['choice'\\]=3"):
+        episode.on_step(EnvStep("o", 0.0, False, False, {"choice": 3}))
+    request = episode.on_step(EnvStep("o", 0.0, False, False, {"choice": 1}))
+    assert request.n == 1 and episode.wasted == len("x") + len("zzz") and episode.unrecorded == 0
+    trained = [s for s in episode.segments if s.trainable]
+    assert [s.token_ids for s in trained] == [ids("yy")] and trained[0].logprobs == [-0.2, -0.2]
+    assert request.prompt_ids[-len(ids("yy\no\n")):] == ids("yy\no\n")  # the next turn is shown the chosen one

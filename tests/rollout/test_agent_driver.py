@@ -25,7 +25,7 @@ from tests.envs.test_context import TOOL_TEMPLATE  # noqa: E402
 from tests.rollout.test_env_driver import engine_args  # noqa: E402
 
 SAMPLED: dict = {}
-"""Request id -> (ids, log-probs) of every turn the engines returned."""
+"""(Request id, sample index) -> (ids, log-probs) of every turn the engines returned."""
 
 
 class RecordingRolloutWorker(RolloutWorker):
@@ -45,15 +45,18 @@ class _Recording:
     def step(self):
         results = self._engine.step()
         for r in results:
-            SAMPLED[r.request_id] = (list(r.response_ids), list(r.logprobs))
+            SAMPLED[r.request_id, r.sample_index] = (list(r.response_ids), list(r.logprobs))
         return results
 
 
-def test_agent_turns_train_exactly_what_the_engines_sampled(ray_local, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("n", [1, 3])
+def test_agent_turns_train_exactly_what_the_engines_sampled(ray_local, tiny_model_dir, tmp_path, n):
+    """With n = 3 the agent's first request asks for three choices and goes on with the last: that one trains."""
     model = with_chat_template(tiny_model_dir, tmp_path / "model", TOOL_TEMPLATE)
     SAMPLED.clear()
     engines = RoleGroup.local("rollout", RecordingRolloutWorker, [engine_args(model, r) for r in range(2)])
-    kwargs = {"tasks": f"{AGENTS}:tasks", "entry": f"{AGENTS}:two_turn_agent", "turn_timeout_s": 20.0}
+    kwargs = {"tasks": f"{AGENTS}:tasks", "entry": f"{AGENTS}:{'two_turn_agent' if n == 1 else 'last_of_3_agent'}",
+              "turn_timeout_s": 20.0}
     workers = RoleGroup.create_unplaced("env", EnvWorker, 1, 0.25, (EnvSpec("gyre:agent", kwargs), 4, 30.0, 30.0))
     pool = EnvPool(workers, per_worker=4, deadline_s=30.0)
     sampling = SamplingParams(max_new_tokens=8)
@@ -72,11 +75,13 @@ def test_agent_turns_train_exactly_what_the_engines_sampled(ray_local, tiny_mode
         engines.kill()
         workers.kill()
     rows, _ = collate_groups(batch, pad_id=0)
-    row = 0
+    row, unchosen = 0, 0
     for group in batch:
         for t in group.trajectories:
             key = f"{group.group_id}/{t.sample_index}"
-            turns = [SAMPLED[f"{key}#{k}"] for k in range(len(t.turns))]
+            turns = [SAMPLED[f"{key}#0", n - 1], SAMPLED[f"{key}#1", 0]]
+            unchosen += sum(len(SAMPLED[f"{key}#0", i][0]) for i in range(n - 1))
+            assert all((f"{key}#0", i) in SAMPLED for i in range(n)) and len(t.turns) == 2
             assert len(turns) == 2  # the agent asks twice
             for turn, (ids, _) in zip(t.turns, turns):
                 assert t.response_ids[turn.start:turn.end] == ids
@@ -85,3 +90,4 @@ def test_agent_turns_train_exactly_what_the_engines_sampled(ray_local, tiny_mode
             assert rows.input_ids[row][mask].tolist() == turns[0][0] + turns[1][0]
             assert rows.rollout_logprobs[row][mask].tolist() == pytest.approx(turns[0][1] + turns[1][1])
             row += 1
+    assert sched.stats.get("rollout/tokens_wasted", 0) >= unchosen and (unchosen > 0) == (n > 1)

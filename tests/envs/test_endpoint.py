@@ -1,0 +1,116 @@
+"""The endpoint facing a misbehaving client: every malformed request is answered (400, 401, 411, 413) with
+the reason and costs bounded work (no body read for an unknown key, stalled clients dropped, connections
+capped); a valid one waits for its turn."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from gyre.envs import endpoint as endpoint_module
+from gyre.envs.chat_api import assistant_message
+from gyre.envs.endpoint import Endpoint, Pending
+
+BODY = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.fixture
+def served():
+    ep = Endpoint()
+    key = ep.open()
+    yield ep, key
+    ep.close()
+
+
+def _ask(ep: Endpoint, head: str, body: bytes = b"", timeout: float = 5.0) -> tuple[int, dict, bytes]:
+    """Send raw bytes; the status, headers and body of the answer (status 0: the connection was closed)."""
+    host, port = ep._server.server_address[:2]
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(head.encode() + b"\r\n\r\n" + body)  # UTF-8: a client may send any bytes
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                return 0, {}, data
+            data += chunk
+        head_bytes, _, rest = data.partition(b"\r\n\r\n")
+        lines = head_bytes.decode("latin-1").split("\r\n")
+        headers = dict(line.split(": ", 1) for line in lines[1:])
+        while len(rest) < int(headers.get("Content-Length", 0)):
+            rest += s.recv(65536)
+        return int(lines[0].split()[1]), headers, rest
+
+
+def _post(key: str, length: str | None = None, extra: str = "") -> str:
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}"
+    return head + (f"\r\nContent-Length: {length}" if length is not None else "") + extra
+
+
+@pytest.mark.parametrize("length, status, why", [
+    (None, 411, "needs its body's length"), ("-1", 400, "needs its body's length"),
+    ("ten", 400, "needs its body's length"), (str(endpoint_module.MAX_BODY + 1), 413, "at most"),
+])
+def test_a_body_needs_its_declared_length_within_the_cap(served, length, status, why):
+    ep, key = served
+    code, headers, body = _ask(ep, _post(key, length))
+    assert code == status and why in json.loads(body)["error"]["message"]
+    assert headers.get("Connection") == "close"  # the unread body cannot be taken for the next request
+
+
+def test_an_unknown_key_is_refused_before_its_body_is_read(served):
+    ep, _ = served
+    start = time.monotonic()
+    code, _, body = _ask(ep, _post("gyre-wrong", "1000000"))  # the body is never sent: nothing waits for it
+    assert code == 401 and time.monotonic() - start < 2.0
+    for key in ("gyré-ключ", ""):  # not ASCII, or empty: refused, not a dropped connection
+        assert _ask(ep, _post(key, str(len(BODY))), BODY)[0] == 401
+
+
+@pytest.mark.parametrize("body, why", [
+    (b"{not json", "not a JSON document"), (b"\xff\xfe", "not a JSON document"),
+    (b"[" * 100_000 + b"]" * 100_000, "not a JSON document"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(), "temperature"),
+    (json.dumps({"messages": [{"role": "assistant", "tool_calls": [{"id": "1"}]}]}).encode(), "tool_calls"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": 5}).encode(), "stop=5"),
+])
+def test_a_malformed_request_is_answered_400_with_the_reason(served, body, why):
+    ep, key = served
+    code, _, answer = _ask(ep, _post(key, str(len(body))), body)
+    assert code == 400 and why in json.loads(answer)["error"]["message"]
+
+
+def test_a_valid_request_waits_for_its_turn_and_gets_n_choices(served):
+    ep, key = served
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "n": 2}).encode()
+    answered = {}
+    thread = threading.Thread(target=lambda: answered.update(r=_ask(ep, _post(key, str(len(body))), body)))
+    thread.start()
+    pending = ep.next_event(5.0)
+    assert isinstance(pending, Pending) and pending.request.n == 2
+    pending.answer([assistant_message("a", "none"), assistant_message("b", "none")])
+    thread.join(5.0)
+    code, _, answer = answered["r"]
+    assert code == 200 and [c["message"]["content"] for c in json.loads(answer)["choices"]] == ["a", "b"]
+
+
+def test_a_stalled_client_is_dropped_and_connections_are_capped(monkeypatch):
+    monkeypatch.setattr(endpoint_module, "CLIENT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(endpoint_module, "MAX_CONNECTIONS", 2)
+    ep = Endpoint()
+    try:
+        host, port = ep._server.server_address[:2]
+        stalled = [socket.create_connection((host, port), timeout=5.0) for _ in range(2)]
+        for s in stalled:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n")  # and nothing more
+        time.sleep(0.2)
+        code, _, _ = _ask(ep, "GET /v1/models HTTP/1.1\r\nHost: x")
+        assert code == 503  # both connections are taken
+        for s in stalled:  # dropped past the client timeout
+            assert s.recv(1024) == b""
+            s.close()
+        time.sleep(0.2)
+        assert _ask(ep, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close")[0] == 200
+    finally:
+        ep.close()
