@@ -21,8 +21,9 @@ record, and the messages past the record's length are appended. A request that a
 Temperature and top-p are the run's (counted in ``agent/sampling_overridden`` when asked otherwise); stop
 strings and max_tokens apply to the turn's sampling. A request for ``n`` choices gets ``n`` samples of the
 turn; the conversation goes on with the one the agent's next request carries where the model's turn was,
-and that one is trained (the others are waste). When the next request carries none of them, or the agent
-ends right after, the first choice is kept (``agent/choice_unknown``). An agent that raises (or exits non-zero) ends its
+and that one is trained (the others are waste). An agent that ends right after may name the choice it
+used (its outcome's, or its verifier's, ``"choice"``); otherwise, or when its next request carries none
+of them, the first choice is kept (``agent/choice_unknown``). An agent that raises (or exits non-zero) ends its
 episode with ``error_reward`` (``agent/errors``): a policy whose turns break its agent earns nothing.
 """
 
@@ -114,9 +115,7 @@ class AgentEnv:
         while True:
             event = self._next()
             if not isinstance(event, Pending):
-                choice = self._choose(offered, None)
-                self.record.append(offered[choice])
-                return self._finish(event, choice)
+                return self._finish(event, offered)
             messages = event.request.messages
             new = messages[len(self.record) + 1:]
             if not new:  # nothing to append: the model would be asked the same turn again
@@ -124,7 +123,7 @@ class AgentEnv:
                 event.fail(400, f"the request's {len(messages)} messages add nothing to this session's "
                                 f"{len(self.record) + 1}: a training session appends (one conversation per episode)")
                 continue
-            choice = self._choose(offered, messages)
+            choice = self._choose(offered, messages[len(self.record)])
             self.record.append(offered[choice])
             if not extends(messages, self.record):
                 self.counts["agent/history_mismatch"] += 1
@@ -132,15 +131,20 @@ class AgentEnv:
             self._take(event)
             return self._observation(new, None), 0.0, False, False, self._chosen(choice, len(offered))
 
-    def _choose(self, offered: list[dict], messages: list[dict] | None) -> int:
-        """Which of the offered choices the conversation went on with: the one the agent's next request carries
-        where the model's turn was (the first, when it carries none of them or the agent ended)."""
-        if len(offered) > 1:
-            turn = messages[len(self.record)] if messages is not None and len(messages) > len(self.record) else None
-            for i, message in enumerate(offered):
-                if turn is not None and extends([turn], [message]):
-                    return i
-            self.counts["agent/choice_unknown"] += 1
+    def _choose(self, offered: list[dict], turn: dict | None, named=None) -> int:
+        """Which of the offered choices the conversation went on with: the one the agent named (its outcome's
+        or verifier's "choice"), else the one its next request carries where the model's turn was (the same
+        text first, then the same in substance), else the first (counted: ``agent/choice_unknown``)."""
+        if len(offered) == 1:
+            return 0
+        if type(named) is int and 0 <= named < len(offered):
+            return named
+        if turn is not None:
+            for same in (lambda a, b: a == b, lambda a, b: extends([a], [b])):
+                found = next((i for i, message in enumerate(offered) if same(turn, message)), None)
+                if found is not None:
+                    return found
+        self.counts["agent/choice_unknown"] += 1
         return 0
 
     @staticmethod
@@ -175,29 +179,34 @@ class AgentEnv:
         raise TimeoutError(f"the agent neither called the model nor returned within {self.turn_timeout_s:g} s "
                            "(env.agent.turn_timeout_s)")
 
-    def _finish(self, ended: _Ended, choice: int = 0):
-        info = {**self.counts, "choice": choice}
+    def _finish(self, ended: _Ended, offered: list[dict]):
         if ended.error is not None:
-            info["agent/errors"] = 1
+            choice = self._choose(offered, None, named=0)
+            self.record.append(offered[choice])
             log.warning("an agent program failed: %s (its episode scores env.agent.error_reward)", ended.error)
-            return "", self.error_reward, True, False, info
-        reward, success = self._score(ended.outcome)
+            return "", self.error_reward, True, False, {**self.counts, "agent/errors": 1, "choice": choice}
+        reward, success, named = self._score(ended.outcome)
+        choice = self._choose(offered, None, named)
+        self.record.append(offered[choice])
+        info = {**self.counts, "choice": choice}
         if success is not None:
             info["success"] = success
         return "", reward, True, False, info
 
-    def _score(self, outcome) -> tuple[float, bool | None]:
+    def _score(self, outcome) -> tuple[float, bool | None, object]:
+        """(reward, success, the choice named) from the verifier, or the outcome itself without one."""
         value = self.verifier(self.task, outcome, self.workspace) if self.verifier is not None else outcome
+        named = next((v.get("choice") for v in (value, outcome) if isinstance(v, dict) and "choice" in v), None)
         if isinstance(value, dict) and "reward" in value:
             success = value.get("success")
-            return float(value["reward"]), None if success is None else bool(success)
+            return float(value["reward"]), None if success is None else bool(success), named
         if isinstance(value, tuple) and len(value) == 2:
-            return float(value[0]), bool(value[1])
+            return float(value[0]), bool(value[1]), named
         if isinstance(value, (int, float)):  # bool included
-            return float(value), None
+            return float(value), None, named
         source = "the verifier" if self.verifier is not None else "the agent (no env.agent.verifier)"
         raise EnvError(f"{source} returned {str(value)[:120]!r}: a number, (reward, success) or "
-                       '{"reward": ..., "success": ...}')
+                       '{"reward": ..., "success": ...[, "choice": ...]}')
 
     def _start(self, session: str) -> None:
         if self.agent is not None:

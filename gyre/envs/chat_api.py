@@ -96,8 +96,9 @@ def read_request(body: object, temperature: float, top_p: float) -> ChatRequest:
 
 def _number(body: dict, key: str) -> float | None:
     value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise RequestError(f"{key}={_show(value)}: a number")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value != value
+                              or value in (float("inf"), float("-inf"))):
+        raise RequestError(f"{key}={_show(value)}: a finite number")
     return value
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gyre.envs.protocol import EnvError
+
 _PROBE_USER, _PROBE_REPLY = "<<gyre-user-probe>>", "<<gyre-reply-probe>>"
 _PROBE = ({"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY})
 
@@ -75,8 +77,7 @@ class ContextBuilder:
             return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
         if self.system and not (messages and messages[0]["role"] == "system"):
             messages = [{"role": "system", "content": self.system}, *messages]
-        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=True)
+        text = _render(self.tokenizer, messages, tools=tools or None)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _after_turn(self, messages: list[dict]) -> str:
@@ -85,11 +86,21 @@ class ContextBuilder:
         if not self.use_template:
             return "".join(f"{self.frame.opening}{m.get('content') or ''}" for m in messages) + self.frame.prompt
         before = self.frame.replied
-        after = self.tokenizer.apply_chat_template([*_PROBE, *messages], tokenize=False, add_generation_prompt=True)
+        after = _render(self.tokenizer, [*_PROBE, *messages])
         if not after.startswith(before):
-            raise ValueError("the tokenizer's chat template rewrites earlier turns when these messages follow "
+            raise EnvError("the tokenizer's chat template rewrites earlier turns when these messages follow "
                              f"(roles {[m['role'] for m in messages]}): a conversation cannot grow token by token")
         return after[len(before):]
+
+
+def _render(tokenizer, messages: list[dict], tools: list | None = None) -> str:
+    """The template's text for an environment's (an agent's) messages; what it cannot render is the
+    environment's mistake (an EnvError: that episode fails, the run goes on)."""
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - jinja2's errors, a template's raise_exception, bad values
+        raise EnvError(f"the chat template cannot render these messages (roles {[m.get('role') for m in messages]})"
+                       f": {type(exc).__name__}: {str(exc)[:200]}") from exc
 
 
 def _frame(tokenizer) -> TurnFrame:

@@ -9,7 +9,8 @@ Each session has its own API key (``open``): a request with another key (a previ
 still running) is refused with 401 before its body is read, and closing a session refuses whatever of it
 is still waiting. The server listens on the loopback interface only (the agent runs beside it, in the
 same environment worker), and a misbehaving client costs it bounded work: a body needs its declared
-length, at most ``MAX_BODY``; a client that stalls mid-request is dropped after ``CLIENT_TIMEOUT_S``;
+length, at most ``MAX_BODY``; a client that has not sent its whole request within ``CLIENT_TIMEOUT_S``
+is dropped;
 at most ``MAX_CONNECTIONS`` are served at once (more are answered 503); every wait has a deadline; and
 a malformed request is answered 400 with the reason, never by a dropped connection.
 """
@@ -19,7 +20,9 @@ from __future__ import annotations
 import hmac
 import json
 import queue
+import re
 import secrets
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -162,76 +165,110 @@ class _Server(ThreadingHTTPServer):
             self._slots.release()
 
 
-def _handler(endpoint: Endpoint):
-    class ChatHandler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = CLIENT_TIMEOUT_S
+def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
+    return type("ChatHandler", (_ChatHandler,), {"endpoint": endpoint, "timeout": CLIENT_TIMEOUT_S})
 
-        def log_message(self, *args) -> None:  # the agent's requests are counted, not logged
+
+_REFUSED = object()
+
+
+class _ChatHandler(BaseHTTPRequestHandler):
+    """The endpoint's HTTP side (``_handler`` binds it to its endpoint)."""
+
+    protocol_version = "HTTP/1.1"
+    endpoint: Endpoint
+
+    def log_message(self, *args) -> None:  # the agent's requests are counted, not logged
+        pass
+
+    def handle_one_request(self) -> None:
+        """One request, which the client must send within ``CLIENT_TIMEOUT_S`` in all (the socket's
+        timeout bounds each read only: a client trickling a byte at a time would hold the thread)."""
+        self._deadline = threading.Timer(CLIENT_TIMEOUT_S, self._expire)
+        self._deadline.daemon = True
+        self._deadline.start()
+        try:
+            super().handle_one_request()
+        finally:
+            self._deadline.cancel()
+
+    def _expire(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)  # its blocked read returns: the handler ends
+        except OSError:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
-            if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._json(200, {"object": "list", "data": [{"id": "gyre-policy", "object": "model",
-                                                             "owned_by": "gyre"}]})
-            else:
-                self._error(404, f"no route {self.path}: POST /v1/chat/completions")
+    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        self._deadline.cancel()
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            self._json(200, {"object": "list", "data": [{"id": "gyre-policy", "object": "model",
+                                                         "owned_by": "gyre"}]})
+        else:
+            self._error(404, f"no route {self.path}: POST /v1/chat/completions")
 
-        def do_POST(self) -> None:  # noqa: N802
-            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                return self._refuse(404, f"no route {self.path}: POST /v1/chat/completions")
-            auth = self.headers.get("Authorization", "")
-            key = auth[7:] if auth.startswith("Bearer ") else None
-            if not endpoint._authorised(key):  # before the body: an unknown client costs no read
-                return self._refuse(401, _UNKNOWN_KEY)
-            size = self.headers.get("Content-Length")
-            if size is None or not size.strip().isdigit():
-                return self._refuse(411 if size is None else 400,
-                                    f"Content-Length {size!r}: a request needs its body's length in bytes")
-            if int(size) > MAX_BODY:
-                return self._refuse(413, f"request body of {int(size)} bytes: at most {MAX_BODY}")
-            try:
-                body = json.loads(self.rfile.read(int(size)) or b"null")
-            except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
-                return self._error(400, "the body is not a JSON document")
-            admitted = endpoint._admit(key, body)
-            if isinstance(admitted, tuple):
-                self._error(*admitted)
-                return
-            if not admitted.done.wait(endpoint.answer_timeout_s):
-                admitted.fail(504, f"no turn within {endpoint.answer_timeout_s:g} s")
-            if admitted.status != 200:
-                self._error(admitted.status, str(admitted.body))
-            elif admitted.request.stream:
-                self._events_stream(admitted.body)
-            else:
-                self._json(200, admitted.body)
+    def do_POST(self) -> None:  # noqa: N802
+        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            return self._refuse(404, f"no route {self.path}: POST /v1/chat/completions")
+        auth = self.headers.get("Authorization", "")
+        key = auth[7:] if auth.startswith("Bearer ") else None
+        if not self.endpoint._authorised(key):  # before the body: an unknown client costs no read
+            return self._refuse(401, _UNKNOWN_KEY)
+        body = self._body()
+        if body is _REFUSED:
+            return
+        admitted = self.endpoint._admit(key, body)
+        if isinstance(admitted, tuple):
+            return self._error(*admitted)
+        if not admitted.done.wait(self.endpoint.answer_timeout_s):
+            admitted.fail(504, f"no turn within {self.endpoint.answer_timeout_s:g} s")
+        if admitted.status != 200:
+            self._error(admitted.status, str(admitted.body))
+        elif admitted.request.stream:
+            self._events_stream(admitted.body)
+        else:
+            self._json(200, admitted.body)
 
-        def _json(self, status: int, value: object) -> None:
-            data = json.dumps(value).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
+    def _body(self) -> object:
+        """The request's JSON body, or ``_REFUSED`` once answered with why it cannot be read."""
+        size = self.headers.get("Content-Length")
+        if size is None or not re.fullmatch(r"[0-9]{1,15}", size.strip()):
+            self._refuse(411 if size is None else 400,
+                         f"Content-Length {size and size[:40]!r}: a request needs its body's length in bytes")
+            return _REFUSED
+        if int(size) > MAX_BODY:
+            self._refuse(413, f"request body of {int(size)} bytes: at most {MAX_BODY}")
+            return _REFUSED
+        raw = self.rfile.read(int(size))
+        self._deadline.cancel()  # the request is in: what follows waits for the turn, not for the client
+        try:
+            return json.loads(raw or b"null")
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
+            self._error(400, "the body is not a JSON document")
+            return _REFUSED
 
-        def _error(self, status: int, message: str) -> None:
-            kind = "invalid_request_error" if status < 500 else "server_error"
-            self._json(status, {"error": {"message": message, "type": kind, "code": status}})
+    def _json(self, status: int, value: object) -> None:
+        data = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
 
-        def _refuse(self, status: int, message: str) -> None:
-            """An error answered without reading the body: the connection cannot carry another request."""
-            self.close_connection = True
-            self._error(status, message)
+    def _error(self, status: int, message: str) -> None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        self._json(status, {"error": {"message": message, "type": kind, "code": status}})
 
-        def _events_stream(self, chunks: list[dict]) -> None:
-            data = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def _refuse(self, status: int, message: str) -> None:
+        """An error answered without reading the body: the connection cannot carry another request."""
+        self.close_connection = True
+        self._error(status, message)
 
-    return ChatHandler
+    def _events_stream(self, chunks: list[dict]) -> None:
+        data = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)

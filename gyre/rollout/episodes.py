@@ -126,7 +126,10 @@ class EpisodeRunner:
 
     @property
     def tokens_held(self) -> int:
-        return sum(len(s.token_ids) for live in self.live.values() for s in live.episode.segments if s.trainable)
+        """Sampled tokens of running episodes: recorded, a turn's choices waiting for the environment's pick,
+        and a turn's samples back before the others."""
+        return sum(sum(len(s.token_ids) for s in live.episode.segments if s.trainable) + live.episode.unrecorded
+                   + sum(len(r.response_ids) for r in live.samples.values()) for live in self.live.values())
 
     def on_generated(self, result: GenerationResult, flight: Flight | None) -> list[tuple[Trajectory, bool]]:
         """A turn came back: the episode goes on (it finishes when its environment says so, ``on_env``)."""
@@ -138,7 +141,10 @@ class EpisodeRunner:
 
     def on_lost(self, flight: Flight, request_id: str, samples: Sequence[int],
                 handed_back: Mapping[tuple[str, int], GenerationResult]) -> None:
-        """The turn's engine is gone: the turn is asked again from the episode's context."""
+        """The turn's engine is gone: the turn is asked again from the episode's context (what the engine
+        handed back of it is waste: the turn's samples come again, together)."""
+        self._count("rollout/tokens_wasted", sum(len(r.response_ids) for (rid, _), r in handed_back.items()
+                                                 if rid == request_id))
         self.retry_turn(request_id)
 
     def enough(self, group_id: str) -> None:
@@ -190,12 +196,18 @@ class EpisodeRunner:
                 self._report(value)
                 self._fail(key, out)
             elif isinstance(value, EnvReset):
-                self._ask(key, live.episode.on_reset(value))
+                try:
+                    request = live.episode.on_reset(value)
+                except EnvError as exc:  # messages the chat template cannot render
+                    self._report(EnvFailure("invalid", str(exc)))
+                    self._fail(key, out)
+                    continue
+                self._ask(key, request)
             else:
                 self._count("env/steps")
                 try:
                     request = live.episode.on_step(value)
-                except EnvError as exc:  # a step that names no valid choice of the turn's samples
+                except EnvError as exc:  # no valid choice of the turn's samples; messages the template cannot render
                     self._report(EnvFailure("invalid", str(exc)))
                     self._fail(key, out)
                     continue
@@ -223,7 +235,7 @@ class EpisodeRunner:
         live.request, live.samples = None, {}
         if any(r.finish_reason == "abort" for r in results):  # a weight update without partial rollouts
             self._count("rollout/tokens_wasted", sum(len(r.response_ids) for r in results))
-            self._ask(key, live.episode.request())  # dropped it: ask again
+            self._ask(key, live.episode.request(), again=True)  # dropped it: ask again
         else:
             self._call(key, "step", live.episode.on_turns(results))
         self._pass_barriers()
@@ -233,8 +245,9 @@ class EpisodeRunner:
         key = request_id.rpartition("#")[0]
         live = self.live.get(key)
         if live is not None and live.request == request_id:
-            live.request, live.samples = None, {}
-            self._ask(key, live.episode.request())
+            self._count("rollout/tokens_wasted", sum(len(r.response_ids) for r in live.samples.values()))
+            live.request, live.samples = None, {}  # the turn's samples come again, together
+            self._ask(key, live.episode.request(), again=True)
             self._count("rollout/samples_requeued")
             self._pass_barriers()  # turn-synchronised: a held turn must not wait for an event that never comes
 
@@ -266,11 +279,13 @@ class EpisodeRunner:
         live.in_env = True
         self.outbox.append(call)
 
-    def _ask(self, key: str, request) -> None:
+    def _ask(self, key: str, request, again: bool = False) -> None:
+        """Ask for the episode's turn; turn-synchronised, a new turn waits for the barrier, while a turn asked
+        ``again`` (lost, or aborted by a weight update) belongs to the sampling phase under way."""
         live = self.live[key]
         if live.started is None:
             live.started = self.version
-        if self.turn_sync:
+        if self.turn_sync and not again:
             self._held_turns.append((key, request))
             return
         live.request = request.request_id

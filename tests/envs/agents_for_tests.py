@@ -92,8 +92,9 @@ def best_of_agent(task, base_url, api_key, stream=False):
         answers = [c.message.content for c in
                    sorted(client.chat.completions.create(model="policy", messages=messages, n=3).choices,
                           key=lambda c: c.index)]
-    if task.get("stop_after_choices"):
-        return float(len(answers) == 3)
+    if task.get("stop_after_choices"):  # it says which it used, when the task asks it to
+        named = {"choice": answers.index(task["name"])} if "name" in task else {}
+        return {"reward": float(len(answers) == 3), **named}
     chosen = next((a for a in answers if a.strip() == task["answer"]), answers[-1])
     messages += [{"role": "assistant", "content": chosen}, {"role": "user", "content": "sure?"}]
     final = client.chat.completions.create(model="policy", messages=messages).choices[0].message.content

@@ -117,7 +117,7 @@ def test_n_choices_are_answered_and_the_one_the_agent_goes_on_with_is_the_turn(s
         env.close()
 
 
-def test_choices_the_agent_ends_after_keep_the_first_and_are_counted():
+def test_choices_an_agent_ends_after_keep_the_one_it_names_else_the_first_counted():
     env = AgentEnv([{"question": "q", "answer": "1", "stop_after_choices": True}], entry=f"{AGENTS}:best_of_agent")
     try:
         env.reset(0)
@@ -125,6 +125,15 @@ def test_choices_the_agent_ends_after_keep_the_first_and_are_counted():
         assert done.terminated and done.reward == 1.0
         assert done.info["choice"] == 0 and done.info["agent/choice_unknown"] == 1
         assert env.record[-1] == {"role": "assistant", "content": "a"}
+    finally:
+        env.close()
+    env = AgentEnv([{"question": "q", "answer": "1", "stop_after_choices": True, "name": "c"}],
+                   entry=f"{AGENTS}:best_of_agent")
+    try:  # an agent that names the choice it used: the reward goes to that one
+        env.reset(0)
+        done = check_step(env.step(["a", "b", "c"]))
+        assert done.info["choice"] == 2 and done.info["agent/choice_unknown"] == 0
+        assert env.record[-1] == {"role": "assistant", "content": "c"}
     finally:
         env.close()
 

@@ -4,6 +4,7 @@ whole conversation, with the model's turns exactly as sampled."""
 import pytest
 
 from gyre.envs.context import ContextBuilder, plain_transcript
+from gyre.envs.protocol import EnvError
 from gyre.models.presets import build_char_tokenizer
 
 TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>\n{% endfor %}"
@@ -85,3 +86,17 @@ def test_chat_message_observations_grow_token_by_token_as_the_template_renders_t
     # without a template: each message's content on a line of its own, as plain text observations are
     plain = ContextBuilder(tok, use_template=False)
     assert plain.observation(ids(tok, "a"), {"messages": tools_out}) == ids(tok, "\n42\nok\n")
+
+
+def test_messages_the_template_cannot_render_are_the_environments_error_not_the_runs():
+    tok = build_char_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+                         "{{ raise_exception('System message must be first') }}{% endif %}"
+                         "<{{ m.role }}>{{ m.content }}</s>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    ctx = ContextBuilder(tok, use_template=True)
+    late_system = {"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "now"}]}
+    with pytest.raises(EnvError, match="System message must be first"):
+        ctx.first(late_system)
+    with pytest.raises(EnvError, match="cannot render these messages"):
+        ctx.observation(ids(tok, "a"), {"messages": [{"role": "system", "content": "late"}]})

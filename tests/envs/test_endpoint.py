@@ -50,7 +50,8 @@ def _post(key: str, length: str | None = None, extra: str = "") -> str:
 
 @pytest.mark.parametrize("length, status, why", [
     (None, 411, "needs its body's length"), ("-1", 400, "needs its body's length"),
-    ("ten", 400, "needs its body's length"), (str(endpoint_module.MAX_BODY + 1), 413, "at most"),
+    ("ten", 400, "needs its body's length"), ("\u00b2", 400, "needs its body's length"),
+    ("9" * 5000, 400, "needs its body's length"), (str(endpoint_module.MAX_BODY + 1), 413, "at most"),
 ])
 def test_a_body_needs_its_declared_length_within_the_cap(served, length, status, why):
     ep, key = served
@@ -112,5 +113,25 @@ def test_a_stalled_client_is_dropped_and_connections_are_capped(monkeypatch):
             s.close()
         time.sleep(0.2)
         assert _ask(ep, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close")[0] == 200
+    finally:
+        ep.close()
+
+
+def test_a_client_trickling_its_request_is_dropped_at_the_deadline_for_the_whole_request(monkeypatch):
+    monkeypatch.setattr(endpoint_module, "CLIENT_TIMEOUT_S", 1.0)
+    ep = Endpoint()
+    try:
+        host, port = ep._server.server_address[:2]
+        start = time.monotonic()
+        with socket.create_connection((host, port), timeout=5.0) as s:
+            try:
+                for byte in b"POST /v1/chat/completions HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+                    s.sendall(bytes([byte]))  # each read gets a byte well within the socket's own timeout
+                    time.sleep(0.05)
+            except OSError:
+                pass  # dropped while sending
+            s.settimeout(5.0)
+            assert s.recv(1024) == b""
+        assert time.monotonic() - start < 4.0
     finally:
         ep.close()

@@ -172,3 +172,50 @@ def test_resolver_follows_links_and_dots(tmp_path):
     assert real("abs/passwd") == "/etc/passwd"
     assert real("d/../../..") == os.path.dirname(os.path.dirname(here))
     assert real("/a/./b//c/") == "/a/b/c"
+
+
+def test_data_channels_have_a_cap_of_their_own():
+    """stdout and stderr are kept up to output_bytes each, each data channel up to channel_bytes."""
+    limits = SandboxLimits(cpu_s=2, wall_s=5.0, memory_mb=256, output_bytes=10_000, channel_bytes=100_000)
+    fits = run_python("import os\nos.write(3, b'c' * 60_000)\nprint('x' * 5_000)", limits=limits, channels=1)
+    assert fits.status == "ok" and fits.channels == [b"c" * 60_000] and len(fits.stdout) == 5_001
+    flood = run_python("import os\nwhile True:\n    os.write(3, b'c' * 10_000)", limits=limits, channels=1)
+    assert flood.status == "error" and len(flood.channels[0]) == 100_000
+    assert "output limit of 100000 bytes exceeded on data channel 0" in flood.stderr
+    loud = run_python("print('x' * 20_000)", limits=limits, channels=1)
+    assert loud.status == "error" and len(loud.stdout) == 10_000
+    assert "output limit of 10000 bytes exceeded; program stopped" in loud.stderr
+
+
+def test_the_weak_supervisor_keeps_stdout_to_output_bytes():
+    from gyre.rewards.sandbox import weak
+
+    limits = SandboxLimits(cpu_s=2, wall_s=5.0, memory_mb=256, output_bytes=10_000, channel_bytes=100_000)
+    assert weak.run_weak("print('x' * 5_000)", "", limits, True, 0).stdout == "x" * 5_000 + "\n"
+    loud = weak.run_weak("print('x' * 20_000)", "", limits, True, 0)
+    assert loud.status == "error" and len(loud.stdout) == 10_000 and "output limit of 10000 bytes" in loud.stderr
+
+
+def test_a_remote_server_clamps_the_channel_cap_like_the_others():
+    from gyre.rewards.sandbox.remote import ServerLimits, _clamp
+
+    caps = ServerLimits(SandboxLimits(channel_bytes=2_000_000))
+    assert _clamp({"channel_bytes": 0}, caps).channel_bytes == 1024
+    assert _clamp({"channel_bytes": 10**12}, caps).channel_bytes == 2_000_000
+    assert _clamp({}, caps).channel_bytes == SandboxLimits().channel_bytes
+
+
+def test_the_weak_supervisor_hands_its_data_channels_and_nothing_else_to_the_program(tmp_path):
+    from gyre.rewards.sandbox import weak
+
+    kept = open(tmp_path / "parent.txt", "w")  # an inheritable descriptor of the parent's: not the program's
+    fd = kept.fileno()
+    os.set_inheritable(fd, True)
+    program = "import os\nos.write(3, b'one')\nos.write(4, b'two')\nprint(' '.join(os.listdir('/proc/self/fd')))"
+    try:
+        out = weak.run_weak(program, "", SandboxLimits(), False, 2)
+    finally:
+        kept.close()
+    assert out.status == "ok", out.stderr
+    assert out.channels == [b"one", b"two"]
+    assert fd <= 4 or str(fd) not in out.stdout.split()

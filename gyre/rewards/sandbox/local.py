@@ -27,8 +27,8 @@ without ``site`` (only the standard library; ~2x faster start-up, which matters 
 case), and without writing bytecode.
 
 Data channels: with ``channels=k`` the program gets k extra pipes as file descriptors 3 .. 3+k-1, and
-``RunOutcome.channels`` holds what it wrote to each (the code reward sends results through them, so
-they are compared outside the sandbox).
+``RunOutcome.channels`` holds what it wrote to each, at most ``SandboxLimits.channel_bytes`` of each (the
+code reward sends results through them, so they are compared outside the sandbox).
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ class SandboxLimits:
     processes: int = 0
     """Extra processes or threads allowed (RLIMIT_NPROC of the run's own uid)."""
     output_bytes: int = 1_000_000
-    """Bytes of stdout, of stderr and of each data channel kept; a program that writes more is stopped."""
+    """Bytes of stdout and of stderr kept (each); a program that writes more is stopped."""
+    channel_bytes: int = 1_000_000
+    """Bytes of each data channel kept; a program that writes more is stopped."""
     allow_read: tuple[str, ...] = ()
     """Extra host paths the program may read (bind-mounted read-only at their own paths)."""
 
@@ -181,16 +183,20 @@ def _seccomp_b64() -> str:
 
 class _Streams:
     """stdout, stderr, the data channels and the status pipe, read as they come; at most ``limit`` bytes
-    of each program stream kept (the status pipe is ours and small)."""
+    of stdout and of stderr kept, ``channel_limit`` of each data channel (the status pipe is ours and small)."""
 
-    def __init__(self, fds: dict[str, int], limit: int):
-        self.limit = limit
+    def __init__(self, fds: dict[str, int], limit: int, channel_limit: int):
         self.fds = fds
+        self.names = {fd: name for name, fd in fds.items()}
+        self.limits = {fd: limit if name in ("stdout", "stderr") else channel_limit for name, fd in fds.items()
+                       if name != "status"}
         self.bufs = {fd: bytearray() for fd in fds.values()}
         self.sel = selectors.DefaultSelector()
         for fd in self.bufs:
             self.sel.register(fd, selectors.EVENT_READ)
         self.overflow = False
+        self.over: str | None = None
+        """The stream that overflowed first (stdout, stderr, ch0, ...)."""
 
     def read(self, timeout: float) -> list[int]:
         """Read what is ready; returns the other descriptors that became ready (e.g. a pidfd)."""
@@ -204,9 +210,11 @@ class _Streams:
                 self.sel.unregister(key.fd)
                 continue
             buf = self.bufs[key.fd]
-            room = self.limit - len(buf) if key.fd != self.fds.get("status") else len(chunk)
+            room = self.limits[key.fd] - len(buf) if key.fd in self.limits else len(chunk)
             buf += chunk[:room]
-            self.overflow |= len(chunk) > room
+            if len(chunk) > room and not self.overflow:
+                self.overflow = True
+                self.over = self.names[key.fd]
         return other
 
     def open(self) -> bool:
@@ -314,7 +322,7 @@ def _run_namespaced(mode: str, source: str, stdin: str, limits: SandboxLimits, a
             os.close(fd)
     fds = {"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), "status": status_r,
            **{f"ch{i}": r for i, (r, _) in enumerate(pipes)}}
-    streams = _Streams(fds, limits.output_bytes)
+    streams = _Streams(fds, limits.output_bytes, limits.channel_bytes)
     try:
         reason = _watch(streams, proc.pid, start + limits.wall_s)
         seconds = time.monotonic() - start
@@ -347,7 +355,10 @@ def _outcome(status: dict, reason: str | None, seconds: float, streams: _Streams
     if rc is None and reason is None:  # the program never ran: the stub or init failed
         raise SandboxUnavailable(f"the sandbox ended before the program ran: {stderr[-500:]}")
     if reason == "output":
-        stderr += f"\n[gyre-sandbox] output limit of {limits.output_bytes} bytes exceeded; program stopped"
+        on_channel = (streams.over or "").startswith("ch")
+        where = f" on data channel {streams.over[2:]}" if on_channel else ""
+        stderr += (f"\n[gyre-sandbox] output limit of {limits.channel_bytes if on_channel else limits.output_bytes} "
+                   f"bytes exceeded{where}; program stopped")
     elif reason == "timeout":
         stderr += f"\n[gyre-sandbox] wall-clock limit of {limits.wall_s}s exceeded; program killed"
     verdict = classify(rc, reason, stderr, status.get("cpu_s", 0.0), limits)

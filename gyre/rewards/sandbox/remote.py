@@ -63,7 +63,7 @@ class ServerLimits:
 
 
 _LEAST = {"cpu_s": 0.1, "wall_s": 0.1, "memory_mb": 32, "file_size_mb": 1, "disk_mb": 1, "files": 16, "processes": 0,
-          "output_bytes": 1024}
+          "output_bytes": 1024, "channel_bytes": 1024}
 """The least a request may ask for: zero and negative rlimits mean "unlimited" to the kernel."""
 
 

@@ -19,9 +19,17 @@ def _preexec(limits: local.SandboxLimits, channel_fds: list[int]):
     rlimits = local._rlimits(limits)
 
     def setup() -> None:
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 256) for fd in channel_fds]
+        # The channels become fds 3, 4, ... and nothing else is inherited: this does close_fds' job here,
+        # since close_fds runs after preexec_fn and would close them again.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 256) for fd in channel_fds]
         for i, fd in enumerate(high):
             os.dup2(fd, 3 + i, inheritable=True)
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) >= 3 + len(high):
+                try:
+                    os.set_inheritable(int(name), False)
+                except OSError:
+                    pass  # the listing's own descriptor, closed by now
         for res, soft, hard in rlimits:
             if res == resource.RLIMIT_NPROC and os.geteuid() == 0:
                 continue  # root ignores it; without a uid of its own the count would be the machine's
@@ -58,7 +66,7 @@ def run_weak(source: str, stdin: str, limits: local.SandboxLimits, audit: bool, 
             start = time.monotonic()
             writers = [w for _, w in pipes]
             proc = subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work,
-                                    env=local._env(work), start_new_session=True, pass_fds=writers,
+                                    env=local._env(work), start_new_session=True, close_fds=False,
                                     preexec_fn=_preexec(limits, writers))
         for w in writers:
             os.close(w)
@@ -70,7 +78,7 @@ def run_weak(source: str, stdin: str, limits: local.SandboxLimits, audit: bool, 
 def _supervise(proc: subprocess.Popen, pipes: list, limits: local.SandboxLimits, start: float) -> local.RunOutcome:
     fds = {"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(),
            **{f"ch{i}": r for i, (r, _) in enumerate(pipes)}}
-    streams = local._Streams(fds, limits.output_bytes)
+    streams = local._Streams(fds, limits.output_bytes, limits.channel_bytes)
     try:
         reason = local._watch(streams, proc.pid, start + limits.wall_s)
         seconds = time.monotonic() - start
