@@ -23,7 +23,7 @@ class WorkspaceConfig(StrictModel):
     wall_s: PositiveFloat = 20.0
     """Wall-clock seconds of one command before it is killed."""
     memory_mb: PositiveInt = 512
-    """Address space of one command."""
+    """Address space of each process of a command (a shell command's processes have that much each)."""
     max_commands: PositiveInt = 64
     """Commands an episode may run (its tools' and its verifier's together); more are refused."""
     max_processes: PositiveInt = 16

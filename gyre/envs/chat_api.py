@@ -19,12 +19,16 @@ arguments re-serialised), not in substance.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from gyre.envs.protocol import MAX_CHOICES
+
+MAX_DEPTH = 64
+"""How deep a request's lists and objects may nest (tool arguments included)."""
 
 TOOL_FORMATS = ("auto", "hermes", "mistral", "json", "none")
 """How tool calls are read from a model turn: hermes (``<tool_call>{"name": ..., "arguments": {...}}
@@ -64,6 +68,8 @@ def read_request(body: object, temperature: float, top_p: float) -> ChatRequest:
     """A chat-completions request body, checked (``RequestError`` says what is wrong)."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
+    if _depth(body) > MAX_DEPTH:  # later steps serialise what it holds (recursively)
+        raise RequestError(f"the body nests deeper than {MAX_DEPTH} levels")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list")
@@ -96,10 +102,27 @@ def read_request(body: object, temperature: float, top_p: float) -> ChatRequest:
 
 def _number(body: dict, key: str) -> float | None:
     value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value != value
-                              or value in (float("inf"), float("-inf"))):
+    if value is None:
+        return None
+    try:
+        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer of hundreds of digits
+        number = math.nan
+    if not math.isfinite(number):
         raise RequestError(f"{key}={_show(value)}: a finite number")
-    return value
+    return number
+
+
+def _depth(value: object) -> int:
+    """How deep ``value``'s lists and objects nest (walked without recursion)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:
+                todo += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 def _object(body: dict, key: str) -> dict:
@@ -149,9 +172,10 @@ def _is_call(c: object) -> bool:
 def _arguments(value) -> dict | str:
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except ValueError:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
             return value
+        return parsed if _depth(parsed) <= MAX_DEPTH else value
     return value if value is not None else {}
 
 

@@ -10,9 +10,10 @@ still running) is refused with 401 before its body is read, and closing a sessio
 is still waiting. The server listens on the loopback interface only (the agent runs beside it, in the
 same environment worker), and a misbehaving client costs it bounded work: a body needs its declared
 length, at most ``MAX_BODY``; a client that has not sent its whole request within ``CLIENT_TIMEOUT_S``
-is dropped;
-at most ``MAX_CONNECTIONS`` are served at once (more are answered 503); every wait has a deadline; and
-a malformed request is answered 400 with the reason, never by a dropped connection.
+is dropped; at most ``MAX_CONNECTIONS`` are served at once (more are answered 503) and ``MAX_WAITING``
+requests of a session wait at once (429); a client without the session's key is answered 401 and its
+connection closed; every wait has a deadline; and a malformed request is answered 400 with the reason,
+never by a dropped connection.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import queue
 import re
 import secrets
 import socket
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,8 +35,10 @@ MAX_BODY = 8 << 20
 """Largest request body read (8 MiB): a conversation longer than that is not a turn's context here."""
 CLIENT_TIMEOUT_S = 30.0
 """Seconds a client may take to send its request (or stay idle on a kept-alive connection)."""
-MAX_CONNECTIONS = 64
-"""Connections served at once: an agent makes one request at a time, a few tool threads at most."""
+MAX_CONNECTIONS = 16
+"""Connections served at once: an agent makes one request at a time (one conversation per episode)."""
+MAX_WAITING = 4
+"""Requests of a session waiting for their turns at once; more are answered 429."""
 
 
 @dataclass
@@ -117,12 +121,17 @@ class Endpoint:
             request = read_request(body, self.temperature, self.top_p)
         except RequestError as exc:
             return 400, str(exc)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as exc:
+            return 400, f"a malformed request ({type(exc).__name__}: {str(exc)[:200]})"  # what no check named
         with self._lock:  # the key again: the session may have ended while the body was read
             if self._key is None or key is None or not hmac.compare_digest(key.encode("utf-8", "surrogatepass"),
                                                                           self._key.encode()):
                 return 401, _UNKNOWN_KEY
+            waiting = [p for p in self._waiting if not p.done.is_set()]
+            if len(waiting) >= MAX_WAITING:
+                return 429, f"{len(waiting)} requests of this session already wait for their turns"
             pending = Pending(request)
-            self._waiting = [p for p in self._waiting if not p.done.is_set()] + [pending]
+            self._waiting = waiting + [pending]
         self._events.put(pending)
         return pending
 
@@ -157,6 +166,11 @@ class _Server(ThreadingHTTPServer):
         except BaseException:
             self._slots.release()
             raise
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away (reset, closed, timed out) is not worth a traceback; anything else is."""
+        if not isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)
 
     def process_request_thread(self, request, client_address) -> None:
         try:
@@ -200,6 +214,9 @@ class _ChatHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server API
         self._deadline.cancel()
+        auth = self.headers.get("Authorization", "")
+        if not self.endpoint._authorised(auth[7:] if auth.startswith("Bearer ") else None):
+            return self._refuse(401, _UNKNOWN_KEY)  # and the connection closed: no slot held without a key
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             self._json(200, {"object": "list", "data": [{"id": "gyre-policy", "object": "model",
                                                          "owned_by": "gyre"}]})

@@ -8,15 +8,16 @@ directory, and when it ends the files it leaves there come back through a data c
 workspace's (folders come back only as the folders of its files: an empty one is not kept). The program
 may forge what comes back, so it is checked before anything touches the host, at a cost bounded by the
 budgets: a header line and one line per file (base64 of the path's bytes and of the data), counted before
-it is parsed; relative paths inside the workspace only, each at most ``PATH_BYTES`` of UTF-8 with parts of
-at most ``PART_BYTES``; at most ``max_files`` files and folders together and ``disk_mb`` of data. The
-parent reads at most about 4/3 ``disk_mb`` + 1.4 KB per file of it, and at most max(1 MiB, 16 x
-``output_chars``) of the program's stdout and of its stderr (a program that writes more is stopped). The
-new files are laid out in a fresh sibling directory whose entries then take the place of the workspace's
-(the directory itself stays), so a program can change its own files, never a path outside them, and a
-listing that cannot be kept (or a failure while writing it) leaves the workspace as it was, said in the
-command's output. One command at a time:
-a lock holds each command, from the copy in to the write-back, and every read and write of the files.
+it is parsed; relative paths inside the workspace only, each at most ``PATH_BYTES`` of UTF-8 and
+``PATH_DEPTH`` names of at most ``PART_BYTES``; at most ``max_files`` files and folders together and
+``disk_mb`` of data. The parent reads at most about 4/3 ``disk_mb`` + 1.4 KB per file of it, and at most
+max(1 MiB, 16 x ``output_chars``) of the program's stdout and of its stderr (a program that writes more
+is stopped). The new files are laid out in a fresh sibling directory whose entries then take the place of
+the workspace's (the directory itself stays), so a program can change its own files, never a path outside
+them, and a listing that cannot be kept (or a failure while writing it) leaves the workspace as it was,
+said in the command's output. One command at a time: a lock holds each command, from the copy in to the
+write-back, and every read and write of the files. ``memory_mb`` bounds each process of a command: a
+shell command's processes (at most ``max_processes`` more) have that much each.
 
 A verifier judges the workspace from outside the program's reach: it reads the files here, or runs tests
 with ``score_program`` (the code reward's isolated runner: the program's process never holds the verdict).
@@ -41,6 +42,8 @@ PATH_BYTES = 1024
 """The longest path a workspace holds (UTF-8 bytes, relative to it)."""
 PART_BYTES = 255
 """The longest name of a file or folder in it (UTF-8 bytes)."""
+PATH_DEPTH = 32
+"""The most names in a path (folders deep plus one): removing a tree holds a descriptor per level."""
 _PATH_B64 = 4 * -(-PATH_BYTES // 3)
 """The longest path's base64."""
 _LINE_BYTES = _PATH_B64 + 8
@@ -51,22 +54,23 @@ _PACK = '''
 import atexit as _gyre_atexit
 
 
-def _gyre_pack():
+def _gyre_pack(top=__import__("os").getcwd()):  # the work directory, whatever the program's cwd is by now
     import base64, os
     lines, folders, left = [], set(), {budget}
-    for root, dirs, names in os.walk("."):
+    for root, dirs, names in os.walk(top):
         dirs.sort()
         for name in sorted(names):
-            path = os.path.join(root, name)[2:]
-            if os.path.islink(path) or not os.path.isfile(path):
+            full = os.path.join(root, name)
+            if os.path.islink(full) or not os.path.isfile(full):
                 continue
-            raw = os.fsencode(path)
-            with open(path, "rb") as f:
+            raw = os.fsencode(os.path.relpath(full, top))
+            with open(full, "rb") as f:
                 data = f.read(left + 1)
             left -= len(data)
             parts = raw.split(b"/")
             folders.update(b"/".join(parts[:i]) for i in range(1, len(parts)))
-            if left < 0 or len(lines) + 1 + len(folders) > {most} or len(raw) > {path_bytes}:
+            if left < 0 or len(lines) + 1 + len(folders) > {most} or len(raw) > {path_bytes} \
+                    or len(parts) > {depth}:
                 os.write(3, b"gyre-over\\n")
                 return
             lines.append(base64.b64encode(raw) + b" " + base64.b64encode(data) + b"\\n")
@@ -185,9 +189,9 @@ class Workspace:
     def score_program(self, path: str, tests: dict | list, **options):
         """The code reward's verdict (``gyre.rewards.code.code_reward``: every test in a sandbox of its own,
         assert tests isolated from the program's process) on the program in ``path``: a RewardResult."""
-        from gyre.rewards.code import code_reward
+        from gyre.rewards.code import score_code
 
-        return code_reward(f"```python\n{self.read(path)}\n```", json.dumps(tests), **options)
+        return score_code(self.read(path, most=self.disk_bytes), json.dumps(tests), **options)
 
     # ---- what the model runs --------------------------------------------------------------------------
     def run_python(self, code: str, stdin: str = "", shell: tuple[str, ...] = ()) -> CommandResult:
@@ -196,13 +200,17 @@ class Workspace:
         Never raises for what the program does or sends back (``SandboxUnavailable`` when no sandbox runs)."""
         from gyre.rewards.sandbox import run_python
 
+        try:
+            stdin.encode()
+        except UnicodeEncodeError:
+            return CommandResult("refused", "its stdin is not valid Unicode text (a lone surrogate)")
         with self._lock:
             if self.commands >= self.max_commands:
                 return CommandResult("refused", f"the workspace's {self.max_commands} commands are used up")
             self.commands += 1
             packed = {p: base64.b64encode(d).decode() for p, d in self._snapshot().items()}
             program = _PACK.format(budget=self.disk_bytes, most=self.max_files, path_bytes=PATH_BYTES,
-                                   files=packed, code=code)
+                                   depth=PATH_DEPTH, files=packed, code=code)
             outcome = run_python(program, stdin, self._limits(shell), channels=1, audit_hook=not shell)
             status, lost = self._write_back(outcome.channels[0] if outcome.channels else b"", outcome.status)
         text = outcome.stdout
@@ -268,7 +276,7 @@ class Workspace:
         if not raw:
             raise WorkspaceError("the program ended before they were collected")
         over = (f"more than {self.max_files} files and folders or {self.disk_bytes >> 20} MB, or a path longer "
-                f"than {PATH_BYTES} bytes")
+                f"than {PATH_BYTES} bytes or {PATH_DEPTH} names")
         if len(raw) > self.listing_bytes:
             raise WorkspaceError(over)
         lines = raw.split(b"\n", self.max_files + 2)
@@ -388,8 +396,8 @@ def _checked(path: str) -> PurePosixPath:
     except UnicodeEncodeError:  # a lone surrogate: no file name holds it
         size = -1
     p = PurePosixPath(text)
-    if not 0 < size <= PATH_BYTES or "\x00" in text or p.is_absolute() or not p.parts \
+    if not 0 < size <= PATH_BYTES or "\x00" in text or p.is_absolute() or not 0 < len(p.parts) <= PATH_DEPTH \
             or any(part in ("..", ".", "") or len(part.encode()) > PART_BYTES for part in p.parts):
         raise WorkspaceError(f"path {text[:80]!r}: a relative path inside the workspace, valid UTF-8 of at most "
-                             f"{PATH_BYTES} bytes with names of at most {PART_BYTES}")
+                             f"{PATH_BYTES} bytes and {PATH_DEPTH} names of at most {PART_BYTES} bytes each")
     return p

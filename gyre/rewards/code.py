@@ -236,7 +236,16 @@ def case_key_of(ground_truth: str) -> str:
 def code_reward(response: str, ground_truth: str, *, timeout_s: float | None = None, memory_mb: int = 512,
                 partial_credit: bool = False, case_key: str | None = None, adaptive: dict | None = None,
                 sandbox: dict | None = None) -> RewardResult:
-    """Score the program in ``response`` (see ``extract_code``) on the tests in ``ground_truth``.
+    """Score the program in ``response`` (see ``extract_code``) on the tests in ``ground_truth``: ``score_code``
+    on it, with the same options."""
+    return score_code(extract_code(response), ground_truth, timeout_s=timeout_s, memory_mb=memory_mb,
+                      partial_credit=partial_credit, case_key=case_key, adaptive=adaptive, sandbox=sandbox)
+
+
+def score_code(code: str, ground_truth: str, *, timeout_s: float | None = None, memory_mb: int = 512,
+               partial_credit: bool = False, case_key: str | None = None, adaptive: dict | None = None,
+               sandbox: dict | None = None) -> RewardResult:
+    """Score the program ``code`` (Python source, as it is) on the tests in ``ground_truth``.
 
     Each test runs in its own sandboxed process with a wall-clock limit of ``timeout_s`` seconds
     (default 10). With ``adaptive`` (an ``AdaptiveTimeout.to_dict()``), the limit is that state's
@@ -251,7 +260,6 @@ def code_reward(response: str, ground_truth: str, *, timeout_s: float | None = N
     tests = _parse(ground_truth)
     key = case_key or case_key_of(ground_truth)
     timeout = _timeout_for(timeout_s, adaptive, key)
-    code = extract_code(response)
     try:
         code.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate: no file or process can hold the program

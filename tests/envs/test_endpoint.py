@@ -75,6 +75,9 @@ def test_an_unknown_key_is_refused_before_its_body_is_read(served):
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(), "temperature"),
     (json.dumps({"messages": [{"role": "assistant", "tool_calls": [{"id": "1"}]}]}).encode(), "tool_calls"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": 5}).encode(), "stop=5"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1' + b"0" * 400 + b"}", "a finite number"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "metadata": ' + b"[" * 70 + b"]" * 70 + b"}",
+     "nests deeper than 64"),
 ])
 def test_a_malformed_request_is_answered_400_with_the_reason(served, body, why):
     ep, key = served
@@ -112,7 +115,10 @@ def test_a_stalled_client_is_dropped_and_connections_are_capped(monkeypatch):
             assert s.recv(1024) == b""
             s.close()
         time.sleep(0.2)
-        assert _ask(ep, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close")[0] == 200
+        key = ep.open()
+        assert _ask(ep, f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}")[0] == 200
+        code, headers, _ = _ask(ep, "GET /v1/models HTTP/1.1\r\nHost: x")  # no key: refused, and not kept alive
+        assert code == 401 and headers.get("Connection") == "close"
     finally:
         ep.close()
 
@@ -135,3 +141,23 @@ def test_a_client_trickling_its_request_is_dropped_at_the_deadline_for_the_whole
         assert time.monotonic() - start < 4.0
     finally:
         ep.close()
+
+
+def test_a_session_has_at_most_max_waiting_requests_and_deep_arguments_stay_text(served):
+    ep, key = served
+    deep = json.dumps({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {
+        "name": "f", "arguments": "[" * 3000 + "]" * 3000}}]}, {"role": "user", "content": "x"}]}).encode()
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(_ask(ep, _post(key, str(len(deep))), deep)))
+               for _ in range(endpoint_module.MAX_WAITING + 1)]
+    for t in threads:
+        t.start()
+    waiting = [ep.next_event(5.0) for _ in range(endpoint_module.MAX_WAITING)]
+    time.sleep(0.3)
+    assert [a[0] for a in answers] == [429]  # the one past the cap, at once
+    assert waiting[0].request.messages[0]["tool_calls"][0]["function"]["arguments"] == "[" * 3000 + "]" * 3000
+    for pending in waiting:
+        pending.answer([assistant_message("ok", "none")])
+    for t in threads:
+        t.join(5.0)
+    assert sorted(a[0] for a in answers) == [200] * endpoint_module.MAX_WAITING + [429]

@@ -229,3 +229,31 @@ def test_commands_run_one_at_a_time(ws):
     for t in threads:
         t.join()
     assert ws.read("count.txt") == "3" and ws.read("side.txt") == "written between commands"
+
+
+def test_a_program_that_changes_directory_still_sends_back_the_whole_workspace(ws):
+    r = ws.run_python("import os\nos.makedirs('src', exist_ok=True)\nos.chdir('src')\nopen('app.py', 'w').write('x')")
+    assert r.status == "ok" and ws.files() == ["a.txt", "pkg/m.py", "src/app.py"]
+
+
+def test_paths_deeper_than_the_depth_cap_are_refused_and_what_is_refused_costs_no_command():
+    from gyre.envs.workspace import PATH_DEPTH
+
+    ws = Workspace.create({}, **{**LIMITS, "max_files": 100})
+    try:
+        ws.write("/".join(["d"] * (PATH_DEPTH - 1) + ["x"]), "at the cap")
+        with pytest.raises(WorkspaceError, match=f"{PATH_DEPTH} names"):
+            ws.write("/".join(["d"] * PATH_DEPTH + ["x"]), "past it")
+        r = ws.run_python(f"import os\nos.makedirs('/'.join(['e'] * {PATH_DEPTH}))\n"
+                          f"open('/'.join(['e'] * {PATH_DEPTH} + ['x']), 'w').write('x')")
+        assert "were not kept" in r.output and not any(p.startswith("e/") for p in ws.files())
+        used = ws.commands
+        assert ws.run_python("print(1)", stdin="\udc80").status == "refused" and ws.commands == used
+    finally:
+        ws.remove()
+
+
+def test_the_verifier_scores_the_file_as_it_is_not_as_markdown(ws):
+    program = 'def f(x):\n    """Doubles.\n\n```\n>>> f(2)\n```\n"""\n    return x * 2  # \u2028 kept\n'
+    ws.write("solution.py", program)
+    assert ws.score_program("solution.py", {"asserts": ["assert f(3) == 6"]}).score == 1.0
