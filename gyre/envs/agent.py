@@ -23,8 +23,9 @@ strings and max_tokens apply to the turn's sampling. A request for ``n`` choices
 turn; the conversation goes on with the one the agent's next request carries where the model's turn was,
 and that one is trained (the others are waste). An agent that ends right after may name the choice it
 used (its outcome's, or its verifier's, ``"choice"``); otherwise, or when its next request carries none
-of them, the first choice is kept (``agent/choice_unknown``). An agent that raises (or exits non-zero) ends its
-episode with ``error_reward`` (``agent/errors``): a policy whose turns break its agent earns nothing.
+of them, the first choice is kept (``agent/choice_unknown``). An agent that raises (or exits non-zero)
+ends its episode with ``error_reward`` (``agent/errors``): a policy whose turns break its agent earns
+nothing.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class AgentEnv:
                 self.counts["agent/history_mismatch"] += 1
             self.record += new
             self._take(event)
-            return self._observation(new, None), 0.0, False, False, self._chosen(choice, len(offered))
+            return self._observation(new, None), 0.0, False, False, {"choice": choice} if len(offered) > 1 else {}
 
     def _choose(self, offered: list[dict], turn: dict | None, named=None) -> int:
         """Which of the offered choices the conversation went on with: the one the agent named (its outcome's
@@ -146,10 +147,6 @@ class AgentEnv:
                     return found
         self.counts["agent/choice_unknown"] += 1
         return 0
-
-    @staticmethod
-    def _chosen(choice: int, offered: int) -> dict:
-        return {"choice": choice} if offered > 1 else {}
 
     def close(self) -> None:
         self._end_episode()
@@ -180,11 +177,10 @@ class AgentEnv:
                            "(env.agent.turn_timeout_s)")
 
     def _finish(self, ended: _Ended, offered: list[dict]):
-        if ended.error is not None:
-            choice = self._choose(offered, None, named=0)
-            self.record.append(offered[choice])
+        if ended.error is not None:  # its reward is error_reward whichever choice it used: the first is kept
+            self.record.append(offered[0])
             log.warning("an agent program failed: %s (its episode scores env.agent.error_reward)", ended.error)
-            return "", self.error_reward, True, False, {**self.counts, "agent/errors": 1, "choice": choice}
+            return "", self.error_reward, True, False, {**self.counts, "agent/errors": 1, "choice": 0}
         reward, success, named = self._score(ended.outcome)
         choice = self._choose(offered, None, named)
         self.record.append(offered[choice])

@@ -113,8 +113,12 @@ class Endpoint:
 
     def _authorised(self, key: str | None) -> bool:
         with self._lock:
-            return self._key is not None and key is not None and \
-                hmac.compare_digest(key.encode("utf-8", "surrogatepass"), self._key.encode())
+            return self._matches(key)
+
+    def _matches(self, key: str | None) -> bool:
+        """``key`` is the session's (the caller holds the lock)."""
+        return self._key is not None and key is not None and \
+            hmac.compare_digest(key.encode("utf-8", "surrogatepass"), self._key.encode())
 
     def _admit(self, key: str | None, body: object) -> Pending | tuple[int, str]:
         try:
@@ -124,8 +128,7 @@ class Endpoint:
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as exc:
             return 400, f"a malformed request ({type(exc).__name__}: {str(exc)[:200]})"  # what no check named
         with self._lock:  # the key again: the session may have ended while the body was read
-            if self._key is None or key is None or not hmac.compare_digest(key.encode("utf-8", "surrogatepass"),
-                                                                          self._key.encode()):
+            if not self._matches(key):
                 return 401, _UNKNOWN_KEY
             waiting = [p for p in self._waiting if not p.done.is_set()]
             if len(waiting) >= MAX_WAITING:

@@ -46,6 +46,7 @@ PATH_DEPTH = 32
 """The most names in a path (folders deep plus one): removing a tree holds a descriptor per level."""
 _PATH_B64 = 4 * -(-PATH_BYTES // 3)
 """The longest path's base64."""
+_NOT_A_LISTING = "what it sent back is not a listing of its files"
 _LINE_BYTES = _PATH_B64 + 8
 """A listing line's most bytes besides 4/3 of its file's data: the path's base64, its data's base64
 padding, a space and a newline."""
@@ -285,12 +286,12 @@ class Workspace:
             raise WorkspaceError(over)
         if head != b"gyre-files" or not (count.isdigit() and len(count) < 10) or int(count) > self.max_files \
                 or len(lines) != int(count) + 2 or lines[-1]:
-            raise WorkspaceError("what it sent back is not a listing of its files")
+            raise WorkspaceError(_NOT_A_LISTING)
         files, total = {}, 0
         for i in range(1, len(lines) - 1):
             fields, lines[i] = lines[i].split(b" ", 2), b""  # each line let go once read: memory ~ its data
             if len(fields) != 2 or len(fields[0]) > _PATH_B64:
-                raise WorkspaceError("what it sent back is not a listing of its files")
+                raise WorkspaceError(_NOT_A_LISTING)
             try:
                 path = str(_checked(_b64(fields[0]).decode("utf-8")))
             except UnicodeDecodeError:
@@ -365,7 +366,7 @@ def _b64(field: bytes) -> bytes:
     try:
         return base64.b64decode(field, validate=True)
     except ValueError:
-        raise WorkspaceError("what it sent back is not a listing of its files") from None
+        raise WorkspaceError(_NOT_A_LISTING) from None
 
 
 def _folders(files: dict[str, bytes], most: int) -> list[str]:

@@ -195,24 +195,19 @@ class EpisodeRunner:
             if isinstance(value, EnvFailure):
                 self._report(value)
                 self._fail(key, out)
-            elif isinstance(value, EnvReset):
-                try:
-                    request = live.episode.on_reset(value)
-                except EnvError as exc:  # messages the chat template cannot render
-                    self._report(EnvFailure("invalid", str(exc)))
-                    self._fail(key, out)
-                    continue
-                self._ask(key, request)
             else:
-                self._count("env/steps")
+                reset = isinstance(value, EnvReset)
+                if not reset:
+                    self._count("env/steps")
                 try:
-                    request = live.episode.on_step(value)
-                except EnvError as exc:  # no valid choice of the turn's samples; messages the template cannot render
+                    request = live.episode.on_reset(value) if reset else live.episode.on_step(value)
+                except EnvError as exc:  # messages the chat template cannot render; a step naming no valid choice
                     self._report(EnvFailure("invalid", str(exc)))
                     self._fail(key, out)
                     continue
-                self._count("rollout/tokens_wasted", live.episode.wasted)
-                live.episode.wasted = 0
+                if live.episode.wasted:  # the choices a step did not take
+                    self._count("rollout/tokens_wasted", live.episode.wasted)
+                    live.episode.wasted = 0
                 if request is None:
                     self._finish(key, out)
                 else:

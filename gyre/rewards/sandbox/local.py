@@ -194,7 +194,6 @@ class _Streams:
         self.sel = selectors.DefaultSelector()
         for fd in self.bufs:
             self.sel.register(fd, selectors.EVENT_READ)
-        self.overflow = False
         self.over: str | None = None
         """The stream that overflowed first (stdout, stderr, ch0, ...)."""
 
@@ -212,10 +211,13 @@ class _Streams:
             buf = self.bufs[key.fd]
             room = self.limits[key.fd] - len(buf) if key.fd in self.limits else len(chunk)
             buf += chunk[:room]
-            if len(chunk) > room and not self.overflow:
-                self.overflow = True
+            if len(chunk) > room and self.over is None:
                 self.over = self.names[key.fd]
         return other
+
+    @property
+    def overflow(self) -> bool:
+        return self.over is not None
 
     def open(self) -> bool:
         return any(fd in self.sel.get_map() for fd in self.bufs)
